@@ -1,0 +1,15 @@
+# Every dependency comes from Debian (scripts/install-deps.sh installs them).
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc>=2.0)
+if(NOT ZB_FUZZ)
+  pkg_check_modules(NUMA REQUIRED IMPORTED_TARGET numa)
+  find_package(OpenMP REQUIRED COMPONENTS C CXX)
+  find_package(Threads REQUIRED)
+endif()
+if(ZB_BUILD_TESTS AND NOT ZB_FUZZ)
+  find_path(CMOCKA_INCLUDE_DIR cmocka.h REQUIRED)
+  find_library(CMOCKA_LIBRARY cmocka REQUIRED)
+  add_library(cmocka::cmocka UNKNOWN IMPORTED)
+  set_target_properties(cmocka::cmocka PROPERTIES IMPORTED_LOCATION "${CMOCKA_LIBRARY}"
+                                                  INTERFACE_INCLUDE_DIRECTORIES "${CMOCKA_INCLUDE_DIR}")
+endif()

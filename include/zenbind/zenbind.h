@@ -1,0 +1,206 @@
+/* zenbind.h: the C ABI of libzenbind.
+ *
+ * Topology, cpusets, the allowed CPUs of a process, the options grammar and the planner that
+ * splits a node's CPUs among local tasks and, inside each task, between the training process and
+ * its optimizer worker. The worker API is in <zenbind/worker.h>.
+ *
+ * Conventions (see libzenbind(3)):
+ *  - Every call that can fail returns a zb_status; ZB_OK is 0 and failures are negative. The
+ *    message of the last failure in the calling thread is zb_last_error(). No call aborts the
+ *    caller, throws, or blocks without a bound.
+ *  - Cpusets and nodesets are hwloc bitmaps, indexed by OS (physical) number, as in
+ *    /sys/devices/system/cpu. Objects returned by a zb_*_new/load/compute call are freed by the
+ *    matching zb_*_free; pointers into an object live as long as the object.
+ */
+#ifndef ZENBIND_ZENBIND_H
+#define ZENBIND_ZENBIND_H
+
+#include <hwloc.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ZB_VERSION_MAJOR 0
+#define ZB_VERSION_MINOR 1
+#define ZB_VERSION_PATCH 0
+
+/* ---- errors ----------------------------------------------------------------------------- */
+
+typedef enum zb_status {
+    ZB_OK = 0,
+    ZB_EINVAL = -1,      /* bad argument or bad user input (the message names it) */
+    ZB_ENOMEM = -2,      /* out of memory, or a memory/tmpfs limit refused a reservation */
+    ZB_ESYS = -3,        /* a system call failed (the message carries strerror) */
+    ZB_ETOPOLOGY = -4,   /* topology could not be loaded or does not match the input */
+    ZB_EIMPOSSIBLE = -5, /* the options cannot be satisfied with the allowed CPUs */
+    ZB_ETIMEDOUT = -6,   /* a bounded wait ran out */
+    ZB_EDEAD = -7,       /* the peer process (worker or trainer) died */
+    ZB_EVERSION = -8,    /* shared-memory layout or protocol version mismatch */
+    ZB_EINTERNAL = -9    /* a bug: please report the message */
+} zb_status;
+
+/* Message describing the last failure in the calling thread ("" if none). Valid until the next
+ * libzenbind call in this thread. */
+const char *zb_last_error(void);
+/* Stable short name of a status, e.g. "EINVAL". */
+const char *zb_status_name(zb_status status);
+/* Library version as "MAJOR.MINOR.PATCH". */
+const char *zb_version(void);
+
+/* ---- cpu lists ---------------------------------------------------------------------------- */
+
+/* Largest CPU or NUMA node number accepted in a list (guards against "0-4000000000"). */
+#define ZB_CPULIST_MAX_ID 65535
+
+/* Parse a Linux cpu-list ("0,4-11,21-26", also "0-63:2" is NOT accepted) strictly into `out`
+ * (cleared first). Accepts decimal ids and ascending ranges separated by commas, no spaces except
+ * one trailing newline (as read from sysfs). "" is the empty set. */
+zb_status zb_cpulist_parse(const char *list, hwloc_bitmap_t out);
+/* Print `set` as a canonical cpu-list into buf (always NUL-terminated when len > 0). Returns the
+ * length the full list needs, excluding the NUL, like snprintf; -1 for an infinite set. */
+int zb_cpulist_format(hwloc_const_bitmap_t set, char *buf, size_t len);
+
+/* ---- topology ----------------------------------------------------------------------------- */
+
+typedef struct zb_topology zb_topology_t;
+
+/* The live machine, including CPUs this process may not use (the allowed set is separate). */
+zb_status zb_topology_load(zb_topology_t **out);
+/* An hwloc XML export (lstopo foo.xml). */
+zb_status zb_topology_load_xml(const char *path, zb_topology_t **out);
+/* An hwloc synthetic description, e.g. "pack:2 [numa] core:16 pu:2(indexes=core:pack)". */
+zb_status zb_topology_load_synthetic(const char *description, zb_topology_t **out);
+void zb_topology_free(zb_topology_t *topology);
+/* The underlying hwloc topology (owned by `topology`). */
+hwloc_topology_t zb_topology_hwloc(const zb_topology_t *topology);
+/* All CPUs of the topology. */
+hwloc_const_cpuset_t zb_topology_cpuset(const zb_topology_t *topology);
+
+/* ---- allowed CPUs ------------------------------------------------------------------------- */
+
+/* The cpuset of the cgroup of process `pid` (0: the caller), found from <fsroot>/proc/PID/cgroup
+ * and <fsroot>/proc/PID/mountinfo, for cgroup v1 (cpuset controller) and v2. `levels_up` reads
+ * that many ancestors up (1: the parent, e.g. a Slurm step above its task_N cgroup). Reads the
+ * effective set; walks further up while a level is empty. `fsroot` NULL or "" means "/". The
+ * file read is written to `source` (may be NULL). ZB_ESYS when there is no cpuset controller. */
+zb_status zb_cgroup_cpuset(const char *fsroot, pid_t pid, unsigned levels_up, hwloc_cpuset_t out,
+                           char *source, size_t source_len);
+
+/* The CPUs process `pid` (0: the caller) may run on: its cgroup cpuset intersected with its
+ * affinity. Without a cpuset controller, its affinity alone (`source` says "sched_getaffinity"). */
+zb_status zb_allowed_cpus(const char *fsroot, pid_t pid, hwloc_cpuset_t out, char *source,
+                          size_t source_len);
+
+/* ---- options ------------------------------------------------------------------------------ */
+
+/* What SMT siblings of the optimizer's cores are used for. */
+typedef enum zb_smt {
+    ZB_SMT_IDLE = 0, /* optimizer: one hardware thread per core, siblings left idle (default) */
+    ZB_SMT_TRAIN,    /* the siblings of optimizer cores run training threads */
+    ZB_SMT_OPT       /* the optimizer runs one thread on every hardware thread of its cores */
+} zb_smt;
+
+/* How NUMA shapes a task's share. */
+typedef enum zb_numa {
+    ZB_NUMA_PREFER = 0, /* as few NUMA nodes per task as possible (default) */
+    ZB_NUMA_STRICT,     /* every task inside one NUMA node, else the plan is impossible */
+    ZB_NUMA_IGNORE      /* take cores in topology order, ignoring node boundaries */
+} zb_numa;
+
+/* Where a string of options comes from: admin keys are accepted only from plugstack.conf. */
+typedef enum zb_scope { ZB_SCOPE_USER = 0, ZB_SCOPE_ADMIN = 1 } zb_scope;
+
+/* Bits of zb_options.set: which keys a parse has set explicitly. */
+enum {
+    ZB_SET_ENABLED = 1u << 0,
+    ZB_SET_TRAIN = 1u << 1,
+    ZB_SET_OPT = 1u << 2,
+    ZB_SET_SMT = 1u << 3,
+    ZB_SET_NUMA = 1u << 4,
+    ZB_SET_PROFILE = 1u << 5,
+    ZB_SET_VERBOSE = 1u << 6,
+    ZB_SET_BATCH = 1u << 7,
+    ZB_SET_DEFAULT = 1u << 8,
+    ZB_SET_OVERRIDE = 1u << 9,
+    ZB_SET_ONERROR = 1u << 10
+};
+
+#define ZB_PROFILE_PATH_MAX 4096
+
+/* Options, filled by zb_options_init() then by one or more zb_options_parse() calls (later
+ * strings override earlier ones, key by key). The grammar is comma-separated key[=value]:
+ *   user and admin keys:
+ *     on | off          binding on (the default when the option is given) or off
+ *     train=N|F         training cores per task: N >= 1 cores, or a fraction 0 < F < 1 of the share
+ *     opt=N             optimizer cores per task, N >= 1
+ *     smt=idle|train|opt
+ *     numa=prefer|strict|ignore
+ *     profile=PATH      a tuning profile written by `zenbind tune` (absolute path)
+ *     verbose           print each task's binding to stderr
+ *     batch             bind the batch step (the sbatch script) too
+ *   admin keys (ZB_SCOPE_ADMIN only):
+ *     default=on|off    bind every step without the option (on) or only on request (off, default)
+ *     override=allow|deny  may users change the admin's values (allow, default)
+ *     onerror=fail|warn    an impossible plan fails the task, or warns and leaves it unbound (warn)
+ */
+typedef struct zb_options {
+    int enabled;           /* 1 on, 0 off */
+    unsigned train_cores;  /* 0: not given */
+    double train_fraction; /* 0: not given; otherwise 0 < F < 1 */
+    unsigned opt_cores;    /* 0: not given */
+    zb_smt smt;
+    zb_numa numa;
+    int verbose;
+    int batch;
+    char profile[ZB_PROFILE_PATH_MAX]; /* "" when not given */
+    int default_on;                    /* admin */
+    int allow_override;                /* admin */
+    int fail_on_error;                 /* admin */
+    unsigned set;                      /* ZB_SET_* bits set by parses */
+} zb_options;
+
+void zb_options_init(zb_options *options);
+/* Apply the keys of `text` (NULL or "" applies nothing) onto `options`. On error `options` is
+ * unchanged and zb_last_error() names the offending key and the accepted values. */
+zb_status zb_options_parse(zb_options *options, const char *text, zb_scope scope);
+/* Canonical text of `options` (every key that differs from zb_options_init), like snprintf. */
+int zb_options_format(const zb_options *options, char *buf, size_t len);
+
+/* ---- planner ------------------------------------------------------------------------------ */
+
+typedef struct zb_plan zb_plan_t;
+
+/* One task's share. Pointers are owned by the plan. */
+typedef struct zb_task_plan {
+    hwloc_const_cpuset_t cpus;       /* everything the task got (train_cpus | opt_cpus) */
+    hwloc_const_cpuset_t train_cpus; /* affinity of the training process */
+    hwloc_const_cpuset_t opt_cpus;   /* one entry per optimizer thread */
+    hwloc_const_nodeset_t nodes;     /* NUMA nodes (OS numbers) the task's CPUs are in */
+    hwloc_const_nodeset_t opt_mems;  /* NUMA nodes for optimizer memory */
+    unsigned train_threads;          /* OMP_NUM_THREADS for training */
+    unsigned opt_threads;            /* optimizer worker threads */
+    unsigned cores;                  /* whole cores in the share */
+} zb_task_plan;
+
+/* Plan `ntasks` local tasks on `allowed` CPUs of `topology` (a pure function: same inputs, same
+ * plan). ZB_EINVAL if allowed is empty, has CPUs outside the topology, or ntasks is 0;
+ * ZB_EIMPOSSIBLE if the options cannot be met (e.g. numa=strict across nodes). Degenerate but
+ * workable cases (a single core per task, more tasks than cores) succeed with warnings. */
+zb_status zb_plan_compute(const zb_topology_t *topology, hwloc_const_cpuset_t allowed,
+                          unsigned ntasks, const zb_options *options, zb_plan_t **out);
+void zb_plan_free(zb_plan_t *plan);
+unsigned zb_plan_ntasks(const zb_plan_t *plan);
+/* Task `index`'s share; ZB_EINVAL if index >= ntasks. */
+zb_status zb_plan_task(const zb_plan_t *plan, unsigned index, zb_task_plan *out);
+unsigned zb_plan_nwarnings(const zb_plan_t *plan);
+/* Warning `index` (NULL if out of range), a full sentence naming the task(s) concerned. */
+const char *zb_plan_warning(const zb_plan_t *plan, unsigned index);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZENBIND_ZENBIND_H */

@@ -1,0 +1,63 @@
+// The fused multi-tensor Adam/AdamW step: the interface between the kernels (adam_*.cpp) and their
+// users (the worker, zenflow-bench, zenbind tune, tests). One call updates every tensor of a list
+// in one pass per element, splitting the concatenated elements across threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace zf {
+
+enum class GradType : uint8_t { f32, bf16, f16 };
+enum class CopyType : uint8_t { none, bf16, f16 };
+enum class Isa : uint8_t { scalar, avx2, avx512 };
+
+// torch.optim.Adam/AdamW semantics; eps is added after bias correction.
+struct AdamHyper {
+    float lr = 1e-3f;
+    float beta1 = 0.9f;
+    float beta2 = 0.999f;
+    float eps = 1e-8f;
+    float weight_decay = 0.0f;
+    bool adamw = true;           // decoupled weight decay (AdamW) or L2 added to the gradient (Adam)
+    bool bias_correction = true;
+    int64_t step = 1;            // 1-based step number, for bias correction
+    float grad_scale = 1.0f;     // multiplies every gradient (unscaling and clipping in the same pass)
+};
+
+// One tensor. grad points to elements of the batch's GradType; copy_out (may be null) to elements
+// of its CopyType; stale (may be null) receives the updated fp32 params (ZenFlow's snapshot).
+struct AdamTensor {
+    float *param = nullptr;
+    const void *grad = nullptr;
+    float *exp_avg = nullptr;
+    float *exp_avg_sq = nullptr;
+    void *copy_out = nullptr;
+    float *stale = nullptr;
+    size_t n = 0;
+    const AdamHyper *hyper = nullptr; // per-tensor (per parameter group) hyperparameters
+};
+
+struct AdamBatch {
+    GradType grad = GradType::f32;
+    CopyType copy = CopyType::none;
+    const AdamTensor *tensors = nullptr;
+    size_t count = 0;
+};
+
+// Runs the step with `threads` OpenMP threads (0: the current OpenMP default) in one parallel
+// region, on the best ISA of this CPU unless force_isa() was called. Returns how many gradient
+// elements were not finite after scaling (they are still applied, as torch does).
+uint64_t adam_step(const AdamBatch &batch, int threads);
+
+// Same, from inside an existing OpenMP parallel region: every thread of the team calls it with the
+// same batch and takes its own slice (the worker keeps one pinned team alive across steps).
+// Returns this thread's count of non-finite gradients.
+uint64_t adam_step_in_team(const AdamBatch &batch);
+
+Isa best_isa();          // what this CPU supports
+Isa active_isa();        // what adam_step uses now
+void force_isa(Isa isa); // tests and benchmarks; clamped to best_isa()
+const char *isa_name(Isa isa);
+
+} // namespace zf

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of zenflow-bind from Debian's archive.
+# Idempotent: packages already present are skipped, so a second run costs a few seconds.
+set -euo pipefail
+
+pkgs=(
+  cmake g++ make pkg-config clang clang-format libclang-rt-14-dev  # toolchain, fuzzers, sanitizers
+  libhwloc-dev hwloc libnuma-dev numactl                            # topology, memory placement
+  libcmocka-dev                                                     # unit tests
+  libslurm-dev slurmctld slurmd slurm-client                        # spank.h and the test cluster
+  python3 python3-numpy python3-torch                               # the Python binding and its tests
+  procps util-linux                                                 # ps, taskset, prlimit in tests
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+echo "install-deps: installing ${missing[*]}" >&2
+# The Slurm daemons are started by our own test fixture, never by the package scripts.
+policy=/usr/sbin/policy-rc.d
+made_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null && $SUDO chmod +x "$policy" && made_policy=1
+fi
+trap '[ $made_policy -eq 1 ] && $SUDO rm -f "$policy"' EXIT
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
