@@ -22,29 +22,45 @@ void set_last_error(const char *message) noexcept {
     }
 }
 
-void clear_last_error() noexcept { last_error.clear(); }
+void clear_last_error() noexcept {
+    last_error.clear();
+}
 
 } // namespace zb
 
 extern "C" {
 
-const char *zb_last_error(void) { return last_error.c_str(); }
+const char *zb_last_error(void) {
+    return last_error.c_str();
+}
 
 const char *zb_status_name(zb_status status) {
     switch (status) {
-    case ZB_OK: return "OK";
-    case ZB_EINVAL: return "EINVAL";
-    case ZB_ENOMEM: return "ENOMEM";
-    case ZB_ESYS: return "ESYS";
-    case ZB_ETOPOLOGY: return "ETOPOLOGY";
-    case ZB_EIMPOSSIBLE: return "EIMPOSSIBLE";
-    case ZB_ETIMEDOUT: return "ETIMEDOUT";
-    case ZB_EDEAD: return "EDEAD";
-    case ZB_EVERSION: return "EVERSION";
-    case ZB_EINTERNAL: return "EINTERNAL";
+    case ZB_OK:
+        return "OK";
+    case ZB_EINVAL:
+        return "EINVAL";
+    case ZB_ENOMEM:
+        return "ENOMEM";
+    case ZB_ESYS:
+        return "ESYS";
+    case ZB_ETOPOLOGY:
+        return "ETOPOLOGY";
+    case ZB_EIMPOSSIBLE:
+        return "EIMPOSSIBLE";
+    case ZB_ETIMEDOUT:
+        return "ETIMEDOUT";
+    case ZB_EDEAD:
+        return "EDEAD";
+    case ZB_EVERSION:
+        return "EVERSION";
+    case ZB_EINTERNAL:
+        return "EINTERNAL";
     }
     return "EUNKNOWN";
 }
 
-const char *zb_version(void) { return ZB_VERSION_STRING; }
+const char *zb_version(void) {
+    return ZB_VERSION_STRING;
+}
 }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs every test of zenflow-bind, exactly as CI does (.ci/run calls this):
+#   formatting, the default build with all test labels (unit, cli, python, slurm),
+#   the unit tests again under ASan+UBSan, and a short libFuzzer run over the input parsers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-deps.sh
+bash scripts/check-format.sh
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "build and test (default preset)"
+cmake --preset default >/dev/null
+cmake --build --preset default
+ctest --preset default
+
+step "unit tests under ASan+UBSan (asan preset)"
+cmake --preset asan >/dev/null
+cmake --build --preset asan
+ctest --preset asan
+
+step "fuzz the user-input parsers (fuzz preset)"
+cmake --preset fuzz >/dev/null
+cmake --build --preset fuzz
+ctest --preset fuzz
