@@ -1,0 +1,130 @@
+#include "task_binding.hpp"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+namespace zbspank {
+namespace {
+
+using PlanPtr = std::unique_ptr<zb_plan_t, void (*)(zb_plan_t *)>;
+
+bool set_affinity(hwloc_const_bitmap_t cpus, std::string &error) {
+    const int last = hwloc_bitmap_last(cpus);
+    if (last < 0 || last > ZB_CPULIST_MAX_ID) {
+        error = "planned CPU set '" + cpulist(cpus) + "' is not a finite set of CPUs";
+        return false;
+    }
+    const size_t size = CPU_ALLOC_SIZE(last + 1);
+    const auto free_set = [](cpu_set_t *set) { CPU_FREE(set); };
+    std::unique_ptr<cpu_set_t, decltype(free_set)> mask(CPU_ALLOC(last + 1), free_set);
+    if (!mask) {
+        error = "out of memory";
+        return false;
+    }
+    CPU_ZERO_S(size, mask.get());
+    int cpu;
+    hwloc_bitmap_foreach_begin(cpu, cpus) {
+        CPU_SET_S(cpu, size, mask.get());
+    }
+    hwloc_bitmap_foreach_end();
+    if (sched_setaffinity(0, size, mask.get()) != 0) {
+        error = "sched_setaffinity(" + cpulist(cpus) + "): " + std::strerror(errno);
+        return false;
+    }
+    return true;
+}
+
+bool set_env(spank_t sp, const char *name, const std::string &value, std::string &error) {
+    if (spank_setenv(sp, name, value.c_str(), 1) != ESPANK_SUCCESS) {
+        error = std::string("cannot set ") + name + " in the task's environment";
+        return false;
+    }
+    return true;
+}
+
+std::string threads(unsigned n) {
+    return std::to_string(n) + (n == 1 ? " thread" : " threads");
+}
+
+std::string options_text(const zb_options &options) {
+    char buf[ZB_PROFILE_PATH_MAX + 512];
+    return zb_options_format(&options, buf, sizeof buf) >= 0 ? buf : "";
+}
+
+} // namespace
+
+std::string cpulist(hwloc_const_bitmap_t set) {
+    char small[256];
+    const int n = zb_cpulist_format(set, small, sizeof small);
+    if (n < 0) return "infinite";
+    if (static_cast<size_t>(n) < sizeof small) return small;
+    std::string big(static_cast<size_t>(n) + 1, '\0');
+    zb_cpulist_format(set, big.data(), big.size());
+    big.resize(static_cast<size_t>(n));
+    return big;
+}
+
+void tell_user(const std::string &line) {
+    const std::string text = "zenflow-bind: " + line + "\n";
+    size_t done = 0;
+    while (done < text.size()) {
+        const ssize_t n = write(STDERR_FILENO, text.data() + done, text.size() - done);
+        if (n > 0) {
+            done += static_cast<size_t>(n);
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else {
+            return; // nobody listens; never block or fail the task over a message
+        }
+    }
+}
+
+bool bind_task(spank_t sp, const zb_topology_t *topology, hwloc_const_bitmap_t step_cpus,
+               const zb_options &options, const TaskInfo &task, std::string &error) {
+    zb_plan_t *raw = nullptr;
+    if (zb_plan_compute(topology, step_cpus, task.ntasks, &options, &raw) != ZB_OK) {
+        error = std::string("no plan for ") + std::to_string(task.ntasks) + " task(s) on CPUs " +
+                cpulist(step_cpus) + ": " + zb_last_error();
+        return false;
+    }
+    PlanPtr plan(raw, zb_plan_free);
+    // Every task computes the same plan; the first one on the node speaks for all.
+    if (task.local_id == 0) {
+        for (unsigned i = 0; i < zb_plan_nwarnings(plan.get()); ++i)
+            if (const char *w = zb_plan_warning(plan.get(), i))
+                tell_user(task.host + ": warning: " + w);
+    }
+    zb_task_plan share;
+    if (zb_plan_task(plan.get(), task.local_id, &share) != ZB_OK) {
+        error = std::string("no share for task ") + std::to_string(task.local_id) + ": " +
+                zb_last_error();
+        return false;
+    }
+    if (!set_affinity(share.train_cpus, error)) return false;
+
+    const std::string train = cpulist(share.train_cpus), opt = cpulist(share.opt_cpus),
+                      mems = cpulist(share.opt_mems), nodes = cpulist(share.nodes);
+    if (!set_env(sp, "OMP_NUM_THREADS", std::to_string(share.train_threads), error) ||
+        !set_env(sp, "ZENFLOW_TRAIN_CPUS", train, error) ||
+        !set_env(sp, "ZENFLOW_OPT_CPUS", opt, error) ||
+        !set_env(sp, "ZENFLOW_OPT_THREADS", std::to_string(share.opt_threads), error) ||
+        !set_env(sp, "ZENFLOW_OPT_MEMS", mems, error) ||
+        !set_env(sp, "ZENFLOW_TASK_CPUS", cpulist(share.cpus), error) ||
+        !set_env(sp, "ZENFLOW_STEP_CPUS", cpulist(step_cpus), error) ||
+        !set_env(sp, "ZENFLOW_BIND_OPTIONS", options_text(options), error))
+        return false;
+
+    if (options.verbose)
+        tell_user(task.host + " task " + std::to_string(task.local_id) + " (rank " +
+                  std::to_string(task.global_id) + "): train " + train + " (" +
+                  threads(share.train_threads) + "), optimizer " + opt + " (" +
+                  threads(share.opt_threads) + ", memory on node " + mems + "), NUMA node " +
+                  nodes + ", step CPUs " + cpulist(step_cpus) + " from " + task.step_cpus_source);
+    return true;
+}
+
+} // namespace zbspank

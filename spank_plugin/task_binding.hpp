@@ -1,0 +1,31 @@
+// One task's binding: plan all local tasks on the step's CPUs, take this task's share, set its
+// affinity and the environment the trainer and the optimizer worker read. Runs in the task
+// after Slurm bound it (slurm_spank_task_init), before exec.
+#pragma once
+
+#include "slurm_api.hpp"
+#include <zenbind/zenbind.h>
+
+#include <cstdint>
+#include <string>
+
+namespace zbspank {
+
+struct TaskInfo {
+    unsigned ntasks;    // tasks of the step on this node
+    unsigned local_id;  // this task among them
+    uint32_t global_id; // its rank in the step
+    std::string host;
+    std::string step_cpus_source; // for the verbose line
+};
+
+bool bind_task(spank_t sp, const zb_topology_t *topology, hwloc_const_bitmap_t step_cpus,
+               const zb_options &options, const TaskInfo &task, std::string &error);
+
+// One line to the user's stderr (the task's, in remote context), written at once.
+void tell_user(const std::string &line);
+
+// A bitmap as a Linux cpu-list ("0-3,8").
+std::string cpulist(hwloc_const_bitmap_t set);
+
+} // namespace zbspank

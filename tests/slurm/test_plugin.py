@@ -1,0 +1,267 @@
+#!/usr/bin/python3
+"""zenflow_bind.so on a real Slurm: a throwaway cluster (cluster.sh), real srun/sbatch steps.
+
+    test_plugin.py PLUGIN_SO --task-plugin cgroup|affinity [unittest args]
+
+Needs root and the Slurm daemons. Without them it exits 77 (ctest's SKIP_RETURN_CODE), except
+under CI=true, where a skip is a failure.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLUSTER = os.path.join(HERE, "cluster.sh")
+SKIP = 77
+STEP_TIMEOUT = 60
+
+PLUGIN = ""
+TASK_PLUGIN = ""
+
+
+def cpus(text):
+    """Expand a Linux cpu-list ("0-2,5") into a set of ints."""
+    out = set()
+    for part in filter(None, text.strip().split(",")):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+# Printed by every task: the variables the plugin sets, then the task's real affinity.
+REPORT = ("echo \"env=${OMP_NUM_THREADS-unset}|${ZENFLOW_TRAIN_CPUS-unset}|"
+          "${ZENFLOW_OPT_CPUS-unset}|${ZENFLOW_OPT_THREADS-unset}|${ZENFLOW_OPT_MEMS-unset}|"
+          "${ZENFLOW_BIND_OPTIONS-unset}|$(grep Cpus_allowed_list /proc/self/status | cut -f2)\"")
+
+
+class Task:
+    def __init__(self, line):
+        fields = line.split("|")
+        self.omp, self.train, self.opt, self.opt_threads, self.mems, self.options = fields[:6]
+        self.affinity = cpus(fields[6])
+
+
+class PluginOnSlurm(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="zb-slurm-")
+        cls.env = dict(os.environ, SLURM_CONF=os.path.join(cls.dir, "etc", "slurm.conf"))
+        for var in list(cls.env):
+            if var.startswith(("SLURM_", "SPANK_", "ZENFLOW_")) and var != "SLURM_CONF":
+                del cls.env[var]
+        subprocess.run([CLUSTER, "start", cls.dir, "--task-plugin", TASK_PLUGIN], check=True,
+                       timeout=90)
+
+    @classmethod
+    def tearDownClass(cls):
+        subprocess.run([CLUSTER, "stop", cls.dir], timeout=60)
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def plugstack(self, args=None):
+        """Load the plugin with these plugstack.conf arguments, or unload it (None)."""
+        cmd = [CLUSTER, "plugstack", self.dir]
+        if args is not None:
+            cmd += ["--plugin", PLUGIN, "--plugin-args", args]
+        subprocess.run(cmd, check=True, timeout=30)
+
+    def setUp(self):
+        self.plugstack("")
+
+    def run_cmd(self, *cmd, check=True):
+        p = subprocess.run(list(cmd), env=self.env, capture_output=True, text=True,
+                           timeout=STEP_TIMEOUT)
+        if check and p.returncode != 0:
+            self.fail(f"{' '.join(cmd)} exited {p.returncode}\nstdout:\n{p.stdout}\n"
+                      f"stderr:\n{p.stderr}")
+        return p
+
+    def tasks(self, *srun_args, check=True):
+        """Runs REPORT in every task; returns ({task id: Task}, completed process)."""
+        p = self.run_cmd("srun", "-l", *srun_args, "bash", "-c", REPORT, check=check)
+        tasks = {}
+        for line in p.stdout.splitlines():
+            m = re.match(r"\s*(\d+): env=(.*)", line)
+            if m:
+                tasks[int(m.group(1))] = Task(m.group(2))
+        return tasks, p
+
+    # ---- the option itself ----------------------------------------------------------------
+
+    def test_help_lists_option(self):
+        p = self.run_cmd("srun", "--help")
+        self.assertIn("--zenflow-bind", p.stdout + p.stderr)
+
+    def test_one_task_two_cores_splits_one_one(self):
+        tasks, _ = self.tasks("-n1", "-c2", "--zenflow-bind")
+        t = tasks[0]
+        train, opt = cpus(t.train), cpus(t.opt)
+        self.assertEqual(len(train), 1)
+        self.assertEqual(len(opt), 1)
+        self.assertFalse(train & opt, "training and optimizer CPUs must differ")
+        self.assertEqual(t.affinity, train, "the task runs on its training CPUs")
+        self.assertEqual((t.omp, t.opt_threads), ("1", "1"))
+        self.assertEqual(t.mems, "0")
+
+    def test_two_tasks_one_core_each_share_with_optimizer(self):
+        tasks, p = self.tasks("-n2", "-c1", "--zenflow-bind")
+        self.assertEqual(sorted(tasks), [0, 1])
+        a, b = tasks[0], tasks[1]
+        for t in (a, b):
+            self.assertEqual(len(t.affinity), 1)
+            self.assertEqual(cpus(t.train), t.affinity)
+            self.assertEqual(cpus(t.opt), t.affinity, "one core: the optimizer shares it")
+        self.assertNotEqual(a.affinity, b.affinity, "each task gets its own core")
+        self.assertRegex(p.stderr, r"zenflow-bind: .*warning")
+
+    def test_verbose_prints_one_line_per_task(self):
+        _, p = self.tasks("-n2", "-c1", "--zenflow-bind=verbose")
+        lines = [l for l in p.stderr.splitlines() if re.search(r"zenflow-bind: \S+ task \d", l)]
+        self.assertEqual(len(lines), 2, p.stderr)
+        for i in (0, 1):
+            self.assertTrue(any(f" task {i} " in l and "train" in l and "optimizer" in l
+                                and "NUMA" in l for l in lines), p.stderr)
+
+    def test_without_option_slurm_binding_is_unchanged(self):
+        for args in (["-n2", "-c1"], ["-n1", "-c2"]):
+            self.plugstack(None)
+            without, _ = self.tasks(*args)
+            self.plugstack("")
+            loaded, _ = self.tasks(*args)
+            self.assertEqual(sorted(without), sorted(loaded))
+            for i, t in loaded.items():
+                self.assertEqual(t.affinity, without[i].affinity, args)
+                self.assertEqual((t.omp, t.train, t.opt), ("unset",) * 3)
+            off, _ = self.tasks(*args, "--zenflow-bind=off")
+            for i, t in off.items():
+                self.assertEqual(t.affinity, without[i].affinity, args)
+                self.assertEqual(t.train, "unset")
+
+    def test_bad_option_fails_before_any_task(self):
+        marker = os.path.join(self.dir, "ran")
+        for value, key in (("bogus=1", "bogus"), ("train=abc", "train"), ("opt=-1", "opt"),
+                           ("default=on", "default")):
+            p = self.run_cmd("srun", "-n1", f"--zenflow-bind={value}", "touch", marker,
+                             check=False)
+            self.assertNotEqual(p.returncode, 0, value)
+            self.assertIn(key, p.stderr, value)
+            self.assertFalse(os.path.exists(marker), f"{value}: a task ran")
+
+    def test_hostile_option_is_refused(self):
+        p = self.run_cmd("srun", "-n1", "--zenflow-bind=" + "train=1," * 2000, "true",
+                         check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("zenflow-bind", p.stderr)
+
+    def sbatch_and_wait(self, option, script_body):
+        out = os.path.join(self.dir, "batch.out")
+        script = os.path.join(self.dir, "job.sh")
+        with open(script, "w") as f:
+            f.write("#!/bin/bash\n" + script_body)
+        p = self.run_cmd("sbatch", "--parsable", "-n1", "-c2", "-o", out, option, script)
+        job = p.stdout.strip().split(";")[0]
+        deadline = time.time() + STEP_TIMEOUT
+        while time.time() < deadline:
+            if not self.run_cmd("squeue", "-h", "-j", job, check=False).stdout.strip():
+                break
+            time.sleep(0.3)
+        with open(out) as f:
+            return f.read()
+
+    def test_sbatch_option_reaches_srun_in_script(self):
+        # The bare form matters: 22.05 hands it to the job's srun as the text "(null)".
+        for option in ("--zenflow-bind", "--zenflow-bind=verbose"):
+            text = self.sbatch_and_wait(option, "echo \"batch=${ZENFLOW_TRAIN_CPUS-unset}\"\n"
+                                        f"srun -l -n1 -c2 bash -c '{REPORT}'\n")
+            self.assertIn("batch=unset", text, "the batch step is left alone")
+            m = re.search(r"0: env=(.*)", text)
+            self.assertTrue(m, text)
+            t = Task(m.group(1))
+            self.assertEqual(len(cpus(t.train)), 1, text)
+            self.assertEqual(t.affinity, cpus(t.train), text)
+            if option.endswith("verbose"):
+                self.assertIn("verbose", t.options)
+                self.assertRegex(text, r"zenflow-bind: \S+ task 0 ")
+
+    def test_batch_key_binds_the_script(self):
+        text = self.sbatch_and_wait("--zenflow-bind=batch",
+                                    "echo \"batch=${ZENFLOW_TRAIN_CPUS-unset}\"\n")
+        m = re.search(r"batch=(\S+)", text)
+        self.assertTrue(m, text)
+        self.assertEqual(len(cpus(m.group(1))), 1, text)
+
+    # ---- plugstack.conf --------------------------------------------------------------------
+
+    def test_admin_default_on_binds_without_option(self):
+        self.plugstack("default=on opt=1")
+        tasks, _ = self.tasks("-n1", "-c2")
+        t = tasks[0]
+        self.assertEqual(len(cpus(t.opt)), 1)
+        self.assertEqual(t.affinity, cpus(t.train))
+        off, _ = self.tasks("-n1", "-c2", "--zenflow-bind=off")
+        self.assertEqual(off[0].train, "unset", "users may turn it off under override=allow")
+
+    def test_override_deny_refuses_user_change(self):
+        self.plugstack("default=on,override=deny opt=1")
+        p = self.run_cmd("srun", "-n1", "-c2", "--zenflow-bind=opt=2", "true", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("opt", p.stderr)
+        self.assertIn("override=deny", p.stderr)
+        p = self.run_cmd("srun", "-n1", "-c2", "--zenflow-bind=off", "true", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        tasks, _ = self.tasks("-n1", "-c2", "--zenflow-bind=opt=1,verbose")
+        self.assertEqual(len(cpus(tasks[0].opt)), 1, "restating the admin's value is fine")
+
+    def test_unknown_plugstack_key_refuses_to_load(self):
+        self.plugstack("frobnicate=1")
+        p = self.run_cmd("srun", "-n1", "true", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("frobnicate", p.stderr)
+
+    def test_onerror_fail_and_warn(self):
+        # Three optimizer cores per task cannot fit in two.
+        self.plugstack("onerror=fail")
+        tasks, p = self.tasks("-n1", "-c2", "--zenflow-bind=opt=3", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertNotIn(0, tasks, "onerror=fail: the task must not run")
+        self.assertIn("error", p.stderr)
+        self.plugstack(None)
+        plain, _ = self.tasks("-n1", "-c2")
+        self.plugstack("onerror=warn")
+        tasks, p = self.tasks("-n1", "-c2", "--zenflow-bind=opt=3")
+        self.assertEqual(tasks[0].affinity, plain[0].affinity, "left as Slurm bound it")
+        self.assertEqual(tasks[0].train, "unset")
+        self.assertIn("warning", p.stderr)
+
+
+def main():
+    global PLUGIN, TASK_PLUGIN
+    args = sys.argv[1:]
+    if len(args) < 3 or args[1] != "--task-plugin":
+        print(__doc__, file=sys.stderr)
+        return 2
+    PLUGIN, TASK_PLUGIN, rest = os.path.abspath(args[0]), args[2], args[3:]
+    missing = [b for b in ("slurmctld", "slurmd", "srun", "sbatch") if not shutil.which(b)]
+    why = None
+    if os.geteuid() != 0:
+        why = "needs root (slurmd creates cgroups and starts tasks)"
+    elif missing:
+        why = "Slurm is not installed: missing " + ", ".join(missing)
+    elif not os.path.exists(PLUGIN):
+        why = "plugin not built: " + PLUGIN
+    if why:
+        if os.environ.get("CI") == "true":
+            print(f"FAIL: CI=true and the Slurm tests cannot run: {why}", file=sys.stderr)
+            return 1
+        print(f"SKIP: {why}", file=sys.stderr)
+        return SKIP
+    prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+    return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
