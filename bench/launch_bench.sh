@@ -29,7 +29,7 @@ run_one() {
     bound) "$cluster" plugstack "$dir" --plugin "$plugin"; opt=(--zenflow-bind) ;;
     esac
     t0=$(date +%s%N)
-    srun -n2 "${opt[@]}" true
+    srun -n2 "${opt[@]}" true 2>>"$dir/srun.err" || { cat "$dir/srun.err" >&2; exit 1; }
     t1=$(date +%s%N)
     samples[$setup]+="$(((t1 - t0) / 1000)) "
 }

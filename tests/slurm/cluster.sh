@@ -2,6 +2,7 @@
 # A throwaway one-node Slurm cluster on loopback, for the plugin tests, the benchmark and the demo.
 #
 #   cluster.sh start  DIR [--task-plugin cgroup|affinity] [--plugin SO] [--plugin-args "ARGS"]
+#                         [--lifetime SECONDS]   stop by itself after that long (tests: no leaks)
 #   cluster.sh plugstack DIR [--plugin SO] [--plugin-args "ARGS"]   rewrite plugstack.conf only
 #   cluster.sh status DIR        exit 0 when the node answers and is idle/mixed/allocated
 #   cluster.sh env    DIR        print "export SLURM_CONF=..." for eval
@@ -34,11 +35,13 @@ fi
 task_plugin=affinity
 plugin=""
 plugin_args=""
+lifetime=0
 while [ $# -gt 0 ]; do
     case $1 in
     --task-plugin) task_plugin=$2; shift 2 ;;
     --plugin) plugin=$2; shift 2 ;;
     --plugin-args) plugin_args=$2; shift 2 ;;
+    --lifetime) lifetime=$2; shift 2 ;;
     *) usage ;;
     esac
 done
@@ -174,6 +177,12 @@ start() {
         stop
         exit 1
     fi
+    if [ "$lifetime" -gt 0 ]; then
+        # Outlives a test runner killed on timeout, which would otherwise leak both daemons.
+        setsid bash -c 'sleep "$1"; "$2" stop "$3"' watchdog "$lifetime" "$(readlink -f "$0")" \
+            "$dir" >/dev/null 2>&1 </dev/null &
+        echo $! >"$dir/run/watchdog.pid"
+    fi
     log "up in $dir ($task_plugin): export SLURM_CONF=$conf"
 }
 
@@ -208,6 +217,10 @@ stop() {
         fi
         rm -f "$dir/run/$name.pid"
     done
+    if pid=$(our_pid watchdog) && [ "$pid" != "$PPID" ]; then
+        kill -TERM -- -"$pid" 2>/dev/null || true # its own process group: bash and its sleep
+    fi
+    rm -f "$dir/run/watchdog.pid"
 }
 
 case $verb in

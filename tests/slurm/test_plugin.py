@@ -54,8 +54,9 @@ class PluginOnSlurm(unittest.TestCase):
         for var in list(cls.env):
             if var.startswith(("SLURM_", "SPANK_", "ZENFLOW_")) and var != "SLURM_CONF":
                 del cls.env[var]
-        subprocess.run([CLUSTER, "start", cls.dir, "--task-plugin", TASK_PLUGIN], check=True,
-                       timeout=90)
+        # --lifetime: the daemons stop by themselves even if ctest kills this driver.
+        subprocess.run([CLUSTER, "start", cls.dir, "--task-plugin", TASK_PLUGIN, "--lifetime",
+                        "600"], check=True, timeout=90)
 
     @classmethod
     def tearDownClass(cls):
