@@ -1,0 +1,175 @@
+/* worker.h: the optimizer worker API of libzenbind.
+ *
+ * A training process spawns one zenflow-optimizer worker, registers its parameter groups in shared
+ * memory, and then, every step, fills a gradient buffer, submits the step and later waits for it.
+ * The worker runs one pinned OpenMP thread per optimizer CPU and owns the Adam moments, allocated
+ * on the optimizer's NUMA nodes when a group is registered. See libzenbind(3), section WORKER API.
+ *
+ * Conventions are those of <zenbind/zenbind.h>: every call returns a zb_status with a message in
+ * zb_last_error(); none aborts; every wait is bounded. A dead worker gives ZB_EDEAD with how it
+ * died; a worker of another shared-memory layout version gives ZB_EVERSION.
+ *
+ * One worker handle is used by one thread at a time (calls on the same handle are not
+ * synchronised); distinct handles are independent.
+ */
+#ifndef ZENBIND_WORKER_H
+#define ZENBIND_WORKER_H
+
+#include <zenbind/zenbind.h>
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct zb_worker zb_worker_t;
+
+/* Element types of gradients and of the optional copy-out of the updated parameters. */
+typedef enum zb_dtype {
+    ZB_DTYPE_NONE = 0, /* copy-out only: no copy */
+    ZB_DTYPE_FP32 = 1, /* gradients only */
+    ZB_DTYPE_BF16 = 2,
+    ZB_DTYPE_FP16 = 3
+} zb_dtype;
+
+/* Upper bounds of the shared-memory layout (version 1). */
+#define ZB_WORKER_MAX_GROUPS 256
+#define ZB_WORKER_MAX_THREADS 1024
+#define ZB_WORKER_MAX_NODES 64
+
+/* How to spawn the worker. zb_worker_attr_init() fills the defaults; fields left at 0 / NULL /
+ * "" keep them. */
+typedef struct zb_worker_attr {
+    /* Executable; "" means $ZENFLOW_OPTIMIZER, else <libexecdir>/zenflow-bind/zenflow-optimizer. */
+    char path[4096];
+    /* Optimizer CPUs, a cpu-list; "" means $ZENFLOW_OPT_CPUS, else every CPU the caller may run on
+     * (its affinity). One thread is pinned per CPU, in increasing order, cycling if there are more
+     * threads than CPUs. */
+    char cpus[1024];
+    /* Thread count; 0 means $ZENFLOW_OPT_THREADS, else one per optimizer CPU. */
+    unsigned threads;
+    /* NUMA nodes for the worker's memory (Adam moments and the shared buffers), a node list; ""
+     * means $ZENFLOW_OPT_MEMS, else the nodes of the optimizer CPUs. Preferred, not strict: a full
+     * node spills to others instead of killing the job. */
+    char mems[256];
+    /* Busy-wait before sleeping on a futex, in microseconds: the worker's wait for a command and
+     * zb_worker_wait's wait for a result. Default 50 each; longer trades CPU for latency. */
+    unsigned worker_spin_us;
+    unsigned wait_spin_us;
+    /* Bound on spawn and group registration (which allocates and zeroes the moments), in ms.
+     * Default 60000. */
+    unsigned control_timeout_ms;
+} zb_worker_attr;
+
+void zb_worker_attr_init(zb_worker_attr *attr);
+
+/* Start a worker and wait (bounded by control_timeout_ms) until its threads are pinned and it
+ * has checked the shared-memory header. attr NULL means all defaults. ZB_ENOMEM if the shared
+ * memory cannot be reserved (memory limit, file size limit); ZB_EVERSION if the executable speaks
+ * another layout version; ZB_EDEAD if it died while starting; ZB_EINVAL for a bad cpu/node list. */
+zb_status zb_worker_spawn(const zb_worker_attr *attr, zb_worker_t **out);
+
+/* Ask the worker to exit, wait for it (bounded by control_timeout_ms, then SIGKILL), unmap and
+ * free everything. NULL is a no-op. Returns ZB_OK even if the worker had died; the handle is freed
+ * in every case. */
+zb_status zb_worker_destroy(zb_worker_t *worker);
+
+/* Adam/AdamW hyperparameters of one parameter group (torch.optim semantics; eps added after bias
+ * correction). */
+typedef struct zb_adam_hyper {
+    float lr;
+    float beta1;
+    float beta2;
+    float eps;
+    float weight_decay;
+    int adamw;           /* 1: decoupled weight decay (AdamW); 0: L2 added to the gradient (Adam) */
+    int bias_correction; /* 1 (torch's behaviour) or 0 */
+} zb_adam_hyper;
+
+/* torch.optim.AdamW's defaults: lr 1e-3, betas 0.9/0.999, eps 1e-8, weight_decay 1e-2. */
+void zb_adam_hyper_init(zb_adam_hyper *hyper);
+
+/* A parameter group to register. */
+typedef struct zb_group_attr {
+    size_t numel;      /* parameters in the group, >= 1 */
+    zb_dtype grad;     /* FP32, BF16 or FP16; two buffers of it are allocated */
+    zb_dtype copy_out; /* NONE, BF16 or FP16: the updated parameters, converted */
+    int stale;         /* 1: keep an fp32 snapshot of the updated parameters */
+    zb_adam_hyper hyper;
+} zb_group_attr;
+
+/* Reserve the group's shared memory (params, 2 gradient buffers, copy-out, stale), hand it to the
+ * worker, which allocates and zeroes the Adam moments with its pinned threads. The new group's id
+ * (0, 1, ... in registration order) goes to *group. Parameters start at 0: fill them through
+ * zb_worker_group_buffers() before the first step. Not allowed while a step is in flight. */
+zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, unsigned *group);
+
+/* Pointers into the shared memory of a group, valid until zb_worker_destroy(). The trainer writes
+ * params (before the first step) and grads[k]; it reads params, copy_out and stale after
+ * zb_worker_wait(). While a step that reads grads[k] is in flight, the trainer may fill
+ * grads[1-k] but must not touch params, copy_out, stale or grads[k]. */
+typedef struct zb_group_buffers {
+    size_t numel;
+    float *params;
+    void *grads[2];
+    void *copy_out; /* NULL if the group has none */
+    float *stale;   /* NULL if the group has none */
+    zb_dtype grad;
+    zb_dtype copy;
+} zb_group_buffers;
+
+zb_status zb_worker_group_buffers(zb_worker_t *worker, unsigned group, zb_group_buffers *out);
+
+/* One optimizer step over every registered group. */
+typedef struct zb_worker_step {
+    int64_t step;                /* 1-based step number, for bias correction */
+    float grad_scale;            /* multiplies every gradient (e.g. 1/loss_scale, clipping) */
+    unsigned grad_buffer;        /* 0 or 1: which gradient buffer the step reads */
+    const zb_adam_hyper *hypers; /* NULL: each group's current hyperparameters; else one per group
+                                    (nhypers == number of groups); they become current */
+    size_t nhypers;
+} zb_worker_step;
+
+/* Start a step and return without waiting. ZB_EINVAL if a step is already in flight, grad_buffer
+ * > 1, step < 1 or nhypers does not match. A step with no group registered is allowed: it does no
+ * work and measures the control round trip. ZB_EDEAD if the worker has died. */
+zb_status zb_worker_submit(zb_worker_t *worker, const zb_worker_step *step);
+
+/* Wait up to timeout_ms (>= 0; 0 polls) for the step in flight. ZB_ETIMEDOUT leaves it in flight
+ * (wait again); ZB_EDEAD says how the worker died. *nonfinite (may be NULL) receives how many
+ * gradient elements were not finite after scaling (they were applied, as torch does). */
+zb_status zb_worker_wait(zb_worker_t *worker, int timeout_ms, uint64_t *nonfinite);
+
+/* Memory in bytes. Per buffer kind, what the layout needs (shared buffers are counted once);
+ * per process, what /proc/PID/status says now (VmRSS = RssAnon + RssFile + RssShmem; the shared
+ * buffers appear in the RssShmem of each process that touched them). */
+typedef struct zb_worker_memory {
+    size_t numel;           /* parameters in all groups */
+    size_t params;          /* fp32 master copies, shared: 4 per parameter */
+    size_t grads;           /* both gradient buffers, shared: 2 x dtype size per parameter */
+    size_t copy_out;        /* shared: 0 or 2 per parameter */
+    size_t stale;           /* shared: 0 or 4 per parameter */
+    size_t moments;         /* exp_avg + exp_avg_sq, private to the worker: 8 per parameter */
+    size_t shm_reserved;    /* shared memory reserved (the above, page-rounded, plus control) */
+    double bytes_per_param; /* (params + grads + copy_out + stale + moments) / numel */
+    size_t worker_rss, worker_rss_anon, worker_rss_shmem;
+    size_t trainer_rss, trainer_rss_anon, trainer_rss_shmem;
+} zb_worker_memory;
+
+zb_status zb_worker_memory_usage(zb_worker_t *worker, zb_worker_memory *out);
+
+/* The worker's pid. */
+zb_status zb_worker_pid(const zb_worker_t *worker, pid_t *pid);
+/* The worker's thread count, and thread `index`'s kernel tid and the CPU it pinned itself to (as
+ * the thread reported after sched_setaffinity; check with /proc/PID/task/TID/status). */
+zb_status zb_worker_threads(const zb_worker_t *worker, unsigned *count);
+zb_status zb_worker_thread(const zb_worker_t *worker, unsigned index, pid_t *tid, int *cpu);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZENBIND_WORKER_H */

@@ -1,0 +1,113 @@
+// The shared-memory layout between libzenbind (the trainer side) and zenflow-optimizer (the
+// worker). Both sides compile this file; the header's magic, version and sizes let each side refuse
+// a peer built from another version instead of corrupting memory. Any change to a struct below
+// must bump kVersion.
+//
+// Two kinds of memfd segments: one control segment (Header then Control) created at spawn, and
+// one segment per parameter group (params, grads[2], copy-out, stale; offsets in its GroupDesc)
+// created at registration and handed to the worker over a socket (SCM_RIGHTS).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace zb::shm {
+
+inline constexpr uint64_t kMagic = 0x314d5357464e455aULL; // "ZENFWSM1" little-endian
+inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kMaxGroups = 256;
+inline constexpr uint32_t kMaxThreads = 1024;
+inline constexpr uint32_t kMaxNodes = 64;
+inline constexpr uint32_t kMessageSize = 512;
+
+// Exit code of a worker that refused the header (and printed why on stderr).
+inline constexpr int kExitVersion = 78;
+
+// Worker protocol over the inherited fds: the control memfd is fd 3, the socket fd 4.
+inline constexpr int kControlFd = 3;
+inline constexpr int kSocketFd = 4;
+
+enum class Command : uint32_t { none = 0, step = 1, add_group = 2, exit = 3 };
+enum class Dtype : uint32_t { none = 0, f32 = 1, bf16 = 2, f16 = 3 };
+
+inline constexpr size_t dtype_size(Dtype d) {
+    return d == Dtype::f32 ? 4 : (d == Dtype::none ? 0 : 2);
+}
+
+// Fixed first fields: magic and version stay at offsets 0 and 8 in every future version, so any
+// worker can tell a mismatch. worker_version is written by the worker with its own kVersion.
+struct Header {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t worker_version;
+    uint32_t header_size;
+    uint32_t control_size;
+    uint32_t group_desc_size;
+    uint32_t max_groups;
+    uint32_t max_threads;
+    uint32_t pad;
+    uint64_t segment_size;
+};
+
+struct Hyper {
+    float lr, beta1, beta2, eps, weight_decay;
+    uint32_t adamw, bias_correction, pad;
+};
+
+struct GroupDesc {
+    uint64_t numel;
+    uint64_t segment_size;
+    uint64_t off_params, off_grads[2], off_copy, off_stale; // off_* 0 when absent (params is 0)
+    Dtype grad, copy;
+    uint32_t stale, pad;
+    Hyper hyper;
+};
+
+// Hot words each on their own cache line: the trainer writes the request side, the worker the
+// response side, so a spinning peer does not steal the line the other is writing.
+struct alignas(64) Control {
+    // Written by the trainer before spawn.
+    int32_t trainer_pid;
+    uint32_t nthreads;
+    uint32_t nmems;
+    uint32_t worker_spin_us;
+    int32_t cpus[kMaxThreads]; // thread i pins itself to cpus[i]
+    int32_t mems[kMaxNodes];
+
+    // Written by the worker once its team is pinned.
+    alignas(64) uint32_t ready;
+    int32_t tids[kMaxThreads];
+    int32_t thread_cpus[kMaxThreads];
+
+    // Request: fields first, then req_seq is published (release).
+    alignas(64) uint32_t req_seq;
+    uint32_t worker_sleeping; // the worker sleeps on req_seq: wake it
+    Command command;
+    uint32_t ngroups; // groups the step covers / index of the group being added
+    int64_t step;
+    float grad_scale;
+    uint32_t grad_buffer;
+
+    // Response: result and message, then done_seq = req_seq (release).
+    alignas(64) uint32_t done_seq;
+    uint32_t trainer_sleeping;
+    int32_t status; // a zb_status
+    uint32_t pad;
+    uint64_t nonfinite;
+    char message[kMessageSize];
+
+    alignas(64) GroupDesc groups[kMaxGroups];
+};
+
+inline constexpr size_t kControlSegment = (sizeof(Header) + 63) / 64 * 64 + sizeof(Control);
+
+inline Control *control_of(void *base) {
+    return reinterpret_cast<Control *>(static_cast<char *>(base) + (sizeof(Header) + 63) / 64 * 64);
+}
+
+inline std::atomic_ref<uint32_t> atomic(uint32_t &word) {
+    return std::atomic_ref<uint32_t>(word);
+}
+
+} // namespace zb::shm

@@ -1,0 +1,103 @@
+#include "shm_segment.hpp"
+
+#include "error.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <numaif.h>
+#include <string>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace zb::shm {
+
+namespace {
+
+[[noreturn]] void fail_reserve(const char *what, size_t size, int err) {
+    const std::string head = std::string("cannot reserve ") + std::to_string(size) +
+                             " bytes of shared memory for the " + what + ": " + std::strerror(err);
+    if (err == ENOSPC || err == ENOMEM || err == EFBIG || err == EDQUOT)
+        fail(ZB_ENOMEM, head + " (a memory cgroup, tmpfs or RLIMIT_FSIZE limit refused it)");
+    fail(ZB_ESYS, head);
+}
+
+// Sets the shared policy of the memfd's pages before they are allocated. Preferred, not bound: a
+// full node must not turn into an OOM kill. Several nodes need MPOL_PREFERRED_MANY (Linux 5.15);
+// older kernels fall back to the first node.
+void place(void *base, size_t size, const std::vector<int> &nodes) {
+    if (nodes.empty()) return;
+    unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {};
+    const unsigned long bits = 8 * sizeof(unsigned long);
+    for (int n : nodes)
+        mask[n / bits] |= 1UL << (n % bits);
+    const unsigned long maxnode = 1024;
+    if (nodes.size() > 1 && mbind(base, size, MPOL_PREFERRED_MANY, mask, maxnode, 0) == 0) return;
+    unsigned long first[1024 / (8 * sizeof(unsigned long))] = {};
+    first[nodes[0] / bits] |= 1UL << (nodes[0] % bits);
+    if (mbind(base, size, MPOL_PREFERRED, first, maxnode, 0) != 0)
+        fail_errno("mbind of the shared memory to node " + std::to_string(nodes[0]));
+}
+
+} // namespace
+
+Segment::Segment(const char *what, size_t size, const std::vector<int> &nodes) : size_(size) {
+    fd_ = memfd_create(what, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd_ < 0) fail_errno(std::string("memfd_create for the ") + what);
+    try {
+        if (ftruncate(fd_, static_cast<off_t>(size)) != 0) fail_reserve(what, size, errno);
+        base_ = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+        if (base_ == MAP_FAILED) {
+            base_ = nullptr;
+            fail_errno(std::string("mmap of the ") + what);
+        }
+        place(base_, size, nodes);
+        const int err = posix_fallocate(fd_, 0, static_cast<off_t>(size));
+        if (err != 0) fail_reserve(what, size, err);
+        if (fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+            fail_errno(std::string("sealing the ") + what);
+    } catch (...) {
+        release();
+        throw;
+    }
+}
+
+Segment::~Segment() {
+    release();
+}
+
+Segment::Segment(Segment &&other) noexcept
+    : fd_(other.fd_), base_(other.base_), size_(other.size_) {
+    other.fd_ = -1;
+    other.base_ = nullptr;
+    other.size_ = 0;
+}
+
+Segment &Segment::operator=(Segment &&other) noexcept {
+    if (this != &other) {
+        release();
+        fd_ = other.fd_;
+        base_ = other.base_;
+        size_ = other.size_;
+        other.fd_ = -1;
+        other.base_ = nullptr;
+        other.size_ = 0;
+    }
+    return *this;
+}
+
+size_t Segment::allocated() const {
+    struct stat st {};
+    if (fd_ < 0 || fstat(fd_, &st) != 0) return 0;
+    return static_cast<size_t>(st.st_blocks) * 512;
+}
+
+void Segment::release() noexcept {
+    if (base_) munmap(base_, size_);
+    if (fd_ >= 0) close(fd_);
+    base_ = nullptr;
+    fd_ = -1;
+}
+
+} // namespace zb::shm

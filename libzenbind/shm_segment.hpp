@@ -1,0 +1,41 @@
+// A shared-memory segment that cannot SIGBUS: an anonymous memfd (no name another user can open,
+// gone when its last fd and mapping are), placed on preferred NUMA nodes, with every page reserved
+// at creation by fallocate and its size sealed. A memory or file-size limit therefore fails here,
+// as ZB_ENOMEM, and never as a fault in the middle of training.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+namespace zb::shm {
+
+class Segment {
+  public:
+    Segment() = default;
+    // `what` names the segment in error messages; `nodes` may be empty (no placement).
+    Segment(const char *what, size_t size, const std::vector<int> &nodes);
+    ~Segment();
+    Segment(Segment &&other) noexcept;
+    Segment &operator=(Segment &&other) noexcept;
+    Segment(const Segment &) = delete;
+    Segment &operator=(const Segment &) = delete;
+
+    int fd() const { return fd_; }
+    void *base() const { return base_; }
+    size_t size() const { return size_; }
+    // Bytes the kernel has allocated to the memfd (st_blocks), for the memory report.
+    size_t allocated() const;
+
+  private:
+    void release() noexcept;
+    int fd_ = -1;
+    void *base_ = nullptr;
+    size_t size_ = 0;
+};
+
+inline constexpr size_t kPage = 4096;
+inline constexpr size_t page_round(size_t n) {
+    return (n + kPage - 1) / kPage * kPage;
+}
+
+} // namespace zb::shm

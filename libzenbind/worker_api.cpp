@@ -1,0 +1,260 @@
+// The per-step API of the worker: parameter groups, submit/wait, memory and thread reports. Every
+// entry point validates its arguments before touching shared memory.
+#include "error.hpp"
+#include "shm_futex.hpp"
+#include "worker_handle.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <sys/socket.h>
+
+namespace {
+
+using zb::fail;
+namespace shm = zb::shm;
+
+zb_worker &handle(zb_worker *w, const char *fn) {
+    if (!w) fail(ZB_EINVAL, std::string(fn) + ": worker is NULL");
+    return *w;
+}
+
+void check_hyper(const zb_adam_hyper &h, const std::string &where) {
+    auto bad = [&](const char *what) { fail(ZB_EINVAL, where + ": " + what); };
+    if (!std::isfinite(h.lr) || h.lr < 0) bad("lr must be finite and >= 0");
+    if (!(h.beta1 >= 0 && h.beta1 < 1) || !(h.beta2 >= 0 && h.beta2 < 1))
+        bad("beta1 and beta2 must be in [0, 1)");
+    if (!std::isfinite(h.eps) || h.eps < 0) bad("eps must be finite and >= 0");
+    if (!std::isfinite(h.weight_decay) || h.weight_decay < 0)
+        bad("weight_decay must be finite and >= 0");
+    if ((h.adamw != 0 && h.adamw != 1) || (h.bias_correction != 0 && h.bias_correction != 1))
+        bad("adamw and bias_correction must be 0 or 1");
+}
+
+// A C caller may store any int in an enum field; read it as an int, without assuming a valid value.
+int raw(const zb_dtype &field) {
+    int v;
+    std::memcpy(&v, &field, sizeof v);
+    return v;
+}
+
+shm::Hyper to_shm(const zb_adam_hyper &h) {
+    return shm::Hyper{h.lr,
+                      h.beta1,
+                      h.beta2,
+                      h.eps,
+                      h.weight_decay,
+                      static_cast<uint32_t>(h.adamw),
+                      static_cast<uint32_t>(h.bias_correction),
+                      0};
+}
+
+// Sends the group's memfd to the worker; it is queued before the command is published.
+void send_fd(int sock, int fd, uint32_t group) {
+    char control[CMSG_SPACE(sizeof(int))] = {};
+    iovec iov{&group, sizeof group};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    if (sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof group))
+        zb::fail_errno("sending the group's shared memory to the worker");
+}
+
+} // namespace
+
+extern "C" {
+
+void zb_adam_hyper_init(zb_adam_hyper *h) {
+    if (!h) return;
+    *h = zb_adam_hyper{1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, 1, 1};
+}
+
+zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, unsigned *group) {
+    return zb::guard([&] {
+        zb_worker &w = handle(worker, "zb_worker_group_add");
+        if (!attr || !group) fail(ZB_EINVAL, "zb_worker_group_add: attr or group is NULL");
+        w.check_alive();
+        if (w.in_flight) fail(ZB_EINVAL, "zb_worker_group_add: a step is in flight; wait first");
+        if (w.groups.size() >= shm::kMaxGroups)
+            fail(ZB_EINVAL,
+                 "zb_worker_group_add: at most " + std::to_string(shm::kMaxGroups) + " groups");
+        if (attr->numel == 0 || attr->numel > (size_t(1) << 40))
+            fail(ZB_EINVAL, "zb_worker_group_add: numel must be from 1 to 2^40");
+        const int grad = raw(attr->grad), copy = raw(attr->copy_out);
+        if (grad != ZB_DTYPE_FP32 && grad != ZB_DTYPE_BF16 && grad != ZB_DTYPE_FP16)
+            fail(ZB_EINVAL, "zb_worker_group_add: grad must be ZB_DTYPE_FP32, BF16 or FP16");
+        if (copy != ZB_DTYPE_NONE && copy != ZB_DTYPE_BF16 && copy != ZB_DTYPE_FP16)
+            fail(ZB_EINVAL, "zb_worker_group_add: copy_out must be ZB_DTYPE_NONE, BF16 or FP16");
+        if (attr->stale != 0 && attr->stale != 1)
+            fail(ZB_EINVAL, "zb_worker_group_add: stale must be 0 or 1");
+        check_hyper(attr->hyper, "zb_worker_group_add: hyper");
+
+        const auto g = static_cast<uint32_t>(w.groups.size());
+        const size_t n = attr->numel;
+        shm::GroupDesc d{};
+        d.numel = n;
+        d.grad = static_cast<shm::Dtype>(grad);
+        d.copy = static_cast<shm::Dtype>(copy);
+        d.stale = static_cast<uint32_t>(attr->stale);
+        d.hyper = to_shm(attr->hyper);
+        // Each buffer starts on a page so that the kernels see aligned vectors.
+        size_t off = shm::page_round(4 * n);
+        for (auto &o : d.off_grads) {
+            o = off;
+            off += shm::page_round(shm::dtype_size(d.grad) * n);
+        }
+        if (d.copy != shm::Dtype::none) {
+            d.off_copy = off;
+            off += shm::page_round(2 * n);
+        }
+        if (d.stale) {
+            d.off_stale = off;
+            off += shm::page_round(4 * n);
+        }
+        d.segment_size = off;
+        shm::Segment seg("zenflow parameter group", off, w.mems);
+        w.ctl->groups[g] = d;
+        send_fd(w.sock, seg.fd(), g);
+        w.ctl->command = shm::Command::add_group;
+        w.ctl->ngroups = g;
+        w.run_command();
+        w.groups.push_back(std::move(seg));
+        w.numel += n;
+        w.param_bytes += 4 * n;
+        w.grad_bytes += 2 * shm::dtype_size(d.grad) * n;
+        w.copy_bytes += shm::dtype_size(d.copy) * n;
+        w.stale_bytes += d.stale ? 4 * n : 0;
+        *group = g;
+    });
+}
+
+zb_status zb_worker_group_buffers(zb_worker_t *worker, unsigned group, zb_group_buffers *out) {
+    return zb::guard([&] {
+        zb_worker &w = handle(worker, "zb_worker_group_buffers");
+        if (!out) fail(ZB_EINVAL, "zb_worker_group_buffers: out is NULL");
+        if (group >= w.groups.size())
+            fail(ZB_EINVAL, "zb_worker_group_buffers: unknown group " + std::to_string(group) +
+                                " (" + std::to_string(w.groups.size()) + " registered)");
+        const shm::GroupDesc &d = w.ctl->groups[group];
+        char *base = static_cast<char *>(w.groups[group].base());
+        out->numel = d.numel;
+        out->params = reinterpret_cast<float *>(base + d.off_params);
+        out->grads[0] = base + d.off_grads[0];
+        out->grads[1] = base + d.off_grads[1];
+        out->copy_out = d.off_copy ? base + d.off_copy : nullptr;
+        out->stale = d.off_stale ? reinterpret_cast<float *>(base + d.off_stale) : nullptr;
+        out->grad = static_cast<zb_dtype>(d.grad);
+        out->copy = static_cast<zb_dtype>(d.copy);
+    });
+}
+
+zb_status zb_worker_submit(zb_worker_t *worker, const zb_worker_step *step) {
+    return zb::guard([&] {
+        zb_worker &w = handle(worker, "zb_worker_submit");
+        if (!step) fail(ZB_EINVAL, "zb_worker_submit: step is NULL");
+        w.check_alive();
+        if (w.in_flight)
+            fail(ZB_EINVAL, "zb_worker_submit: a step is already in flight; call zb_worker_wait");
+        if (step->step < 1) fail(ZB_EINVAL, "zb_worker_submit: step must be >= 1");
+        if (step->grad_buffer > 1) fail(ZB_EINVAL, "zb_worker_submit: grad_buffer must be 0 or 1");
+        if (!std::isfinite(step->grad_scale))
+            fail(ZB_EINVAL, "zb_worker_submit: grad_scale must be finite");
+        const size_t ngroups = w.groups.size();
+        if (step->hypers) {
+            if (step->nhypers != ngroups)
+                fail(ZB_EINVAL, "zb_worker_submit: nhypers is " + std::to_string(step->nhypers) +
+                                    ", but " + std::to_string(ngroups) + " groups are registered");
+            for (size_t g = 0; g < ngroups; ++g)
+                check_hyper(step->hypers[g], "zb_worker_submit: hypers[" + std::to_string(g) + "]");
+            for (size_t g = 0; g < ngroups; ++g)
+                w.ctl->groups[g].hyper = to_shm(step->hypers[g]);
+        }
+        w.ctl->command = shm::Command::step;
+        w.ctl->ngroups = static_cast<uint32_t>(ngroups);
+        w.ctl->step = step->step;
+        w.ctl->grad_scale = step->grad_scale;
+        w.ctl->grad_buffer = step->grad_buffer;
+        w.publish_request();
+        w.in_flight = true;
+    });
+}
+
+zb_status zb_worker_wait(zb_worker_t *worker, int timeout_ms, uint64_t *nonfinite) {
+    return zb::guard([&] {
+        zb_worker &w = handle(worker, "zb_worker_wait");
+        if (timeout_ms < 0) fail(ZB_EINVAL, "zb_worker_wait: timeout_ms must be >= 0");
+        if (!w.in_flight && !w.reaped) fail(ZB_EINVAL, "zb_worker_wait: no step in flight");
+        try {
+            w.wait_response(int64_t(timeout_ms) * 1'000'000);
+        } catch (const zb::Error &e) {
+            if (e.status() != ZB_ETIMEDOUT) w.in_flight = false;
+            throw;
+        }
+        w.in_flight = false;
+        if (nonfinite) *nonfinite = w.ctl->nonfinite;
+    });
+}
+
+zb_status zb_worker_memory_usage(zb_worker_t *worker, zb_worker_memory *out) {
+    return zb::guard([&] {
+        zb_worker &w = handle(worker, "zb_worker_memory_usage");
+        if (!out) fail(ZB_EINVAL, "zb_worker_memory_usage: out is NULL");
+        using zb::worker::proc_status_bytes;
+        zb_worker_memory m{};
+        m.numel = w.numel;
+        m.params = w.param_bytes;
+        m.grads = w.grad_bytes;
+        m.copy_out = w.copy_bytes;
+        m.stale = w.stale_bytes;
+        m.moments = 8 * w.numel;
+        m.shm_reserved = w.control.allocated();
+        for (const auto &s : w.groups)
+            m.shm_reserved += s.allocated();
+        m.bytes_per_param =
+            w.numel
+                ? double(m.params + m.grads + m.copy_out + m.stale + m.moments) / double(w.numel)
+                : 0.0;
+        if (!w.reaped) {
+            m.worker_rss = proc_status_bytes(w.pid, "VmRSS");
+            m.worker_rss_anon = proc_status_bytes(w.pid, "RssAnon");
+            m.worker_rss_shmem = proc_status_bytes(w.pid, "RssShmem");
+        }
+        m.trainer_rss = proc_status_bytes(0, "VmRSS");
+        m.trainer_rss_anon = proc_status_bytes(0, "RssAnon");
+        m.trainer_rss_shmem = proc_status_bytes(0, "RssShmem");
+        *out = m;
+    });
+}
+
+zb_status zb_worker_pid(const zb_worker_t *w, pid_t *pid) {
+    return zb::guard([&] {
+        if (!w || !pid) fail(ZB_EINVAL, "zb_worker_pid: worker or pid is NULL");
+        *pid = w->pid;
+    });
+}
+
+zb_status zb_worker_threads(const zb_worker_t *w, unsigned *count) {
+    return zb::guard([&] {
+        if (!w || !count) fail(ZB_EINVAL, "zb_worker_threads: worker or count is NULL");
+        *count = w->ctl->nthreads;
+    });
+}
+
+zb_status zb_worker_thread(const zb_worker_t *w, unsigned index, pid_t *tid, int *cpu) {
+    return zb::guard([&] {
+        if (!w || !tid || !cpu) fail(ZB_EINVAL, "zb_worker_thread: worker, tid or cpu is NULL");
+        if (index >= w->ctl->nthreads)
+            fail(ZB_EINVAL, "zb_worker_thread: index " + std::to_string(index) +
+                                " >= " + std::to_string(w->ctl->nthreads) + " threads");
+        *tid = w->ctl->tids[index];
+        *cpu = w->ctl->thread_cpus[index];
+    });
+}
+}

@@ -1,0 +1,51 @@
+// The trainer side of one worker: its control segment, group segments, process and socket.
+#pragma once
+
+#include "shm_layout.hpp"
+#include "shm_segment.hpp"
+
+#include <zenbind/worker.h>
+
+#include <cstdint>
+#include <string>
+#include <sys/types.h>
+#include <vector>
+
+struct zb_worker {
+    zb::shm::Segment control;
+    zb::shm::Header *header = nullptr;
+    zb::shm::Control *ctl = nullptr;
+    std::vector<zb::shm::Segment> groups;
+    std::vector<int> mems;
+    pid_t pid = -1;
+    int pidfd = -1;
+    int sock = -1;
+    uint32_t seq = 0;       // last request published
+    bool in_flight = false; // a step was submitted and not yet waited for
+    bool reaped = false;    // the worker process is gone (death holds why)
+    std::string death;
+    int64_t wait_spin_ns = 0;
+    unsigned control_timeout_ms = 0;
+    size_t numel = 0, param_bytes = 0, grad_bytes = 0, copy_bytes = 0, stale_bytes = 0;
+
+    ~zb_worker();
+
+    // Throws ZB_EDEAD (saying how it died) if the worker process has exited.
+    void check_alive();
+    // Publishes the request already written in ctl.
+    void publish_request();
+    // Waits for the response to the last request, up to timeout_ns; throws ZB_ETIMEDOUT or
+    // ZB_EDEAD, or the worker's own error status with its message.
+    void wait_response(int64_t timeout_ns);
+    // publish_request + wait_response(control_timeout_ms).
+    void run_command();
+};
+
+namespace zb::worker {
+
+// "exited with status N", "was killed by signal 9 (Killed)": from a waitid() result.
+std::string describe_exit(int code, int status);
+// One field of /proc/PID/status in bytes (0 if absent); pid 0 means this process.
+size_t proc_status_bytes(pid_t pid, const char *field);
+
+} // namespace zb::worker

@@ -1,0 +1,100 @@
+// How the trainer learns that its worker died: the worker's pidfd becomes readable when it exits,
+// so a zero-timeout poll between bounded futex sleeps notices a death within one sleep slice.
+#include "error.hpp"
+#include "shm_futex.hpp"
+#include "worker_handle.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace zb::worker {
+
+std::string describe_exit(int code, int status) {
+    if (code == CLD_EXITED) return "exited with status " + std::to_string(status);
+    std::string how =
+        "was killed by signal " + std::to_string(status) + " (" + strsignal(status) + ")";
+    if (code == CLD_DUMPED) how += ", core dumped";
+    if (status == SIGKILL) how += "; the out-of-memory killer or a kill -9 does this";
+    return how;
+}
+
+size_t proc_status_bytes(pid_t pid, const char *field) {
+    char path[64];
+    if (pid == 0)
+        std::snprintf(path, sizeof path, "/proc/self/status");
+    else
+        std::snprintf(path, sizeof path, "/proc/%d/status", static_cast<int>(pid));
+    FILE *f = std::fopen(path, "re");
+    if (!f) return 0;
+    char line[256];
+    size_t value = 0;
+    const size_t len = std::strlen(field);
+    while (std::fgets(line, sizeof line, f)) {
+        if (std::strncmp(line, field, len) == 0 && line[len] == ':') {
+            value = std::strtoull(line + len + 1, nullptr, 10) * 1024; // the kernel prints kB
+            break;
+        }
+    }
+    std::fclose(f);
+    return value;
+}
+
+} // namespace zb::worker
+
+void zb_worker::check_alive() {
+    if (reaped) zb::fail(ZB_EDEAD, death);
+    pollfd p{pidfd, POLLIN, 0};
+    if (poll(&p, 1, 0) <= 0) return;
+    siginfo_t info{};
+    std::string how;
+    if (waitid(P_PIDFD, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG) == 0 &&
+        info.si_pid != 0)
+        how = zb::worker::describe_exit(info.si_code, info.si_status);
+    else
+        how = "exited (its status was collected elsewhere)";
+    reaped = true;
+    in_flight = false;
+    death = "the optimizer worker (pid " + std::to_string(pid) + ") " + how;
+    zb::fail(ZB_EDEAD, death);
+}
+
+void zb_worker::publish_request() {
+    ++seq;
+    zb::shm::publish(ctl->req_seq, ctl->worker_sleeping, seq);
+}
+
+void zb_worker::wait_response(int64_t timeout_ns) {
+    const uint32_t before = seq - 1;
+    const int64_t deadline = zb::shm::now_ns() + std::max<int64_t>(timeout_ns, 0);
+    // Liveness is checked between sleeps of at most this long.
+    constexpr int64_t slice = 100'000'000;
+    uint32_t done =
+        zb::shm::spin_for_change(ctl->done_seq, before, std::min(wait_spin_ns, timeout_ns));
+    while (done == before) {
+        check_alive();
+        const int64_t left = deadline - zb::shm::now_ns();
+        if (left <= 0) zb::fail(ZB_ETIMEDOUT, "the optimizer worker did not answer in time");
+        done = zb::shm::sleep_for_change(ctl->done_seq, ctl->trainer_sleeping, before,
+                                         std::min(left, slice));
+    }
+    if (done != seq)
+        zb::fail(ZB_EINTERNAL, "the worker answered request " + std::to_string(done) +
+                                   ", expected " + std::to_string(seq));
+    const auto status = static_cast<zb_status>(ctl->status);
+    if (status != ZB_OK) {
+        ctl->message[zb::shm::kMessageSize - 1] = '\0';
+        zb::fail(status, std::string("optimizer worker: ") + ctl->message);
+    }
+}
+
+void zb_worker::run_command() {
+    publish_request();
+    wait_response(static_cast<int64_t>(control_timeout_ms) * 1'000'000);
+}

@@ -1,0 +1,310 @@
+// Spawning and destroying the worker: resolve where it runs (attributes, then the ZENFLOW_*
+// variables the SPANK plugin exported, then the caller's own CPUs), reserve the control segment,
+// start zenflow-optimizer with the segment and a socket as fds 3 and 4, and wait, bounded, until
+// it has checked the header and pinned its threads.
+#include "error.hpp"
+#include "shm_futex.hpp"
+#include "shm_process.hpp"
+#include "worker_handle.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <hwloc.h>
+#include <memory>
+#include <numa.h>
+#include <poll.h>
+#include <sched.h>
+#include <spawn.h>
+#include <string>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+extern char **environ;
+
+namespace {
+
+using zb::fail;
+namespace shm = zb::shm;
+
+const char *env_or(const char *given, const char *name) {
+    if (given && given[0]) return given;
+    const char *v = std::getenv(name);
+    return v && v[0] ? v : nullptr;
+}
+
+std::vector<int> parse_list(const char *text, const char *what, unsigned max_id) {
+    std::unique_ptr<hwloc_bitmap_s, void (*)(hwloc_bitmap_t)> set(hwloc_bitmap_alloc(),
+                                                                  hwloc_bitmap_free);
+    if (!set) throw std::bad_alloc();
+    if (zb_cpulist_parse(text, set.get()) != ZB_OK)
+        fail(ZB_EINVAL, std::string(what) + " \"" + text + "\": " + zb_last_error());
+    std::vector<int> ids;
+    for (int i = hwloc_bitmap_first(set.get()); i >= 0; i = hwloc_bitmap_next(set.get(), i)) {
+        if (static_cast<unsigned>(i) > max_id)
+            fail(ZB_EINVAL, std::string(what) + " \"" + text + "\": " + std::to_string(i) +
+                                " is out of range (at most " + std::to_string(max_id) + ")");
+        ids.push_back(i);
+    }
+    if (ids.empty()) fail(ZB_EINVAL, std::string(what) + " is empty");
+    return ids;
+}
+
+std::vector<int> resolve_cpus(const zb_worker_attr &a) {
+    if (const char *list = env_or(a.cpus, "ZENFLOW_OPT_CPUS"))
+        return parse_list(list, a.cpus[0] ? "attr.cpus" : "ZENFLOW_OPT_CPUS", CPU_SETSIZE - 1);
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) zb::fail_errno("sched_getaffinity");
+    std::vector<int> cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    return cpus;
+}
+
+unsigned resolve_threads(const zb_worker_attr &a, size_t ncpus) {
+    if (a.threads) {
+        if (a.threads > shm::kMaxThreads)
+            fail(ZB_EINVAL, "attr.threads " + std::to_string(a.threads) + " exceeds " +
+                                std::to_string(shm::kMaxThreads));
+        return a.threads;
+    }
+    if (const char *t = env_or(nullptr, "ZENFLOW_OPT_THREADS")) {
+        char *end = nullptr;
+        errno = 0;
+        const unsigned long n = std::strtoul(t, &end, 10);
+        if (errno || *end || t[0] < '0' || t[0] > '9' || n == 0 || n > shm::kMaxThreads)
+            fail(ZB_EINVAL, std::string("ZENFLOW_OPT_THREADS \"") + t +
+                                "\" is not a thread count from 1 to " +
+                                std::to_string(shm::kMaxThreads));
+        return static_cast<unsigned>(n);
+    }
+    return static_cast<unsigned>(std::min<size_t>(ncpus, shm::kMaxThreads));
+}
+
+std::vector<int> resolve_mems(const zb_worker_attr &a, const std::vector<int> &cpus) {
+    const int max_node = numa_available() >= 0 ? numa_max_node() : 0;
+    if (const char *list = env_or(a.mems, "ZENFLOW_OPT_MEMS")) {
+        auto nodes = parse_list(list, a.mems[0] ? "attr.mems" : "ZENFLOW_OPT_MEMS",
+                                static_cast<unsigned>(max_node));
+        if (nodes.size() > shm::kMaxNodes) fail(ZB_EINVAL, "too many NUMA nodes in the mems list");
+        return nodes;
+    }
+    std::vector<int> nodes;
+    for (int c : cpus) {
+        const int n = numa_available() >= 0 ? numa_node_of_cpu(c) : 0;
+        if (n >= 0 && std::find(nodes.begin(), nodes.end(), n) == nodes.end() &&
+            nodes.size() < shm::kMaxNodes)
+            nodes.push_back(n);
+    }
+    std::sort(nodes.begin(), nodes.end());
+    return nodes;
+}
+
+std::string resolve_path(const zb_worker_attr &a) {
+    if (const char *p = env_or(a.path, "ZENFLOW_OPTIMIZER")) return p;
+    return std::string(ZB_LIBEXECDIR) + "/zenflow-optimizer";
+}
+
+// The worker's environment: the caller's, with the OpenMP placement of the plan. Threads pin
+// themselves too (sched_setaffinity); the places make libgomp agree from thread creation on.
+std::vector<std::string> worker_environment(const std::vector<int> &cpus, unsigned threads) {
+    std::vector<std::string> env;
+    bool wait_policy = false;
+    for (char **e = environ; *e; ++e) {
+        const std::string kv = *e;
+        if (kv.rfind("OMP_NUM_THREADS=", 0) == 0 || kv.rfind("OMP_PLACES=", 0) == 0 ||
+            kv.rfind("OMP_PROC_BIND=", 0) == 0 || kv.rfind("OMP_DYNAMIC=", 0) == 0)
+            continue;
+        wait_policy |= kv.rfind("OMP_WAIT_POLICY=", 0) == 0;
+        env.push_back(kv);
+    }
+    std::string places = "OMP_PLACES=";
+    for (unsigned t = 0; t < threads; ++t)
+        places += (t ? ",{" : "{") + std::to_string(cpus[t % cpus.size()]) + "}";
+    env.push_back(places);
+    env.push_back("OMP_PROC_BIND=close");
+    env.push_back("OMP_DYNAMIC=false");
+    env.push_back("OMP_NUM_THREADS=" + std::to_string(threads));
+    // Between steps the team sleeps instead of spinning on cores it may share with training.
+    if (!wait_policy) env.push_back("OMP_WAIT_POLICY=passive");
+    return env;
+}
+
+struct FileActions {
+    posix_spawn_file_actions_t fa;
+    FileActions() { posix_spawn_file_actions_init(&fa); }
+    ~FileActions() { posix_spawn_file_actions_destroy(&fa); }
+};
+
+struct Fd {
+    int fd = -1;
+    ~Fd() {
+        if (fd >= 0) close(fd);
+    }
+};
+
+void start(zb_worker &w, const std::string &path, const std::vector<std::string> &env) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        zb::fail_errno("socketpair");
+    w.sock = sv[0];
+    Fd child_sock{sv[1]};
+    // Above 10 so that the dup2s to 3 and 4 in the child cannot clobber each other.
+    Fd ctl{fcntl(w.control.fd(), F_DUPFD_CLOEXEC, 10)};
+    Fd sock{fcntl(child_sock.fd, F_DUPFD_CLOEXEC, 10)};
+    if (ctl.fd < 0 || sock.fd < 0) zb::fail_errno("fcntl(F_DUPFD_CLOEXEC)");
+    FileActions fa;
+    if (posix_spawn_file_actions_adddup2(&fa.fa, ctl.fd, shm::kControlFd) != 0 ||
+        posix_spawn_file_actions_adddup2(&fa.fa, sock.fd, shm::kSocketFd) != 0 ||
+        posix_spawn_file_actions_addclosefrom_np(&fa.fa, shm::kSocketFd + 1) != 0)
+        throw std::bad_alloc();
+    std::vector<char *> envp;
+    for (const auto &e : env)
+        envp.push_back(const_cast<char *>(e.c_str()));
+    envp.push_back(nullptr);
+    char *argv[] = {const_cast<char *>(path.c_str()), nullptr};
+    pid_t pid = -1;
+    // posix_spawn (vfork-like in glibc) rather than fork: a trainer with a huge address space
+    // and many threads would pay for copying page tables, and fork in a threaded process is
+    // fragile.
+    const int err = posix_spawn(&pid, path.c_str(), &fa.fa, nullptr, argv, envp.data());
+    if (err != 0)
+        fail(err == ENOENT || err == EACCES ? ZB_EINVAL : ZB_ESYS,
+             "cannot start the optimizer worker " + path + ": " + std::strerror(err) +
+                 " (set ZENFLOW_OPTIMIZER or attr.path)");
+    w.pid = pid;
+    w.pidfd = shm::pidfd_open(pid);
+    if (w.pidfd < 0) {
+        const int e = errno;
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+        w.reaped = true;
+        errno = e;
+        zb::fail_errno("pidfd_open of the worker");
+    }
+}
+
+// Bounded wait for the worker's ready flag; a refused header shows as kExitVersion or as the
+// worker's own version in the header.
+void await_ready(zb_worker &w, const std::string &path) {
+    const int64_t deadline = shm::now_ns() + int64_t(w.control_timeout_ms) * 1'000'000;
+    for (;;) {
+        const uint32_t wv = shm::atomic(w.header->worker_version).load(std::memory_order_acquire);
+        if (wv != 0 && wv != shm::kVersion)
+            fail(ZB_EVERSION, "the optimizer worker " + path + " speaks shared-memory layout " +
+                                  std::to_string(wv) + ", this libzenbind speaks " +
+                                  std::to_string(shm::kVersion) + ": install matching versions");
+        const uint32_t ready = shm::atomic(w.ctl->ready).load(std::memory_order_acquire);
+        if (ready == 1) return;
+        if (ready == 2) {
+            w.ctl->message[shm::kMessageSize - 1] = '\0';
+            fail(static_cast<zb_status>(w.ctl->status),
+                 std::string("optimizer worker could not start: ") + w.ctl->message);
+        }
+        try {
+            w.check_alive();
+        } catch (const zb::Error &e) {
+            if (w.death.find("exited with status " + std::to_string(shm::kExitVersion)) !=
+                std::string::npos)
+                fail(ZB_EVERSION, "the optimizer worker " + path +
+                                      " refused the shared-memory header (see its message on "
+                                      "stderr): install matching versions");
+            throw;
+        }
+        const int64_t left = deadline - shm::now_ns();
+        if (left <= 0) fail(ZB_ETIMEDOUT, "the optimizer worker did not start in time");
+        shm::sleep_for_change(w.ctl->ready, w.ctl->trainer_sleeping, 0,
+                              std::min<int64_t>(left, 20'000'000));
+    }
+}
+
+} // namespace
+
+zb_worker::~zb_worker() {
+    if (pid > 0 && !reaped) {
+        kill(pid, SIGKILL);
+        siginfo_t info{};
+        waitid(P_PIDFD, static_cast<id_t>(pidfd), &info, WEXITED);
+    }
+    if (pidfd >= 0) close(pidfd);
+    if (sock >= 0) close(sock);
+}
+
+extern "C" {
+
+void zb_worker_attr_init(zb_worker_attr *attr) {
+    if (!attr) return;
+    std::memset(attr, 0, sizeof *attr);
+    attr->worker_spin_us = 50;
+    attr->wait_spin_us = 50;
+    attr->control_timeout_ms = 60000;
+}
+
+zb_status zb_worker_spawn(const zb_worker_attr *attr, zb_worker_t **out) {
+    return zb::guard([&] {
+        if (!out) fail(ZB_EINVAL, "zb_worker_spawn: out is NULL");
+        *out = nullptr;
+        zb_worker_attr a;
+        zb_worker_attr_init(&a);
+        if (attr) {
+            a = *attr;
+            if (!memchr(a.path, 0, sizeof a.path) || !memchr(a.cpus, 0, sizeof a.cpus) ||
+                !memchr(a.mems, 0, sizeof a.mems))
+                fail(ZB_EINVAL, "zb_worker_spawn: attr.path, cpus or mems is not NUL-terminated");
+            if (!a.control_timeout_ms) a.control_timeout_ms = 60000;
+        }
+        const auto cpus = resolve_cpus(a);
+        const unsigned threads = resolve_threads(a, cpus.size());
+        auto w = std::make_unique<zb_worker>();
+        w->mems = resolve_mems(a, cpus);
+        w->wait_spin_ns = int64_t(a.wait_spin_us) * 1000;
+        w->control_timeout_ms = a.control_timeout_ms;
+        w->control = shm::Segment("zenflow control block", shm::kControlSegment, w->mems);
+        w->header = static_cast<shm::Header *>(w->control.base());
+        w->ctl = shm::control_of(w->control.base());
+        *w->header = shm::Header{shm::kMagic,         shm::kVersion,        0,
+                                 sizeof(shm::Header), sizeof(shm::Control), sizeof(shm::GroupDesc),
+                                 shm::kMaxGroups,     shm::kMaxThreads,     0,
+                                 shm::kControlSegment};
+        w->ctl->trainer_pid = getpid();
+        w->ctl->nthreads = threads;
+        w->ctl->nmems = static_cast<uint32_t>(w->mems.size());
+        w->ctl->worker_spin_us = a.worker_spin_us;
+        for (unsigned t = 0; t < threads; ++t)
+            w->ctl->cpus[t] = cpus[t % cpus.size()];
+        std::copy(w->mems.begin(), w->mems.end(), w->ctl->mems);
+        const std::string path = resolve_path(a);
+        start(*w, path, worker_environment(cpus, threads));
+        await_ready(*w, path);
+        *out = w.release();
+    });
+}
+
+zb_status zb_worker_destroy(zb_worker_t *w) {
+    return zb::guard([&] {
+        if (!w) return;
+        std::unique_ptr<zb_worker> owned(w);
+        if (w->reaped) return;
+        try {
+            if (w->in_flight) w->wait_response(int64_t(w->control_timeout_ms) * 1'000'000);
+            w->ctl->command = shm::Command::exit;
+            w->publish_request();
+            pollfd p{w->pidfd, POLLIN, 0};
+            poll(&p, 1, static_cast<int>(std::min(w->control_timeout_ms, 10000u)));
+        } catch (const zb::Error &) {
+            // Dead or stuck: the destructor kills and reaps it; destroy still succeeds.
+        }
+        if (!w->reaped) {
+            siginfo_t info{};
+            if (waitid(P_PIDFD, static_cast<id_t>(w->pidfd), &info, WEXITED | WNOHANG) == 0 &&
+                info.si_pid != 0)
+                w->reaped = true;
+        }
+    });
+}
+}

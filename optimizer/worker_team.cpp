@@ -1,0 +1,294 @@
+#include "worker_team.hpp"
+
+#include "adam.hpp"
+#include "shm_futex.hpp"
+
+#include <zenbind/zenbind.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <numaif.h>
+#include <omp.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <vector>
+
+namespace zf::worker {
+namespace {
+
+namespace shm = zb::shm;
+
+struct Group {
+    char *base = nullptr;
+    size_t size = 0;
+    float *moments = nullptr; // exp_avg, then exp_avg_sq at moments + stride
+    size_t stride = 0;
+    size_t numel = 0;
+    AdamHyper hyper;
+    size_t batch = 0; // which (grad, copy) batch holds its tensor
+    size_t slot = 0;
+};
+
+// Groups of one (gradient type, copy type) pair run in one kernel call; 3 x 3 pairs.
+constexpr size_t kBatches = 9;
+
+struct Team {
+    shm::Control &ctl;
+    int sock;
+    int parent;
+    std::vector<Group> groups;
+    std::array<std::vector<AdamTensor>, kBatches> tensors;
+    shm::Command job = shm::Command::none;
+    uint32_t seq = 0; // the request being served
+    std::atomic<uint64_t> nonfinite{0};
+
+    void answer(zb_status status, const char *message) {
+        ctl.status = status;
+        std::snprintf(ctl.message, sizeof ctl.message, "%s", message);
+        shm::publish(ctl.done_seq, ctl.trainer_sleeping, seq);
+    }
+};
+
+size_t batch_of(shm::Dtype grad, shm::Dtype copy) {
+    const size_t g = static_cast<size_t>(grad) - 1;
+    const size_t c = copy == shm::Dtype::none ? 0 : static_cast<size_t>(copy) - 1;
+    return g * 3 + c;
+}
+
+GradType grad_type(size_t batch) {
+    static constexpr GradType t[] = {GradType::f32, GradType::bf16, GradType::f16};
+    return t[batch / 3];
+}
+
+CopyType copy_type(size_t batch) {
+    static constexpr CopyType t[] = {CopyType::none, CopyType::bf16, CopyType::f16};
+    return t[batch % 3];
+}
+
+void prefer_nodes(void *p, size_t len, const shm::Control &ctl) {
+    if (ctl.nmems == 0) return;
+    unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {};
+    const unsigned long bits = 8 * sizeof(unsigned long);
+    for (uint32_t i = 0; i < ctl.nmems; ++i)
+        mask[ctl.mems[i] / bits] |= 1UL << (ctl.mems[i] % bits);
+    if (ctl.nmems > 1 && mbind(p, len, MPOL_PREFERRED_MANY, mask, 1024, 0) == 0) return;
+    unsigned long first[1024 / (8 * sizeof(unsigned long))] = {};
+    first[ctl.mems[0] / bits] |= 1UL << (ctl.mems[0] % bits);
+    mbind(p, len, MPOL_PREFERRED, first, 1024, 0); // placement is an optimisation: best effort
+}
+
+// Master only: receive and map the group's segment, reserve its moments. The team then zeroes
+// the moments, each thread its own slice, so that first touch places them next to their users.
+bool add_group(Team &t) {
+    char control[CMSG_SPACE(sizeof(int))] = {};
+    uint32_t index = 0;
+    iovec iov{&index, sizeof index};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t got = recvmsg(t.sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    cmsghdr *c = got == sizeof index ? CMSG_FIRSTHDR(&msg) : nullptr;
+    if (!c || c->cmsg_type != SCM_RIGHTS) {
+        t.answer(ZB_EINTERNAL, "no shared-memory fd arrived with the group");
+        return false;
+    }
+    int fd;
+    std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    const shm::GroupDesc d = t.ctl.groups[index];
+    struct stat st {};
+    const size_t n = d.numel;
+    const bool sane = index == t.ctl.ngroups && index == t.groups.size() && fstat(fd, &st) == 0 &&
+                      static_cast<uint64_t>(st.st_size) == d.segment_size && n > 0 &&
+                      d.off_grads[1] + shm::dtype_size(d.grad) * n <= d.segment_size &&
+                      (!d.off_copy || d.off_copy + 2 * n <= d.segment_size) &&
+                      (!d.off_stale || d.off_stale + 4 * n <= d.segment_size) &&
+                      d.grad != shm::Dtype::none;
+    if (!sane) {
+        close(fd);
+        t.answer(ZB_EINTERNAL, "the group's descriptor does not match its shared memory");
+        return false;
+    }
+    void *base = mmap(nullptr, d.segment_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const int map_err = errno;
+    close(fd);
+    if (base == MAP_FAILED) {
+        t.answer(ZB_ENOMEM,
+                 (std::string("cannot map the group: ") + std::strerror(map_err)).c_str());
+        return false;
+    }
+    Group g;
+    g.base = static_cast<char *>(base);
+    g.size = d.segment_size;
+    g.numel = n;
+    g.stride = (4 * n + 4095) / 4096 * 1024;
+    void *m =
+        mmap(nullptr, 8 * g.stride, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        munmap(base, d.segment_size);
+        t.answer(ZB_ENOMEM, ("cannot allocate " + std::to_string(8 * n) +
+                             " bytes of Adam moments: " + std::strerror(errno))
+                                .c_str());
+        return false;
+    }
+    prefer_nodes(m, 8 * g.stride, t.ctl);
+    g.moments = static_cast<float *>(m);
+    g.batch = batch_of(d.grad, d.copy);
+    auto &list = t.tensors[g.batch];
+    g.slot = list.size();
+    AdamTensor tensor;
+    tensor.param = reinterpret_cast<float *>(g.base + d.off_params);
+    tensor.exp_avg = g.moments;
+    tensor.exp_avg_sq = g.moments + g.stride;
+    tensor.copy_out = d.off_copy ? g.base + d.off_copy : nullptr;
+    tensor.stale = d.off_stale ? reinterpret_cast<float *>(g.base + d.off_stale) : nullptr;
+    tensor.n = n;
+    list.push_back(tensor); // capacity reserved: no reallocation, pointers stay valid
+    t.groups.push_back(g);
+    list.back().hyper = &t.groups.back().hyper;
+    return true;
+}
+
+// Master only: copy this step's hyperparameters and gradient buffer into the tensors.
+bool prepare_step(Team &t) {
+    const shm::Control &ctl = t.ctl;
+    if (ctl.ngroups != t.groups.size()) {
+        t.answer(ZB_EINTERNAL, "the trainer and the worker disagree on the number of groups");
+        return false;
+    }
+    for (size_t i = 0; i < t.groups.size(); ++i) {
+        Group &g = t.groups[i];
+        const shm::GroupDesc &d = ctl.groups[i];
+        g.hyper.lr = d.hyper.lr;
+        g.hyper.beta1 = d.hyper.beta1;
+        g.hyper.beta2 = d.hyper.beta2;
+        g.hyper.eps = d.hyper.eps;
+        g.hyper.weight_decay = d.hyper.weight_decay;
+        g.hyper.adamw = d.hyper.adamw != 0;
+        g.hyper.bias_correction = d.hyper.bias_correction != 0;
+        g.hyper.step = ctl.step;
+        g.hyper.grad_scale = ctl.grad_scale;
+        t.tensors[g.batch][g.slot].grad = g.base + d.off_grads[ctl.grad_buffer & 1];
+    }
+    t.nonfinite.store(0, std::memory_order_relaxed);
+    return true;
+}
+
+// Master only: bounded sleeps on req_seq, checking between them that the trainer lives.
+shm::Command next_command(Team &t) {
+    const uint32_t seen = t.seq;
+    const int64_t spin = int64_t(t.ctl.worker_spin_us) * 1000;
+    uint32_t v = shm::spin_for_change(t.ctl.req_seq, seen, spin);
+    while (v == seen) {
+        pollfd p{t.parent, POLLIN, 0};
+        if (poll(&p, 1, 0) > 0) return shm::Command::exit; // the trainer died
+        v = shm::sleep_for_change(t.ctl.req_seq, t.ctl.worker_sleeping, seen, 50'000'000);
+    }
+    t.seq = v;
+    return t.ctl.command;
+}
+
+void zero_slice(const Group &g, int thread, int threads) {
+    const size_t lo = g.numel * thread / threads, hi = g.numel * (thread + 1) / threads;
+    std::memset(g.moments + lo, 0, 4 * (hi - lo));
+    std::memset(g.moments + g.stride + lo, 0, 4 * (hi - lo));
+}
+
+} // namespace
+
+int run_team(shm::Control &ctl, int socket_fd, int parent_pidfd) {
+    Team t{ctl, socket_fd, parent_pidfd, {}, {}, shm::Command::none, 0, {0}};
+    t.groups.reserve(shm::kMaxGroups);
+    for (auto &list : t.tensors)
+        list.reserve(shm::kMaxGroups);
+    const int threads = static_cast<int>(ctl.nthreads);
+    if (threads < 1 || ctl.nthreads > shm::kMaxThreads) {
+        ctl.status = ZB_EINVAL;
+        std::snprintf(ctl.message, sizeof ctl.message, "bad thread count %u", ctl.nthreads);
+        shm::publish(ctl.ready, ctl.trainer_sleeping, 2);
+        return 1;
+    }
+    std::atomic<int> pin_failures{0};
+    omp_set_dynamic(0);
+#pragma omp parallel num_threads(threads)
+    {
+        const int me = omp_get_thread_num();
+        const int cpu = ctl.cpus[me];
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+        const bool pinned =
+            cpu >= 0 && cpu < CPU_SETSIZE && sched_setaffinity(0, sizeof set, &set) == 0;
+        ctl.tids[me] = static_cast<int32_t>(gettid());
+        ctl.thread_cpus[me] = pinned ? cpu : -1;
+        if (!pinned) pin_failures.fetch_add(1);
+#pragma omp barrier
+#pragma omp master
+        {
+            if (omp_get_num_threads() != threads || pin_failures.load()) {
+                ctl.status = ZB_EINVAL;
+                std::snprintf(ctl.message, sizeof ctl.message,
+                              "%d of %d threads could not pin themselves to their CPU "
+                              "(outside this process's cgroup or affinity?)",
+                              pin_failures.load(), threads);
+                t.job = shm::Command::exit;
+                shm::publish(ctl.ready, ctl.trainer_sleeping, 2);
+            } else {
+                shm::publish(ctl.ready, ctl.trainer_sleeping, 1);
+            }
+        }
+        for (;;) {
+#pragma omp master
+            {
+                // Empty steps and failed preparations are answered without waking the team.
+                while (t.job != shm::Command::exit) {
+                    t.job = next_command(t);
+                    if (t.job == shm::Command::exit) break;
+                    if (t.job == shm::Command::step && t.groups.empty()) {
+                        ctl.nonfinite = 0;
+                        t.answer(ZB_OK, "");
+                        continue;
+                    }
+                    if (t.job == shm::Command::step ? prepare_step(t)
+                        : t.job == shm::Command::add_group
+                            ? add_group(t)
+                            : (t.answer(ZB_EINTERNAL, "unknown command"), false))
+                        break;
+                }
+            }
+#pragma omp barrier
+            // Read between the two barriers: the master writes t.job only outside them.
+            const shm::Command job = t.job;
+            if (job == shm::Command::exit) break;
+            if (job == shm::Command::step) {
+                uint64_t bad = 0;
+                for (size_t b = 0; b < kBatches; ++b) {
+                    if (t.tensors[b].empty()) continue;
+                    const AdamBatch batch{grad_type(b), copy_type(b), t.tensors[b].data(),
+                                          t.tensors[b].size()};
+                    bad += adam_step_in_team(batch);
+                }
+                t.nonfinite.fetch_add(bad, std::memory_order_relaxed);
+            } else {
+                zero_slice(t.groups.back(), me, threads);
+            }
+#pragma omp barrier
+#pragma omp master
+            {
+                ctl.nonfinite = t.nonfinite.load(std::memory_order_relaxed);
+                t.answer(ZB_OK, "");
+            }
+        }
+    }
+    return 0;
+}
+
+} // namespace zf::worker

@@ -1,0 +1,520 @@
+/* The worker API against the real zenflow-optimizer ($ZENFLOW_OPTIMIZER): argument checks,
+ * pinning, liveness both ways, reservation failures, version checks, memory accounting and a long
+ * run with flat RSS and fd counts. Bit-identity with the in-process kernel is in
+ * test_worker_results.cpp. */
+#define _GNU_SOURCE
+#include <zenbind/worker.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <setjmp.h>
+
+#include <cmocka.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static zb_worker_t *spawn_threads(unsigned threads) {
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = threads;
+    zb_worker_t *w = NULL;
+    zb_status st = zb_worker_spawn(&attr, &w);
+    if (st != ZB_OK) fail_msg("spawn: %s: %s", zb_status_name(st), zb_last_error());
+    return w;
+}
+
+static unsigned add_group(zb_worker_t *w, size_t numel, zb_dtype grad, zb_dtype copy, int stale) {
+    zb_group_attr g;
+    memset(&g, 0, sizeof g);
+    g.numel = numel;
+    g.grad = grad;
+    g.copy_out = copy;
+    g.stale = stale;
+    zb_adam_hyper_init(&g.hyper);
+    unsigned id = 99;
+    zb_status st = zb_worker_group_add(w, &g, &id);
+    if (st != ZB_OK) fail_msg("group_add: %s: %s", zb_status_name(st), zb_last_error());
+    return id;
+}
+
+static zb_status step(zb_worker_t *w, int64_t n, unsigned buffer) {
+    zb_worker_step s = {n, 1.0f, buffer, NULL, 0};
+    zb_status st = zb_worker_submit(w, &s);
+    if (st != ZB_OK) return st;
+    return zb_worker_wait(w, 10000, NULL);
+}
+
+static int count_fds(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.') ++n;
+    closedir(d);
+    return n;
+}
+
+static void expect_status(zb_status got, zb_status want, const char *needle) {
+    if (got != want)
+        fail_msg("got %s (%s), want %s", zb_status_name(got), zb_last_error(),
+                 zb_status_name(want));
+    if (needle && !strstr(zb_last_error(), needle))
+        fail_msg("message \"%s\" lacks \"%s\"", zb_last_error(), needle);
+}
+
+static void test_bad_arguments(void **state) {
+    (void)state;
+    expect_status(zb_worker_spawn(NULL, NULL), ZB_EINVAL, "out is NULL");
+    assert_int_equal(zb_worker_destroy(NULL), ZB_OK);
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    zb_worker_t *w = NULL;
+    attr.threads = 100000;
+    expect_status(zb_worker_spawn(&attr, &w), ZB_EINVAL, "threads");
+    assert_null(w);
+    zb_worker_attr_init(&attr);
+    strcpy(attr.path, "/nonexistent/zenflow-optimizer");
+    expect_status(zb_worker_spawn(&attr, &w), ZB_EINVAL, "/nonexistent/zenflow-optimizer");
+
+    w = spawn_threads(1);
+    zb_group_attr g;
+    memset(&g, 0, sizeof g);
+    zb_adam_hyper_init(&g.hyper);
+    unsigned id;
+    g.grad = ZB_DTYPE_FP32;
+    expect_status(zb_worker_group_add(w, &g, &id), ZB_EINVAL, "numel");
+    g.numel = 16;
+    expect_status(zb_worker_group_add(NULL, &g, &id), ZB_EINVAL, "worker is NULL");
+    expect_status(zb_worker_group_add(w, NULL, &id), ZB_EINVAL, "NULL");
+    expect_status(zb_worker_group_add(w, &g, NULL), ZB_EINVAL, "NULL");
+    g.grad = ZB_DTYPE_NONE;
+    expect_status(zb_worker_group_add(w, &g, &id), ZB_EINVAL, "grad");
+    g.grad = (zb_dtype)7;
+    expect_status(zb_worker_group_add(w, &g, &id), ZB_EINVAL, "grad");
+    g.grad = ZB_DTYPE_BF16;
+    g.copy_out = ZB_DTYPE_FP32;
+    expect_status(zb_worker_group_add(w, &g, &id), ZB_EINVAL, "copy_out");
+    g.copy_out = ZB_DTYPE_NONE;
+    g.hyper.beta2 = 1.0f;
+    expect_status(zb_worker_group_add(w, &g, &id), ZB_EINVAL, "beta");
+    g.hyper.beta2 = 0.999f;
+    g.hyper.lr = -1.0f;
+    expect_status(zb_worker_group_add(w, &g, &id), ZB_EINVAL, "lr");
+    zb_adam_hyper_init(&g.hyper);
+
+    zb_group_buffers b;
+    expect_status(zb_worker_group_buffers(w, 0, &b), ZB_EINVAL, "unknown group 0");
+    assert_int_equal(zb_worker_group_add(w, &g, &id), ZB_OK);
+    assert_int_equal(id, 0);
+    expect_status(zb_worker_group_buffers(w, 1, &b), ZB_EINVAL, "unknown group 1");
+    expect_status(zb_worker_group_buffers(w, 0, NULL), ZB_EINVAL, "NULL");
+
+    zb_worker_step s = {1, 1.0f, 0, NULL, 0};
+    expect_status(zb_worker_wait(w, 100, NULL), ZB_EINVAL, "no step in flight");
+    s.grad_buffer = 2;
+    expect_status(zb_worker_submit(w, &s), ZB_EINVAL, "grad_buffer");
+    s.grad_buffer = 0;
+    s.step = 0;
+    expect_status(zb_worker_submit(w, &s), ZB_EINVAL, "step");
+    s.step = 1;
+    zb_adam_hyper two[2];
+    zb_adam_hyper_init(&two[0]);
+    zb_adam_hyper_init(&two[1]);
+    s.hypers = two;
+    s.nhypers = 2;
+    expect_status(zb_worker_submit(w, &s), ZB_EINVAL, "nhypers");
+    s.nhypers = 1;
+    two[0].eps = -1;
+    expect_status(zb_worker_submit(w, &s), ZB_EINVAL, "eps");
+    two[0].eps = 1e-8f;
+    expect_status(zb_worker_submit(NULL, &s), ZB_EINVAL, "NULL");
+    expect_status(zb_worker_submit(w, NULL), ZB_EINVAL, "NULL");
+    assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
+    expect_status(zb_worker_submit(w, &s), ZB_EINVAL, "in flight");
+    expect_status(zb_worker_group_add(w, &g, &id), ZB_EINVAL, "in flight");
+    expect_status(zb_worker_wait(w, -1, NULL), ZB_EINVAL, "timeout");
+    assert_int_equal(zb_worker_wait(w, 10000, NULL), ZB_OK);
+
+    pid_t tid;
+    int cpu;
+    expect_status(zb_worker_thread(w, 1, &tid, &cpu), ZB_EINVAL, "index");
+    expect_status(zb_worker_memory_usage(w, NULL), ZB_EINVAL, "NULL");
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* Each thread's reported CPU is the only one in its kernel affinity. */
+static void test_threads_pinned(void **state) {
+    (void)state;
+    zb_worker_t *w = spawn_threads(2);
+    pid_t pid;
+    unsigned n;
+    assert_int_equal(zb_worker_pid(w, &pid), ZB_OK);
+    assert_int_equal(zb_worker_threads(w, &n), ZB_OK);
+    assert_int_equal(n, 2);
+    cpu_set_t mine;
+    sched_getaffinity(0, sizeof mine, &mine);
+    for (unsigned i = 0; i < n; ++i) {
+        pid_t tid;
+        int cpu;
+        assert_int_equal(zb_worker_thread(w, i, &tid, &cpu), ZB_OK);
+        assert_true(cpu >= 0 && CPU_ISSET(cpu, &mine));
+        char path[96], line[256], want[32];
+        snprintf(path, sizeof path, "/proc/%d/task/%d/status", (int)pid, (int)tid);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        int found = 0;
+        snprintf(want, sizeof want, "%d\n", cpu);
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "Cpus_allowed_list:", 18)) {
+                found = 1;
+                const char *v = line + 18;
+                while (*v == ' ' || *v == '\t')
+                    ++v;
+                assert_string_equal(v, want);
+            }
+        fclose(f);
+        assert_true(found);
+    }
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* The step reads the gradient buffer it is told to, and copy-out / stale follow the params. */
+static void test_double_buffer_and_outputs(void **state) {
+    (void)state;
+    zb_worker_t *w = spawn_threads(1);
+    const size_t n = 1000;
+    unsigned id = add_group(w, n, ZB_DTYPE_FP32, ZB_DTYPE_BF16, 1);
+    zb_group_buffers b;
+    assert_int_equal(zb_worker_group_buffers(w, id, &b), ZB_OK);
+    assert_int_equal(b.numel, n);
+    assert_non_null(b.copy_out);
+    assert_non_null(b.stale);
+    float *g0 = b.grads[0], *g1 = b.grads[1];
+    for (size_t i = 0; i < n; ++i) {
+        b.params[i] = 1.0f;
+        g0[i] = 0.0f;
+        g1[i] = 1.0f;
+    }
+    /* Zero gradients move params only through weight decay. */
+    assert_int_equal(step(w, 1, 0), ZB_OK);
+    const float decayed = b.params[0];
+    assert_true(decayed < 1.0f && decayed > 0.99f);
+    /* A positive gradient moves params down by about lr. */
+    assert_int_equal(step(w, 2, 1), ZB_OK);
+    assert_true(b.params[0] < decayed - 5e-4f);
+    for (size_t i = 0; i < n; ++i) {
+        assert_true(b.stale[i] == b.params[i]);
+        uint32_t u;
+        memcpy(&u, &b.params[i], 4);
+        const uint16_t bf = ((const uint16_t *)b.copy_out)[i];
+        assert_true(bf == (uint16_t)(u >> 16) || bf == (uint16_t)((u >> 16) + 1));
+    }
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* A wait shorter than the step times out and leaves the step in flight. */
+static void test_wait_timeout(void **state) {
+    (void)state;
+    zb_worker_t *w = spawn_threads(1);
+    add_group(w, 8u << 20, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+    zb_worker_step s = {1, 1.0f, 0, NULL, 0};
+    assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
+    expect_status(zb_worker_wait(w, 0, NULL), ZB_ETIMEDOUT, NULL);
+    uint64_t nonfinite = 7;
+    assert_int_equal(zb_worker_wait(w, 20000, &nonfinite), ZB_OK);
+    assert_int_equal(nonfinite, 0);
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+static void test_worker_killed_mid_step(void **state) {
+    (void)state;
+    zb_worker_t *w = spawn_threads(1);
+    add_group(w, 4u << 20, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+    pid_t pid;
+    zb_worker_pid(w, &pid);
+    zb_worker_step s = {1, 1.0f, 0, NULL, 0};
+    assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    const double t0 = now_s();
+    zb_status st = zb_worker_wait(w, 30000, NULL);
+    if (st == ZB_OK) { /* the step beat the signal: the next call must see the death */
+        s.step = 2;
+        st = zb_worker_submit(w, &s);
+        if (st == ZB_OK) st = zb_worker_wait(w, 30000, NULL);
+    }
+    const double took = now_s() - t0;
+    expect_status(st, ZB_EDEAD, "killed by signal 9");
+    assert_true(took < 1.0);
+    expect_status(zb_worker_submit(w, &s), ZB_EDEAD, "signal 9");
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* A trainer killed with -9 leaves no worker behind: we are the subreaper, so the orphaned worker
+ * becomes our child and its exit is observable. */
+static void test_trainer_death(void **state) {
+    (void)state;
+    assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t trainer = fork();
+    assert_true(trainer >= 0);
+    if (trainer == 0) {
+        close(fds[0]);
+        zb_worker_attr attr;
+        zb_worker_attr_init(&attr);
+        attr.threads = 1;
+        zb_worker_t *w = NULL;
+        pid_t pid = -1;
+        if (zb_worker_spawn(&attr, &w) == ZB_OK) zb_worker_pid(w, &pid);
+        if (write(fds[1], &pid, sizeof pid) != sizeof pid) _exit(1);
+        for (;;)
+            pause();
+    }
+    close(fds[1]);
+    pid_t worker = -1;
+    assert_int_equal(read(fds[0], &worker, sizeof worker), sizeof worker);
+    close(fds[0]);
+    assert_true(worker > 0);
+    assert_int_equal(kill(trainer, SIGKILL), 0);
+    assert_int_equal(waitpid(trainer, NULL, 0), trainer);
+    const double t0 = now_s();
+    int gone = 0;
+    while (!gone && now_s() - t0 < 1.5) {
+        int status;
+        if (waitpid(worker, &status, WNOHANG) == worker)
+            gone = 1;
+        else
+            usleep(10000);
+    }
+    if (!gone) kill(worker, SIGKILL), waitpid(worker, NULL, 0);
+    assert_true(gone);
+    prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
+/* A limit that refuses the shared memory fails spawn or registration with ZB_ENOMEM, in a child
+ * so that the limit does not outlive the test. RLIMIT_FSIZE bounds memfd sizes like any file. */
+static void test_reservation_failure(void **state) {
+    (void)state;
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit lim;
+        getrlimit(RLIMIT_FSIZE, &lim);
+        lim.rlim_cur = 4096; /* the soft limit only: raised again below */
+        setrlimit(RLIMIT_FSIZE, &lim);
+        zb_worker_attr attr;
+        zb_worker_attr_init(&attr);
+        attr.threads = 1;
+        zb_worker_t *w = NULL;
+        zb_status st = zb_worker_spawn(&attr, &w);
+        if (st != ZB_ENOMEM || !strstr(zb_last_error(), "cannot reserve")) _exit(10);
+        lim.rlim_cur = 1 << 20;
+        setrlimit(RLIMIT_FSIZE, &lim);
+        if (zb_worker_spawn(&attr, &w) != ZB_OK) {
+            fprintf(stderr, "spawn: %s\n", zb_last_error());
+            _exit(11);
+        }
+        zb_group_attr g;
+        memset(&g, 0, sizeof g);
+        g.numel = 1 << 20;
+        g.grad = ZB_DTYPE_FP32;
+        zb_adam_hyper_init(&g.hyper);
+        unsigned id;
+        st = zb_worker_group_add(w, &g, &id);
+        if (st != ZB_ENOMEM || !strstr(zb_last_error(), "parameter group")) _exit(12);
+        g.numel = 1000; /* the worker survives and later groups still work */
+        if (zb_worker_group_add(w, &g, &id) != ZB_OK || id != 0) _exit(13);
+        zb_worker_destroy(w);
+        _exit(0);
+    }
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/* A worker given a control block of another layout version refuses it with a message. */
+static void test_worker_refuses_other_version(void **state) {
+    (void)state;
+    const char *exe = getenv("ZENFLOW_OPTIMIZER");
+    assert_non_null(exe);
+    int fd = memfd_create("fake control", 0);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 1 << 20), 0);
+    uint64_t magic = 0x314d5357464e455aULL;
+    uint32_t version = 999;
+    assert_int_equal(pwrite(fd, &magic, 8, 0), 8);
+    assert_int_equal(pwrite(fd, &version, 4, 8), 4);
+    int err[2];
+    assert_int_equal(pipe(err), 0);
+    pid_t child = fork();
+    if (child == 0) {
+        dup2(fd, 3);
+        dup2(err[1], 2);
+        execl(exe, exe, (char *)NULL);
+        _exit(127);
+    }
+    close(err[1]);
+    char msg[512] = {0};
+    ssize_t got = 0, r;
+    while ((r = read(err[0], msg + got, sizeof msg - 1 - (size_t)got)) > 0)
+        got += r;
+    close(err[0]);
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 78);
+    assert_non_null(strstr(msg, "layout 999"));
+    uint32_t echoed = 0;
+    assert_int_equal(pread(fd, &echoed, 4, 12), 4);
+    assert_int_equal(echoed, 1);
+    close(fd);
+}
+
+/* And the trainer refuses a worker that reports another version. This test program plays that
+ * worker when started with ZB_TEST_FAKE_WORKER set (see main). */
+static void test_trainer_refuses_other_version(void **state) {
+    (void)state;
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = 1;
+    assert_true(readlink("/proc/self/exe", attr.path, sizeof attr.path - 1) > 0);
+    setenv("ZB_TEST_FAKE_WORKER", "1", 1);
+    zb_worker_t *w = NULL;
+    const double t0 = now_s();
+    zb_status st = zb_worker_spawn(&attr, &w);
+    unsetenv("ZB_TEST_FAKE_WORKER");
+    expect_status(st, ZB_EVERSION, "layout 2");
+    assert_null(w);
+    assert_true(now_s() - t0 < 2.0);
+}
+
+static int fake_worker(void) {
+    uint32_t version = 2;
+    if (pwrite(3, &version, 4, 12) != 4) return 1;
+    sleep(30); /* the trainer must notice and kill us, not wait for this */
+    return 0;
+}
+
+static void test_memory_accounting(void **state) {
+    (void)state;
+    zb_worker_t *w = spawn_threads(1);
+    const size_t n = 1u << 20;
+    add_group(w, n, ZB_DTYPE_BF16, ZB_DTYPE_BF16, 1);
+    add_group(w, n, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+    zb_worker_memory m;
+    assert_int_equal(zb_worker_memory_usage(w, &m), ZB_OK);
+    assert_int_equal(m.numel, 2 * n);
+    assert_int_equal(m.params, 8 * n);
+    assert_int_equal(m.grads, (4 + 8) * n);
+    assert_int_equal(m.copy_out, 2 * n);
+    assert_int_equal(m.stale, 4 * n);
+    assert_int_equal(m.moments, 16 * n);
+    /* (4+4+2+4+8) + (4+8+8) = 22 + 20 */
+    assert_true(m.bytes_per_param == 21.0);
+    assert_true(m.shm_reserved >= (8 + 12 + 2 + 4) * n);
+    /* The worker zeroed its moments at registration: they are resident before any step. */
+    assert_true(m.worker_rss_anon >= 16 * n);
+    assert_int_equal(step(w, 1, 0), ZB_OK);
+    zb_worker_memory after;
+    assert_int_equal(zb_worker_memory_usage(w, &after), ZB_OK);
+    assert_true(after.worker_rss_anon <= m.worker_rss_anon + (256u << 10));
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* The ZENFLOW_* variables choose the thread count and CPUs when the attributes do not. */
+static void test_environment_defaults(void **state) {
+    (void)state;
+    setenv("ZENFLOW_OPT_THREADS", "1", 1);
+    zb_worker_t *w = NULL;
+    assert_int_equal(zb_worker_spawn(NULL, &w), ZB_OK);
+    unsigned n = 0;
+    zb_worker_threads(w, &n);
+    assert_int_equal(n, 1);
+    zb_worker_destroy(w);
+    setenv("ZENFLOW_OPT_THREADS", "two", 1);
+    expect_status(zb_worker_spawn(NULL, &w), ZB_EINVAL, "ZENFLOW_OPT_THREADS");
+    unsetenv("ZENFLOW_OPT_THREADS");
+}
+
+static void test_ten_thousand_steps_flat(void **state) {
+    (void)state;
+    zb_worker_t *w = spawn_threads(1);
+    unsigned id = add_group(w, 4096, ZB_DTYPE_FP16, ZB_DTYPE_FP16, 1);
+    zb_group_buffers b;
+    zb_worker_group_buffers(w, id, &b);
+    for (size_t i = 0; i < b.numel; ++i)
+        b.params[i] = 0.5f;
+    pid_t pid;
+    zb_worker_pid(w, &pid);
+    zb_worker_memory before, after;
+    int fds_before = 0, worker_fds_before = 0;
+    for (int64_t s = 1; s <= 10000; ++s) {
+        assert_int_equal(step(w, s, (unsigned)(s & 1)), ZB_OK);
+        if (s == 100) {
+            zb_worker_memory_usage(w, &before);
+            fds_before = count_fds(getpid());
+            worker_fds_before = count_fds(pid);
+        }
+    }
+    zb_worker_memory_usage(w, &after);
+    assert_int_equal(count_fds(getpid()), fds_before);
+    assert_int_equal(count_fds(pid), worker_fds_before);
+    if (getenv("ZB_TEST_VERBOSE"))
+        fprintf(
+            stderr,
+            "worker rss %zu -> %zu (anon %zu -> %zu, shmem %zu -> %zu), trainer anon %zu -> %zu\n",
+            before.worker_rss, after.worker_rss, before.worker_rss_anon, after.worker_rss_anon,
+            before.worker_rss_shmem, after.worker_rss_shmem, before.trainer_rss_anon,
+            after.trainer_rss_anon);
+    /* Private and shared memory stay flat; only clean code pages (RssFile) may still fault in. */
+    assert_true(after.worker_rss_anon <= before.worker_rss_anon + 8192);
+    assert_int_equal(after.worker_rss_shmem, before.worker_rss_shmem);
+#ifndef __SANITIZE_ADDRESS__ /* ASan's quarantine keeps freed blocks (opendir's) resident */
+    assert_true(after.trainer_rss_anon <= before.trainer_rss_anon + 8192);
+#endif
+    assert_true(after.worker_rss <= before.worker_rss + (256u << 10));
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+int main(void) {
+    if (getenv("ZB_TEST_FAKE_WORKER")) return fake_worker();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_threads_pinned),
+        cmocka_unit_test(test_double_buffer_and_outputs),
+        cmocka_unit_test(test_wait_timeout),
+        cmocka_unit_test(test_worker_killed_mid_step),
+        cmocka_unit_test(test_trainer_death),
+        cmocka_unit_test(test_reservation_failure),
+        cmocka_unit_test(test_worker_refuses_other_version),
+        cmocka_unit_test(test_trainer_refuses_other_version),
+        cmocka_unit_test(test_memory_accounting),
+        cmocka_unit_test(test_environment_defaults),
+        cmocka_unit_test(test_ten_thousand_steps_flat),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
