@@ -1,0 +1,23 @@
+// The Linux cpu-list format ("0,4-11,21-26") on hwloc bitmaps, for C++ callers inside the library
+// (the C entry points zb_cpulist_parse/format wrap these).
+#pragma once
+
+#include <hwloc.h>
+
+#include <string>
+#include <string_view>
+
+namespace zb {
+
+// Parses `text` strictly into `out` (cleared first); throws zb::Error(ZB_EINVAL) naming the
+// offending text and position. `what` names the list in the message, e.g. "cpu list" or a file.
+void parse_cpulist(std::string_view text, hwloc_bitmap_t out, std::string_view what = "cpu list");
+
+// Canonical cpu-list of a finite `set`; throws zb::Error(ZB_EINVAL) for an infinite one.
+std::string format_cpulist(hwloc_const_bitmap_t set);
+
+// `text` between single quotes, safe to show to a user: control and non-ASCII bytes become \xNN,
+// and text longer than a message should carry is cut to a window around byte `around`.
+std::string quote_input(std::string_view text, size_t around = 0);
+
+} // namespace zb
