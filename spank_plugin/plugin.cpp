@@ -84,8 +84,11 @@ char opt_usage[] = "Bind each task's training and optimizer CPUs for ZenFlow. OP
                    "numa=prefer|strict|ignore, profile=PATH, verbose, batch (zenflow_bind(8))";
 spank_option option = {opt_name, opt_arginfo, opt_usage, 2, 0, on_option};
 
-std::string short_hostname() {
+// Slurm's name for this node (several slurmd may share a host), else the short host name.
+std::string node_name(spank_t sp) {
     char name[256] = {};
+    if (spank_getenv(sp, "SLURMD_NODENAME", name, sizeof name) == ESPANK_SUCCESS && *name)
+        return name;
     if (gethostname(name, sizeof name - 1) != 0) return "?";
     name[strcspn(name, ".")] = '\0';
     return name;
@@ -155,7 +158,7 @@ ZB_SPANK_EXPORT int slurm_spank_task_init(spank_t sp, int, char **) {
         TaskInfo task{};
         int local_id = 0;
         uint32_t job_id = 0, step_id = 0;
-        task.host = short_hostname();
+        task.host = node_name(sp);
         if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &task.ntasks) != ESPANK_SUCCESS ||
             spank_get_item(sp, S_TASK_ID, &local_id) != ESPANK_SUCCESS ||
             spank_get_item(sp, S_TASK_GLOBAL_ID, &task.global_id) != ESPANK_SUCCESS ||

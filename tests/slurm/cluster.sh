@@ -2,6 +2,7 @@
 # A throwaway one-node Slurm cluster on loopback, for the plugin tests, the benchmark and the demo.
 #
 #   cluster.sh start  DIR [--task-plugin cgroup|affinity] [--plugin SO] [--plugin-args "ARGS"]
+#                         [--nodes N]            N slurmd on this host, nodes HOST-1..HOST-N
 #                         [--lifetime SECONDS]   stop by itself after that long (tests: no leaks)
 #   cluster.sh plugstack DIR [--plugin SO] [--plugin-args "ARGS"]   rewrite plugstack.conf only
 #   cluster.sh status DIR        exit 0 when the node answers and is idle/mixed/allocated
@@ -11,7 +12,8 @@
 #
 # DIR may also come from $ZB_CLUSTER_DIR. Everything the cluster writes lives in DIR: config,
 # state, spool, logs, pids. No munge (auth/none, cred/none), SlurmUser=root, free ports picked at
-# start, the node described with the CPU counts slurmd -C reports. Needs root (slurmd must create
+# start, each node described with the CPU counts slurmd -C reports (with --nodes N they all
+# share this host's CPUs: good for testing per-node logic, not for measuring). Needs root (slurmd must create
 # cgroups and setuid), and the Debian packages slurmctld, slurmd and slurm-client.
 #
 # srun and slurmstepd both read plugstack.conf when a step starts, so `plugstack` changes the
@@ -36,12 +38,14 @@ task_plugin=affinity
 plugin=""
 plugin_args=""
 lifetime=0
+nnodes=1
 while [ $# -gt 0 ]; do
     case $1 in
     --task-plugin) task_plugin=$2; shift 2 ;;
     --plugin) plugin=$2; shift 2 ;;
     --plugin-args) plugin_args=$2; shift 2 ;;
     --lifetime) lifetime=$2; shift 2 ;;
+    --nodes) nnodes=$2; shift 2 ;;
     *) usage ;;
     esac
 done
@@ -55,14 +59,26 @@ free_port() {
     /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
-# Reads a pid file we wrote; prints the pid only if that process is still one of our daemons.
+# Reads run/NAME.pid, which we wrote; prints the pid only while that process is still ours
+# (its command line names PROGRAM, default NAME), so a recycled pid is never signalled.
 our_pid() {
     local file=$dir/run/$1.pid pid
     [ -s "$file" ] || return 1
     pid=$(cat "$file")
     [ -d /proc/"$pid" ] || return 1
-    tr '\0' ' ' </proc/"$pid"/cmdline | grep -q "$1" || return 1
+    tr '\0' ' ' </proc/"$pid"/cmdline | grep -q "${2:-$1}" || return 1
     echo "$pid"
+}
+
+# The node names: this host's short name, or HOST-1..HOST-N for several slurmd.
+node_names() {
+    local host i
+    host=$(hostname -s)
+    if [ "$nnodes" -eq 1 ]; then
+        echo "$host"
+    else
+        for ((i = 1; i <= nnodes; i++)); do echo "$host-$i"; done
+    fi
 }
 
 write_plugstack() {
@@ -77,12 +93,11 @@ write_plugstack() {
 }
 
 write_config() {
-    local ctld_port slurmd_port node tp pt first_id
+    local ctld_port hw tp pt first_id name port nodes="" used
     ctld_port=$(free_port)
-    slurmd_port=$(free_port)
-    while [ "$slurmd_port" = "$ctld_port" ]; do slurmd_port=$(free_port); done
+    used=" $ctld_port "
     # slurmd -C describes this machine; RealMemory is left out so a busy host never drains it.
-    node=$(slurmd -C | head -1 | sed 's/ RealMemory=[0-9]*//')
+    hw=$(slurmd -C | head -1 | sed 's/^NodeName=[^ ]* //; s/ RealMemory=[0-9]*//')
     case $task_plugin in
     cgroup) tp=task/cgroup,task/affinity pt=proctrack/cgroup ;;
     affinity) tp=task/affinity pt=proctrack/linuxproc ;;
@@ -95,17 +110,16 @@ write_config() {
 ClusterName=zbtest
 SlurmctldHost=$(hostname -s)(127.0.0.1)
 SlurmctldPort=$ctld_port
-SlurmdPort=$slurmd_port
 AuthType=auth/none
 CredType=cred/none
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
-SlurmctldPidFile=$dir/run/slurmctld.daemon.pid
-SlurmdPidFile=$dir/run/slurmd.daemon.pid
+SlurmdSpoolDir=$dir/spool/%n
+SlurmctldPidFile=$dir/state/slurmctld.pid
+SlurmdPidFile=$dir/spool/%n/slurmd.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
+SlurmdLogFile=$dir/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=${ZB_SLURMD_DEBUG:-info}
 PlugStackConfig=$dir/etc/plugstack.conf
@@ -124,9 +138,17 @@ MinJobAge=10
 KillWait=5
 InactiveLimit=0
 SlurmdTimeout=120
-$node NodeAddr=127.0.0.1 State=UNKNOWN
-PartitionName=debug Nodes=$(hostname -s) Default=YES MaxTime=INFINITE State=UP
 EOF
+    for name in $(node_names); do
+        port=$(free_port)
+        while [[ $used == *" $port "* ]]; do port=$(free_port); done
+        used+="$port "
+        mkdir -p "$dir/spool/$name"
+        echo "NodeName=$name NodeHostname=$(hostname -s) NodeAddr=127.0.0.1 Port=$port $hw" \
+            "State=UNKNOWN" >>"$conf"
+        nodes+=${nodes:+,}$name
+    done
+    echo "PartitionName=debug Nodes=$nodes Default=YES MaxTime=INFINITE State=UP" >>"$conf"
     # Read by task/cgroup and proctrack/cgroup; this host mounts cgroup v1 controllers (hybrid).
     cat >"$dir/etc/cgroup.conf" <<EOF
 CgroupPlugin=cgroup/v1
@@ -137,22 +159,25 @@ ConstrainDevices=no
 EOF
 }
 
-node_state() { sinfo -h -N -o '%t' 2>/dev/null | head -1; }
+# Succeeds when slurmctld answers and every node is up (idle, mixed or allocated).
+nodes_up() {
+    local states
+    states=$(sinfo -h -N -o '%t' 2>/dev/null) || return 1
+    [ "$(echo "$states" | grep -cE '^(idle|mix|alloc)$')" -eq "$(node_names | wc -l)" ]
+}
 
 wait_idle() {
-    local state=""
     for _ in $(seq 60); do
-        state=$(node_state || true)
-        case $state in idle | mix | alloc) return 0 ;; esac
+        nodes_up && return 0
         sleep 0.5
     done
-    log "node not idle after 30 s (state: '${state:-no answer}')"
+    log "nodes not idle after 30 s: $(sinfo -h -N -o '%N=%t' 2>&1 | tr '\n' ' ')"
     return 1
 }
 
 start() {
     [ "$(id -u)" -eq 0 ] || { log "needs root"; exit 1; }
-    if our_pid slurmctld >/dev/null || our_pid slurmd >/dev/null; then
+    if our_pid slurmctld >/dev/null; then
         log "a cluster already runs in $dir; stop it first"
         exit 1
     fi
@@ -170,8 +195,10 @@ start() {
         scontrol ping 2>/dev/null | grep -q UP && break
         sleep 0.25
     done
-    setsid slurmd -D -f "$conf" >>"$dir/log/slurmd.out" 2>&1 </dev/null &
-    echo $! >"$dir/run/slurmd.pid"
+    for name in $(node_names); do
+        setsid slurmd -D -N "$name" -f "$conf" >>"$dir/log/slurmd-$name.out" 2>&1 </dev/null &
+        echo $! >"$dir/run/slurmd-$name.pid"
+    done
     if ! wait_idle; then
         logs
         stop
@@ -195,8 +222,29 @@ logs() {
     done
 }
 
+# SIGTERM to the daemons of these pid files, SIGKILL to any still there 10 s later.
+terminate() {
+    local file name pid alive pids=()
+    for file in "$@"; do
+        name=$(basename "$file" .pid)
+        pid=$(our_pid "$name" "${name%%-*}") && pids+=("$pid") && kill -TERM "$pid" 2>/dev/null
+        rm -f "$file"
+    done
+    for _ in $(seq 40); do
+        alive=0
+        for pid in "${pids[@]}"; do [ -d /proc/"$pid" ] && alive=1; done
+        [ $alive -eq 0 ] && return 0
+        sleep 0.25
+    done
+    for pid in "${pids[@]}"; do
+        [ -d /proc/"$pid" ] || continue
+        log "pid $pid ignored SIGTERM for 10 s; SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+}
+
 stop() {
-    local name pid
+    local pid
     if our_pid slurmctld >/dev/null; then
         scancel --full -u root 2>/dev/null || true
         for _ in $(seq 40); do
@@ -204,19 +252,9 @@ stop() {
             sleep 0.25
         done
     fi
-    for name in slurmd slurmctld; do
-        pid=$(our_pid $name) || continue
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 40); do
-            [ -d /proc/"$pid" ] || break
-            sleep 0.25
-        done
-        if [ -d /proc/"$pid" ]; then
-            log "$name ($pid) ignored SIGTERM for 10 s; SIGKILL"
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-        rm -f "$dir/run/$name.pid"
-    done
+    # Every slurmd at once, then slurmctld; each by the pid we recorded.
+    terminate "$dir"/run/slurmd-*.pid
+    terminate "$dir"/run/slurmctld.pid
     if pid=$(our_pid watchdog) && [ "$pid" != "$PPID" ]; then
         kill -TERM -- -"$pid" 2>/dev/null || true # its own process group: bash and its sleep
     fi
@@ -227,9 +265,12 @@ case $verb in
 start) start ;;
 stop) stop ;;
 status)
-    our_pid slurmctld >/dev/null && our_pid slurmd >/dev/null || { log "not running"; exit 1; }
+    our_pid slurmctld >/dev/null || { log "not running"; exit 1; }
+    for file in "$dir"/run/slurmd-*.pid; do
+        our_pid "$(basename "$file" .pid)" slurmd >/dev/null || { log "$file: not running"; exit 1; }
+    done
     sinfo -N
-    case $(node_state) in idle | mix | alloc) ;; *) exit 1 ;; esac
+    nodes_up
     ;;
 plugstack) write_plugstack ;;
 env) echo "export SLURM_CONF=$(readlink -f "$conf")" ;;

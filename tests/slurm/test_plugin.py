@@ -46,7 +46,10 @@ class Task:
         self.affinity = cpus(fields[6])
 
 
-class PluginOnSlurm(unittest.TestCase):
+class ClusterCase(unittest.TestCase):
+    """A cluster of NODES nodes for the whole class; the plugin loaded without arguments."""
+    NODES = 1
+
     @classmethod
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="zb-slurm-")
@@ -55,8 +58,8 @@ class PluginOnSlurm(unittest.TestCase):
             if var.startswith(("SLURM_", "SPANK_", "ZENFLOW_")) and var != "SLURM_CONF":
                 del cls.env[var]
         # --lifetime: the daemons stop by themselves even if ctest kills this driver.
-        subprocess.run([CLUSTER, "start", cls.dir, "--task-plugin", TASK_PLUGIN, "--lifetime",
-                        "600"], check=True, timeout=90)
+        subprocess.run([CLUSTER, "start", cls.dir, "--task-plugin", TASK_PLUGIN, "--nodes",
+                        str(cls.NODES), "--lifetime", "600"], check=True, timeout=90)
 
     @classmethod
     def tearDownClass(cls):
@@ -91,6 +94,8 @@ class PluginOnSlurm(unittest.TestCase):
                 tasks[int(m.group(1))] = Task(m.group(2))
         return tasks, p
 
+
+class PluginOnSlurm(ClusterCase):
     # ---- the option itself ----------------------------------------------------------------
 
     def test_help_lists_option(self):
@@ -237,6 +242,25 @@ class PluginOnSlurm(unittest.TestCase):
         self.assertEqual(tasks[0].affinity, plain[0].affinity, "left as Slurm bound it")
         self.assertEqual(tasks[0].train, "unset")
         self.assertIn("warning", p.stderr)
+
+
+class TwoNodes(ClusterCase):
+    """Two slurmd on this host: every node plans for its own tasks only."""
+    NODES = 2
+
+    def test_each_node_binds_its_local_tasks(self):
+        tasks, p = self.tasks("-N2", "-n4", "-c1", "--zenflow-bind=verbose")
+        self.assertEqual(sorted(tasks), [0, 1, 2, 3])
+        lines = re.findall(r"zenflow-bind: (\S+) task (\d) \(rank (\d)\)", p.stderr)
+        self.assertEqual(len(lines), 4, p.stderr)
+        per_node = {}
+        for node, local, rank in lines:
+            per_node.setdefault(node, []).append((int(local), int(rank)))
+        self.assertEqual(len(per_node), 2, p.stderr)
+        for node, ids in per_node.items():
+            self.assertEqual(sorted(l for l, _ in ids), [0, 1], node)
+            cpus_of = [tasks[r].affinity for _, r in ids]
+            self.assertNotEqual(cpus_of[0], cpus_of[1], f"{node}: tasks share a core")
 
 
 def main():
