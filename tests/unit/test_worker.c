@@ -445,19 +445,54 @@ static void test_memory_accounting(void **state) {
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 
-/* The ZENFLOW_* variables choose the thread count and CPUs when the attributes do not. */
+/* The ZENFLOW_* variables choose CPUs, thread count and nodes when the attributes do not; the
+ * attributes override them; bad values name the variable. */
 static void test_environment_defaults(void **state) {
     (void)state;
-    setenv("ZENFLOW_OPT_THREADS", "1", 1);
+    cpu_set_t mine;
+    sched_getaffinity(0, sizeof mine, &mine);
+    int last = -1;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &mine)) last = c;
+    char cpu[16];
+    snprintf(cpu, sizeof cpu, "%d", last);
+    setenv("ZENFLOW_OPT_CPUS", cpu, 1);
+    setenv("ZENFLOW_OPT_THREADS", "2", 1);
+    setenv("ZENFLOW_OPT_MEMS", "0", 1);
     zb_worker_t *w = NULL;
     assert_int_equal(zb_worker_spawn(NULL, &w), ZB_OK);
     unsigned n = 0;
     zb_worker_threads(w, &n);
+    assert_int_equal(n, 2);
+    for (unsigned i = 0; i < n; ++i) { /* more threads than CPUs: they share it */
+        pid_t tid;
+        int c;
+        zb_worker_thread(w, i, &tid, &c);
+        assert_int_equal(c, last);
+    }
+    zb_worker_destroy(w);
+
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = 1;
+    assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+    zb_worker_threads(w, &n);
     assert_int_equal(n, 1);
     zb_worker_destroy(w);
+
+    strcpy(attr.cpus, "0-");
+    expect_status(zb_worker_spawn(&attr, &w), ZB_EINVAL, "attr.cpus");
+    setenv("ZENFLOW_OPT_CPUS", "zero", 1);
+    expect_status(zb_worker_spawn(NULL, &w), ZB_EINVAL, "ZENFLOW_OPT_CPUS");
+    setenv("ZENFLOW_OPT_CPUS", cpu, 1);
+    setenv("ZENFLOW_OPT_MEMS", "4000", 1);
+    expect_status(zb_worker_spawn(NULL, &w), ZB_EINVAL, "ZENFLOW_OPT_MEMS");
+    unsetenv("ZENFLOW_OPT_MEMS");
     setenv("ZENFLOW_OPT_THREADS", "two", 1);
     expect_status(zb_worker_spawn(NULL, &w), ZB_EINVAL, "ZENFLOW_OPT_THREADS");
     unsetenv("ZENFLOW_OPT_THREADS");
+    unsetenv("ZENFLOW_OPT_CPUS");
+    assert_null(w);
 }
 
 static void test_ten_thousand_steps_flat(void **state) {

@@ -1,0 +1,144 @@
+"""The contrib/python binding against torch.optim.AdamW (Debian's python3-torch).
+
+Run with Debian's /usr/bin/python3, ZENFLOW_BIND_LIB pointing at libzenbind.so, ZENFLOW_OPTIMIZER
+at zenflow-optimizer and contrib/python on PYTHONPATH (CMake's zb_python_test does this)."""
+
+import os
+import signal
+import time
+import unittest
+
+import numpy as np
+import torch
+
+from zenflow_bind import Group, Worker, ZenbindError
+
+
+def flat(tensors):
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def make_params(seed, shapes):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g) for s in shapes]
+
+
+class AgainstTorch(unittest.TestCase):
+    def run_steps(self, groups_spec, grad="fp32", copy_out=None, stale=False, steps=6,
+                  grad_scale=1.0):
+        """groups_spec: [(shapes, lr, weight_decay)]; returns max |worker - torch| per step."""
+        torch_groups, worker_groups = [], []
+        with Worker(threads=2) as w:
+            for gi, (shapes, lr, wd) in enumerate(groups_spec):
+                params = [torch.nn.Parameter(p) for p in make_params(gi, shapes)]
+                torch_groups.append({"params": params, "lr": lr, "weight_decay": wd})
+                n = sum(p.numel() for p in params)
+                g = w.add_group(n, grad=grad, copy_out=copy_out, stale=stale, lr=lr,
+                                weight_decay=wd)
+                g.params[:] = flat(params).numpy()
+                worker_groups.append(g)
+            opt = torch.optim.AdamW(torch_groups, betas=(0.9, 0.999), eps=1e-8)
+            gen = torch.Generator().manual_seed(123)
+            for step in range(1, steps + 1):
+                k = step % 2
+                for tg, wg in zip(torch_groups, worker_groups):
+                    grads = [torch.randn(p.shape, generator=gen) for p in tg["params"]]
+                    if grad == "bf16":
+                        grads = [x.bfloat16() for x in grads]
+                    elif grad == "fp16":
+                        grads = [x.half() for x in grads]
+                    Group.torch_view(wg.grads[k])[:] = flat(grads)
+                    for p, x in zip(tg["params"], grads):
+                        p.grad = x.float() * grad_scale
+                w.submit(step, grad_buffer=k, grad_scale=grad_scale)
+                opt.step()
+                self.assertEqual(w.wait(), 0)
+                for tg, wg in zip(torch_groups, worker_groups):
+                    want = flat(tg["params"]).numpy()
+                    np.testing.assert_allclose(wg.params, want, rtol=2e-6, atol=1e-7)
+                    if stale:
+                        np.testing.assert_array_equal(wg.stale, wg.params)
+                    if copy_out:
+                        got = Group.torch_view(wg.copy_out)
+                        mine = torch.from_numpy(wg.params.copy())
+                        ref = mine.bfloat16() if copy_out == "bf16" else mine.half()
+                        self.assertTrue(torch.equal(got, ref), "copy-out is not the rounded params")
+
+    def test_one_group_fp32(self):
+        self.run_steps([([(64, 32), (32,)], 1e-3, 1e-2)])
+
+    def test_groups_with_their_own_hyperparameters(self):
+        self.run_steps([([(128, 16)], 1e-3, 1e-2), ([(300,)], 5e-3, 0.0)], grad_scale=0.5)
+
+    def test_bf16_grads_bf16_copy_out_and_stale(self):
+        self.run_steps([([(257, 9)], 2e-3, 1e-2)], grad="bf16", copy_out="bf16", stale=True)
+
+    def test_fp16_grads_fp16_copy_out(self):
+        self.run_steps([([(1000,)], 1e-3, 1e-2)], grad="fp16", copy_out="fp16")
+
+    def test_lr_change_between_steps(self):
+        params = torch.nn.Parameter(make_params(7, [(500,)])[0])
+        opt = torch.optim.AdamW([params], lr=1e-3)
+        with Worker(threads=1) as w:
+            g = w.add_group(500, lr=1e-3)
+            g.params[:] = params.detach().numpy()
+            gen = torch.Generator().manual_seed(1)
+            for step in range(1, 5):
+                lr = 1e-3 if step < 3 else 3e-4
+                opt.param_groups[0]["lr"] = lr
+                g.set_hyper(lr=lr)
+                params.grad = torch.randn(500, generator=gen)
+                g.grads[0][:] = params.grad.numpy()
+                opt.step()
+                w.step(step, grad_buffer=0)
+                np.testing.assert_allclose(g.params, params.detach().numpy(), rtol=2e-6,
+                                           atol=1e-7)
+
+
+class Behaviour(unittest.TestCase):
+    def test_killed_worker_raises_edead(self):
+        with Worker(threads=1) as w:
+            g = w.add_group(1 << 20)
+            g.grads[0][:] = 1.0
+            w.submit(1)
+            os.kill(w.pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            with self.assertRaises(ZenbindError) as ctx:
+                w.wait(timeout_ms=30_000)
+                w.step(2)
+            self.assertLess(time.monotonic() - t0, 1.0)
+            self.assertEqual(ctx.exception.status, "EDEAD")
+            self.assertIn("signal 9", str(ctx.exception))
+
+    def test_memory_report(self):
+        with Worker(threads=1) as w:
+            w.add_group(1 << 16, grad="bf16", copy_out="bf16", stale=True)
+            m = w.memory()
+            self.assertEqual(m["bytes_per_param"], 4 + 2 * 2 + 2 + 4 + 8)
+            self.assertGreaterEqual(m["worker_rss_anon"], 8 << 16)
+
+    def test_threads_are_pinned_to_allowed_cpus(self):
+        allowed = os.sched_getaffinity(0)
+        with Worker(threads=2) as w:
+            threads = w.threads()
+            self.assertEqual(len(threads), 2)
+            for tid, cpu in threads:
+                self.assertIn(cpu, allowed)
+                self.assertEqual(os.sched_getaffinity(tid), {cpu})
+
+    def test_bad_arguments(self):
+        with Worker(threads=1) as w:
+            with self.assertRaises(ZenbindError) as ctx:
+                w.add_group(0)
+            self.assertEqual(ctx.exception.status, "EINVAL")
+            with self.assertRaises(ZenbindError):
+                w.submit(1, grad_buffer=3)
+            with self.assertRaises(ZenbindError):
+                w.wait()
+        with self.assertRaises(ZenbindError) as ctx:
+            Worker(cpus="not-a-list")
+        self.assertEqual(ctx.exception.status, "EINVAL")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,163 @@
+// The worker's results are bit for bit those of the in-process kernel: several steps over groups
+// of every gradient and copy-out type, per-group hyperparameters that change between steps, a
+// gradient scale and alternating gradient buffers. The worker runs two pinned threads over batched
+// groups; the reference runs each group alone on one thread.
+#include "adam.hpp"
+
+#include <zenbind/worker.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+extern "C" { // Debian's cmocka.h has no C++ guard
+#include <cmocka.h>
+}
+
+namespace {
+
+struct Case {
+    zb_dtype grad, copy;
+    int stale;
+    size_t n;
+};
+
+size_t dsize(zb_dtype d) {
+    return d == ZB_DTYPE_FP32 ? 4 : d == ZB_DTYPE_NONE ? 0 : 2;
+}
+
+void fill_grad(void *dst, zb_dtype type, size_t n, uint32_t seed) {
+    for (size_t i = 0; i < n; ++i) {
+        seed = seed * 1664525u + 1013904223u;
+        float g = (float(seed >> 8) / float(1u << 24) - 0.5f) * 4.0f;
+        if (i % 997 == 5) g = 0.0f;
+        uint32_t u;
+        std::memcpy(&u, &g, 4);
+        if (type == ZB_DTYPE_FP32)
+            static_cast<float *>(dst)[i] = g;
+        else if (type == ZB_DTYPE_BF16)
+            static_cast<uint16_t *>(dst)[i] = static_cast<uint16_t>(u >> 16);
+        else
+            static_cast<_Float16 *>(dst)[i] = static_cast<_Float16>(g);
+    }
+}
+
+zf::GradType grad_type(zb_dtype d) {
+    return d == ZB_DTYPE_FP32   ? zf::GradType::f32
+           : d == ZB_DTYPE_BF16 ? zf::GradType::bf16
+                                : zf::GradType::f16;
+}
+
+zf::CopyType copy_type(zb_dtype d) {
+    return d == ZB_DTYPE_NONE   ? zf::CopyType::none
+           : d == ZB_DTYPE_BF16 ? zf::CopyType::bf16
+                                : zf::CopyType::f16;
+}
+
+struct Reference {
+    std::vector<float> param, m, v, stale;
+    std::vector<char> grads[2], copy;
+};
+
+void test_bit_identical(void **) {
+    const Case cases[] = {{ZB_DTYPE_FP32, ZB_DTYPE_BF16, 1, 10007},
+                          {ZB_DTYPE_BF16, ZB_DTYPE_FP16, 0, 4099},
+                          {ZB_DTYPE_FP16, ZB_DTYPE_NONE, 1, 3001},
+                          {ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0, 17}};
+    const size_t ng = sizeof cases / sizeof cases[0];
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = 2;
+    zb_worker_t *w = nullptr;
+    assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+
+    std::vector<zb_adam_hyper> hypers(ng);
+    std::vector<zb_group_buffers> bufs(ng);
+    std::vector<Reference> ref(ng);
+    for (size_t g = 0; g < ng; ++g) {
+        zb_adam_hyper_init(&hypers[g]);
+        hypers[g].lr = 1e-2f * float(g + 1);
+        hypers[g].weight_decay = g == 1 ? 0.0f : 0.05f;
+        hypers[g].adamw = g != 2; // one group with L2 (Adam) weight decay
+        zb_group_attr ga{};
+        ga.numel = cases[g].n;
+        ga.grad = cases[g].grad;
+        ga.copy_out = cases[g].copy;
+        ga.stale = cases[g].stale;
+        ga.hyper = hypers[g];
+        unsigned id;
+        assert_int_equal(zb_worker_group_add(w, &ga, &id), ZB_OK);
+        assert_int_equal(id, g);
+        assert_int_equal(zb_worker_group_buffers(w, id, &bufs[g]), ZB_OK);
+        const size_t n = cases[g].n;
+        Reference &r = ref[g];
+        r.param.resize(n);
+        r.m.assign(n, 0.0f);
+        r.v.assign(n, 0.0f);
+        r.stale.resize(n);
+        r.copy.resize(n * dsize(cases[g].copy));
+        for (size_t i = 0; i < n; ++i)
+            r.param[i] = bufs[g].params[i] = float(i % 13) * 0.1f - 0.6f;
+        for (int k = 0; k < 2; ++k)
+            r.grads[k].resize(n * dsize(cases[g].grad));
+    }
+
+    for (int64_t step = 1; step <= 6; ++step) {
+        const unsigned k = unsigned(step & 1);
+        const float scale = step == 4 ? 0.5f : 1.0f;
+        if (step == 3)
+            for (auto &h : hypers)
+                h.lr *= 0.5f, h.beta1 = 0.8f;
+        for (size_t g = 0; g < ng; ++g) {
+            const size_t n = cases[g].n;
+            fill_grad(bufs[g].grads[k], cases[g].grad, n, uint32_t(step * 31 + g));
+            std::memcpy(ref[g].grads[k].data(), bufs[g].grads[k], n * dsize(cases[g].grad));
+        }
+        const zb_worker_step s{step, scale, k, hypers.data(), ng};
+        assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
+        for (size_t g = 0; g < ng; ++g) {
+            Reference &r = ref[g];
+            zf::AdamHyper h;
+            h.lr = hypers[g].lr;
+            h.beta1 = hypers[g].beta1;
+            h.beta2 = hypers[g].beta2;
+            h.eps = hypers[g].eps;
+            h.weight_decay = hypers[g].weight_decay;
+            h.adamw = hypers[g].adamw != 0;
+            h.bias_correction = hypers[g].bias_correction != 0;
+            h.step = step;
+            h.grad_scale = scale;
+            zf::AdamTensor t;
+            t.param = r.param.data();
+            t.grad = r.grads[k].data();
+            t.exp_avg = r.m.data();
+            t.exp_avg_sq = r.v.data();
+            t.copy_out = cases[g].copy == ZB_DTYPE_NONE ? nullptr : r.copy.data();
+            t.stale = cases[g].stale ? r.stale.data() : nullptr;
+            t.n = cases[g].n;
+            t.hyper = &h;
+            const zf::AdamBatch b{grad_type(cases[g].grad), copy_type(cases[g].copy), &t, 1};
+            zf::adam_step(b, 1);
+        }
+        assert_int_equal(zb_worker_wait(w, 30000, nullptr), ZB_OK);
+        for (size_t g = 0; g < ng; ++g) {
+            const size_t n = cases[g].n;
+            assert_memory_equal(bufs[g].params, ref[g].param.data(), 4 * n);
+            if (cases[g].stale) assert_memory_equal(bufs[g].stale, ref[g].stale.data(), 4 * n);
+            if (cases[g].copy != ZB_DTYPE_NONE)
+                assert_memory_equal(bufs[g].copy_out, ref[g].copy.data(), 2 * n);
+        }
+    }
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+} // namespace
+
+int main() {
+    const CMUnitTest tests[] = {cmocka_unit_test(test_bit_identical)};
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
