@@ -230,6 +230,15 @@ void parse_options(zb_options &o, std::string_view text, zb_scope scope) {
     }
 }
 
+// The value a C caller stored in an enum field, read as bytes: loading an out-of-range value
+// through the enum type itself would be undefined behaviour.
+template <class E> int enum_bits(const E &field) {
+    int value;
+    static_assert(sizeof value == sizeof field);
+    std::memcpy(&value, &field, sizeof value);
+    return value;
+}
+
 // Shortest fixed-point text that reads back as the same double: "0.5", never "5e-01".
 std::string fraction_text(double f) {
     char buf[400];
@@ -254,7 +263,7 @@ std::string format_options(const zb_options &o) {
         add("train=" + fraction_text(o.train_fraction));
     }
     if (o.opt_cores) add("opt=" + std::to_string(o.opt_cores));
-    switch (o.smt) {
+    switch (enum_bits(o.smt)) {
     case ZB_SMT_IDLE:
         break;
     case ZB_SMT_TRAIN:
@@ -266,7 +275,7 @@ std::string format_options(const zb_options &o) {
     default:
         zb::fail(ZB_EINVAL, "smt holds no zb_smt value");
     }
-    switch (o.numa) {
+    switch (enum_bits(o.numa)) {
     case ZB_NUMA_PREFER:
         break;
     case ZB_NUMA_STRICT:
@@ -305,7 +314,7 @@ void zb_options_init(zb_options *options) {
 zb_status zb_options_parse(zb_options *options, const char *text, zb_scope scope) {
     return zb::guard([&] {
         if (!options) zb::fail(ZB_EINVAL, "zb_options_parse: options is NULL");
-        if (scope != ZB_SCOPE_USER && scope != ZB_SCOPE_ADMIN)
+        if (const int s = enum_bits(scope); s != ZB_SCOPE_USER && s != ZB_SCOPE_ADMIN)
             zb::fail(ZB_EINVAL, "zb_options_parse: scope is neither ZB_SCOPE_USER nor "
                                 "ZB_SCOPE_ADMIN");
         if (!text) return;
