@@ -156,6 +156,10 @@ class PluginOnSlurm(ClusterCase):
             self.assertNotEqual(p.returncode, 0, value)
             self.assertIn(key, p.stderr, value)
             self.assertFalse(os.path.exists(marker), f"{value}: a task ran")
+        p = self.run_cmd("sbatch", "--zenflow-bind=bogus=1", "--wrap", f"touch {marker}",
+                         check=False)
+        self.assertNotEqual(p.returncode, 0, "sbatch must refuse it at submission")
+        self.assertIn("bogus", p.stderr)
 
     def test_hostile_option_is_refused(self):
         p = self.run_cmd("srun", "-n1", "--zenflow-bind=" + "train=1," * 2000, "true",
