@@ -110,9 +110,10 @@ std::string resolve_path(const zb_worker_attr &a) {
     return std::string(ZB_LIBEXECDIR) + "/zenflow-optimizer";
 }
 
-// The worker's environment: the caller's, with the OpenMP placement of the plan. Threads pin
-// themselves too (sched_setaffinity); the places make libgomp agree from thread creation on.
-std::vector<std::string> worker_environment(const std::vector<int> &cpus, unsigned threads) {
+// The worker's environment: the caller's, with OpenMP told the thread count and not to bind. The
+// threads pin themselves with sched_setaffinity: OMP_PLACES would be checked against the affinity
+// the worker inherits, which is the trainer's and usually excludes the optimizer CPUs.
+std::vector<std::string> worker_environment(unsigned threads) {
     std::vector<std::string> env;
     bool wait_policy = false;
     for (char **e = environ; *e; ++e) {
@@ -123,11 +124,7 @@ std::vector<std::string> worker_environment(const std::vector<int> &cpus, unsign
         wait_policy |= kv.rfind("OMP_WAIT_POLICY=", 0) == 0;
         env.push_back(kv);
     }
-    std::string places = "OMP_PLACES=";
-    for (unsigned t = 0; t < threads; ++t)
-        places += (t ? ",{" : "{") + std::to_string(cpus[t % cpus.size()]) + "}";
-    env.push_back(places);
-    env.push_back("OMP_PROC_BIND=close");
+    env.push_back("OMP_PROC_BIND=false");
     env.push_back("OMP_DYNAMIC=false");
     env.push_back("OMP_NUM_THREADS=" + std::to_string(threads));
     // Between steps the team sleeps instead of spinning on cores it may share with training.
@@ -279,7 +276,7 @@ zb_status zb_worker_spawn(const zb_worker_attr *attr, zb_worker_t **out) {
             w->ctl->cpus[t] = cpus[t % cpus.size()];
         std::copy(w->mems.begin(), w->mems.end(), w->ctl->mems);
         const std::string path = resolve_path(a);
-        start(*w, path, worker_environment(cpus, threads));
+        start(*w, path, worker_environment(threads));
         await_ready(*w, path);
         *out = w.release();
     });
