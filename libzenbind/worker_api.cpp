@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 #include <sys/socket.h>
+#include <unistd.h>
 
 namespace {
 
@@ -16,6 +17,10 @@ namespace shm = zb::shm;
 
 zb_worker &handle(zb_worker *w, const char *fn) {
     if (!w) fail(ZB_EINVAL, std::string(fn) + ": worker is NULL");
+    // A forked child (a data-loader process, say) shares the mappings but is not the trainer.
+    if (w->ctl->trainer_pid != getpid())
+        fail(ZB_EINVAL, std::string(fn) + ": this worker belongs to process " +
+                            std::to_string(w->ctl->trainer_pid) + ", not to this forked child");
     return *w;
 }
 

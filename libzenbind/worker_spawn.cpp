@@ -223,7 +223,8 @@ void await_ready(zb_worker &w, const std::string &path) {
 } // namespace
 
 zb_worker::~zb_worker() {
-    if (pid > 0 && !reaped) {
+    // In a forked child of the trainer, only this copy of the handle goes; the worker stays.
+    if (pid > 0 && !reaped && ctl && ctl->trainer_pid == getpid()) {
         kill(pid, SIGKILL);
         siginfo_t info{};
         waitid(P_PIDFD, static_cast<id_t>(pidfd), &info, WEXITED);
@@ -286,7 +287,7 @@ zb_status zb_worker_destroy(zb_worker_t *w) {
     return zb::guard([&] {
         if (!w) return;
         std::unique_ptr<zb_worker> owned(w);
-        if (w->reaped) return;
+        if (w->reaped || w->ctl->trainer_pid != getpid()) return;
         try {
             if (w->in_flight) w->wait_response(int64_t(w->control_timeout_ms) * 1'000'000);
             w->ctl->command = shm::Command::exit;

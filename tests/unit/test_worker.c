@@ -157,6 +157,21 @@ static void test_bad_arguments(void **state) {
     expect_status(zb_worker_wait(w, -1, NULL), ZB_EINVAL, "timeout");
     assert_int_equal(zb_worker_wait(w, 10000, NULL), ZB_OK);
 
+    /* A forked child cannot drive the worker, and destroying its copy leaves the worker alone. */
+    pid_t child = fork();
+    if (child == 0) {
+        s.step = 2;
+        if (zb_worker_submit(w, &s) != ZB_EINVAL || !strstr(zb_last_error(), "forked child"))
+            _exit(1);
+        _exit(zb_worker_destroy(w) == ZB_OK ? 0 : 2);
+    }
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    s.step = 2;
+    assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
+    assert_int_equal(zb_worker_wait(w, 10000, NULL), ZB_OK);
+
     pid_t tid;
     int cpu;
     expect_status(zb_worker_thread(w, 1, &tid, &cpu), ZB_EINVAL, "index");

@@ -202,6 +202,7 @@ class Worker:
         handle = ctypes.c_void_p()
         _check(lib.zb_worker_spawn(ctypes.byref(attr), ctypes.byref(handle)))
         self._handle = handle
+        self._owner = os.getpid()
         self.groups = []
 
     def add_group(self, numel, grad="fp32", copy_out=None, stale=False, lr=1e-3,
@@ -264,7 +265,8 @@ class Worker:
         if self._handle:
             handle, self._handle = self._handle, None
             self.groups = []
-            _check(library().zb_worker_destroy(handle))
+            if os.getpid() == self._owner:  # a forked child's copy just forgets the handle
+                _check(library().zb_worker_destroy(handle))
 
     def _live(self):
         if not self._handle:
