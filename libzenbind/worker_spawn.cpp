@@ -211,7 +211,8 @@ void await_ready(zb_worker &w, const std::string &path) {
                 fail(ZB_EVERSION, "the optimizer worker " + path +
                                       " refused the shared-memory header (see its message on "
                                       "stderr): install matching versions");
-            throw;
+            fail(e.status(),
+                 std::string(e.what()) + " while starting (is " + path + " a zenflow-optimizer?)");
         }
         const int64_t left = deadline - shm::now_ns();
         if (left <= 0) fail(ZB_ETIMEDOUT, "the optimizer worker did not start in time");
