@@ -1,13 +1,340 @@
-// PLACEHOLDER from the skeleton commit: replaced by the issue that implements this module.
+// The cpuset a process's cgroup grants it, for cgroup v1 (a hierarchy with the cpuset
+// controller) and v2 (the unified hierarchy, when cpuset is enabled there). The cgroup and the
+// mount are both looked up in /proc (under an injectable root for tests), never assumed: hosts
+// mount hierarchies in different places, containers mount sub-trees, and hybrid hosts have both
+// versions at once.
+#include "bitmap.hpp"
+#include "cpulist.hpp"
 #include "error.hpp"
 
-extern "C" {
-zb_status zb_cgroup_cpuset(const char *, pid_t, unsigned, hwloc_cpuset_t, char *, size_t) {
-    zb::set_last_error("not implemented yet");
-    return ZB_EINTERNAL;
+#include <cerrno>
+#include <fcntl.h>
+#include <optional>
+#include <sched.h>
+#include <string>
+#include <string_view>
+#include <unistd.h>
+#include <vector>
+
+namespace zb {
+
+namespace {
+
+// Far above any real /proc/PID/mountinfo or cgroup file, low enough to bound a hostile one.
+constexpr size_t max_file = 16u << 20;
+
+// The file's contents, or nothing if it (or a directory on its path) does not exist.
+std::optional<std::string> read_file(const std::string &path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT || errno == ENOTDIR) return std::nullopt;
+        fail_errno("cannot open " + path);
+    }
+    std::string data;
+    char chunk[8192];
+    for (;;) {
+        const ssize_t n = ::read(fd, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            const int err = errno;
+            ::close(fd);
+            errno = err;
+            fail_errno("cannot read " + path);
+        }
+        if (n == 0) break;
+        data.append(chunk, static_cast<size_t>(n));
+        if (data.size() > max_file) {
+            ::close(fd);
+            fail(ZB_ESYS, path + " is larger than " + std::to_string(max_file) + " bytes");
+        }
+    }
+    ::close(fd);
+    return data;
 }
-zb_status zb_allowed_cpus(const char *, pid_t, hwloc_cpuset_t, char *, size_t) {
-    zb::set_last_error("not implemented yet");
-    return ZB_EINTERNAL;
+
+std::string require_file(const std::string &path) {
+    auto data = read_file(path);
+    if (!data) {
+        errno = ENOENT;
+        fail_errno("cannot open " + path);
+    }
+    return std::move(*data);
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+    std::vector<std::string_view> parts;
+    size_t begin = 0;
+    for (;;) {
+        const size_t end = s.find(sep, begin);
+        parts.push_back(s.substr(begin, end == std::string_view::npos ? s.npos : end - begin));
+        if (end == std::string_view::npos) return parts;
+        begin = end + 1;
+    }
+}
+
+bool has_token(std::string_view list, std::string_view token, char sep) {
+    for (std::string_view t : split(list, sep))
+        if (t == token) return true;
+    return false;
+}
+
+// mountinfo escapes space, tab, newline and backslash as \ooo.
+std::string unescape_octal(std::string_view s) {
+    std::string out;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '3' &&
+            s[i + 2] >= '0' && s[i + 2] <= '7' && s[i + 3] >= '0' && s[i + 3] <= '7') {
+            out +=
+                static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
+            i += 3;
+        } else {
+            out += s[i];
+        }
+    }
+    return out;
+}
+
+// Non-empty components of an absolute cgroup path; nothing if it climbs with "..", which
+// happens when the cgroup lies outside the reader's cgroup namespace.
+std::optional<std::vector<std::string>> components(std::string_view path) {
+    std::vector<std::string> out;
+    for (std::string_view c : split(path, '/')) {
+        if (c.empty() || c == ".") continue;
+        if (c == "..") return std::nullopt;
+        out.emplace_back(c);
+    }
+    return out;
+}
+
+struct Mount {
+    std::vector<std::string> root; // the hierarchy's sub-tree the mount exposes
+    std::string point;             // where, as seen from fsroot
+    bool noprefix = false;         // v1 mounted with noprefix: "cpus" instead of "cpuset.cpus"
+};
+
+enum class Kind { v1_cpuset, v2 };
+
+std::vector<Mount> cgroup_mounts(const std::string &mountinfo, Kind kind) {
+    std::vector<Mount> mounts;
+    for (std::string_view line : split(mountinfo, '\n')) {
+        const size_t dash = line.find(" - ");
+        if (dash == std::string_view::npos) continue;
+        const auto before = split(line.substr(0, dash), ' ');
+        const auto after = split(line.substr(dash + 3), ' ');
+        if (before.size() < 5 || after.size() < 3) continue;
+        const std::string_view fstype = after[0];
+        const std::string_view super = after[2];
+        if (kind == Kind::v1_cpuset && !(fstype == "cgroup" && has_token(super, "cpuset", ',')))
+            continue;
+        if (kind == Kind::v2 && fstype != "cgroup2") continue;
+        auto root = components(unescape_octal(before[3]));
+        if (!root) continue;
+        mounts.push_back(
+            {std::move(*root), unescape_octal(before[4]), has_token(super, "noprefix", ',')});
+    }
+    return mounts;
+}
+
+// The directory of cgroup `path` under one of `mounts` (the first whose sub-tree holds it),
+// as the mount's point and the components below it.
+struct Located {
+    std::string point;
+    std::vector<std::string> below;
+    bool noprefix;
+};
+
+std::optional<Located> locate(const std::vector<Mount> &mounts, std::string_view path) {
+    const auto parts = components(path);
+    if (!parts) return std::nullopt;
+    for (const Mount &m : mounts) {
+        if (m.root.size() > parts->size()) continue;
+        bool inside = true;
+        for (size_t i = 0; i < m.root.size() && inside; ++i)
+            inside = m.root[i] == (*parts)[i];
+        if (!inside) continue;
+        return Located{
+            m.point, {parts->begin() + static_cast<long>(m.root.size()), parts->end()}, m.noprefix};
+    }
+    return std::nullopt;
+}
+
+struct Found {
+    Bitmap set;
+    std::string source;
+};
+
+class CpusetReader {
+  public:
+    CpusetReader(const char *fsroot, pid_t pid) : root_(fsroot ? fsroot : "") {
+        while (!root_.empty() && root_.back() == '/')
+            root_.pop_back();
+        if (pid < 0) fail(ZB_EINVAL, "pid " + std::to_string(pid) + " is negative");
+        proc_ = "/proc/" + (pid == 0 ? std::string("self") : std::to_string(pid));
+    }
+
+    // Nothing when the process has no cpuset controller (neither v1 nor v2); why_none() says why.
+    std::optional<Found> read(unsigned levels_up) {
+        const std::string cgroup_file = root_ + proc_ + "/cgroup";
+        const std::string mountinfo_file = root_ + proc_ + "/mountinfo";
+        const std::string cgroups = require_file(cgroup_file);
+        std::optional<std::string> mountinfo;
+        const auto mounts = [&](Kind kind) {
+            if (!mountinfo) mountinfo = require_file(mountinfo_file);
+            return cgroup_mounts(*mountinfo, kind);
+        };
+
+        std::optional<std::string_view> v1_path, v2_path;
+        for (std::string_view line : split(cgroups, '\n')) {
+            const size_t c1 = line.find(':');
+            const size_t c2 = c1 == line.npos ? line.npos : line.find(':', c1 + 1);
+            if (c2 == line.npos) continue;
+            const std::string_view id = line.substr(0, c1);
+            const std::string_view controllers = line.substr(c1 + 1, c2 - c1 - 1);
+            if (id == "0" && controllers.empty())
+                v2_path = line.substr(c2 + 1);
+            else if (has_token(controllers, "cpuset", ','))
+                v1_path = line.substr(c2 + 1);
+        }
+
+        // The kernel binds cpuset to one hierarchy at most, so a v1 cpuset line settles it; a
+        // v1 hierarchy this mount namespace cannot see leaves the process without a controller.
+        if (v1_path) {
+            const auto where = locate(mounts(Kind::v1_cpuset), *v1_path);
+            if (!where) {
+                why_none_ = "its cgroup v1 cpuset cgroup " + std::string(*v1_path) +
+                            " is not under any cpuset mount in " + mountinfo_file;
+                return std::nullopt;
+            }
+            return walk(*where, levels_up,
+                        where->noprefix
+                            ? std::vector<std::string>{"effective_cpus", "cpus"}
+                            : std::vector<std::string>{"cpuset.effective_cpus", "cpuset.cpus"});
+        }
+        if (!v2_path) {
+            why_none_ = cgroup_file + " lists neither a cpuset nor a cgroup v2 hierarchy";
+            return std::nullopt;
+        }
+        const auto where = locate(mounts(Kind::v2), *v2_path);
+        if (!where) {
+            why_none_ = "its cgroup v2 cgroup " + std::string(*v2_path) +
+                        " is not under any cgroup2 mount in " + mountinfo_file;
+            return std::nullopt;
+        }
+        const std::string controllers = root_ + where->point + "/cgroup.controllers";
+        const auto enabled = read_file(controllers);
+        if (!enabled || !has_cpuset(*enabled)) {
+            why_none_ = "cpuset is not enabled in " + controllers;
+            return std::nullopt;
+        }
+        return walk(*where, levels_up, {"cpuset.cpus.effective"});
+    }
+
+    const std::string &why_none() const { return why_none_; }
+
+  private:
+    static bool has_cpuset(std::string_view controllers) {
+        if (!controllers.empty() && controllers.back() == '\n') controllers.remove_suffix(1);
+        return has_token(controllers, "cpuset", ' ');
+    }
+
+    // Reads the first non-empty `names` file from `levels_up` above the cgroup upwards, never
+    // above the mount's root: an empty or absent cpuset means the parent's applies.
+    Found walk(const Located &where, unsigned levels_up, const std::vector<std::string> &names) {
+        if (levels_up > where.below.size())
+            fail(ZB_EINVAL, "levels_up=" + std::to_string(levels_up) +
+                                " climbs above the cgroup mount " + root_ + where.point +
+                                " (the cgroup is " + std::to_string(where.below.size()) +
+                                " level(s) below it)");
+        const auto dir_at = [&](size_t depth) {
+            std::string dir = root_ + where.point;
+            for (size_t i = 0; i < depth; ++i)
+                dir += "/" + where.below[i];
+            return dir;
+        };
+        const size_t start = where.below.size() - levels_up;
+        for (size_t depth = start;; --depth) {
+            for (const std::string &name : names) {
+                const std::string file = dir_at(depth) + "/" + name;
+                const auto text = read_file(file);
+                if (!text) continue;
+                if (text->empty() || *text == "\n") break;
+                Found found;
+                parse_cpulist(*text, found.set, "cpu list in " + file);
+                found.source = file;
+                return found;
+            }
+            if (depth == 0) break;
+        }
+        fail(ZB_ESYS, "no non-empty " + names.front() + " in " + dir_at(start) +
+                          " or its ancestors up to the mount " + dir_at(0));
+    }
+
+    std::string root_;
+    std::string proc_;
+    std::string why_none_;
+};
+
+void copy_source(const std::string &text, char *buf, size_t len) {
+    if (!buf || len == 0) return;
+    const size_t n = text.size() < len ? text.size() : len - 1;
+    text.copy(buf, n);
+    buf[n] = '\0';
+}
+
+void affinity(pid_t pid, hwloc_bitmap_t out) {
+    // The kernel refuses a mask smaller than its CPU count, so grow until it fits.
+    for (size_t ncpus = 1024; ncpus <= (1u << 22); ncpus *= 2) {
+        cpu_set_t *mask = CPU_ALLOC(ncpus);
+        if (!mask) throw std::bad_alloc();
+        const size_t size = CPU_ALLOC_SIZE(ncpus);
+        if (sched_getaffinity(pid, size, mask) == 0) {
+            hwloc_bitmap_zero(out);
+            for (size_t cpu = 0; cpu < ncpus; ++cpu)
+                if (CPU_ISSET_S(cpu, size, mask)) hwloc_bitmap_set(out, static_cast<unsigned>(cpu));
+            CPU_FREE(mask);
+            return;
+        }
+        const int err = errno;
+        CPU_FREE(mask);
+        errno = err;
+        if (err != EINVAL) fail_errno("sched_getaffinity(" + std::to_string(pid) + ")");
+    }
+    fail(ZB_ESYS, "sched_getaffinity: the kernel's CPU mask is larger than 4194304 CPUs");
+}
+
+} // namespace
+
+} // namespace zb
+
+extern "C" {
+
+zb_status zb_cgroup_cpuset(const char *fsroot, pid_t pid, unsigned levels_up, hwloc_cpuset_t out,
+                           char *source, size_t source_len) {
+    return zb::guard([&] {
+        if (!out) zb::fail(ZB_EINVAL, "zb_cgroup_cpuset: out is NULL");
+        zb::CpusetReader reader(fsroot, pid);
+        auto found = reader.read(levels_up);
+        if (!found)
+            zb::fail(ZB_ESYS,
+                     "no cpuset controller for " +
+                         (pid == 0 ? std::string("this process") : "pid " + std::to_string(pid)) +
+                         ": " + reader.why_none());
+        if (hwloc_bitmap_copy(out, found->set) != 0) throw std::bad_alloc();
+        zb::copy_source(found->source, source, source_len);
+    });
+}
+
+zb_status zb_allowed_cpus(const char *fsroot, pid_t pid, hwloc_cpuset_t out, char *source,
+                          size_t source_len) {
+    return zb::guard([&] {
+        if (!out) zb::fail(ZB_EINVAL, "zb_allowed_cpus: out is NULL");
+        zb::CpusetReader reader(fsroot, pid);
+        auto found = reader.read(0);
+        zb::Bitmap allowed;
+        zb::affinity(pid, allowed);
+        if (found) hwloc_bitmap_and(allowed, allowed, found->set);
+        if (hwloc_bitmap_copy(out, allowed) != 0) throw std::bad_alloc();
+        zb::copy_source(found ? found->source : "sched_getaffinity", source, source_len);
+    });
 }
 }

@@ -1,0 +1,402 @@
+/* zb_cgroup_cpuset / zb_allowed_cpus on fake /proc + cgroup trees built under a temporary root
+ * (v1, v2, hybrid, sub-tree mounts, empty and missing levels), and once on this machine. */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <ftw.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <zenbind/zenbind.h>
+
+static char root[256];
+
+/* Writes `content` to root/relpath, creating the directories on the way. */
+static void put(const char *relpath, const char *content) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", root, relpath);
+    for (char *slash = strchr(path + strlen(root) + 1, '/'); slash;
+         slash = strchr(slash + 1, '/')) {
+        *slash = '\0';
+        if (mkdir(path, 0755) != 0 && errno != EEXIST)
+            fail_msg("mkdir %s: %s", path, strerror(errno));
+        *slash = '/';
+    }
+    FILE *f = fopen(path, "w");
+    if (!f) fail_msg("fopen %s: %s", path, strerror(errno));
+    fputs(content, f);
+    fclose(f);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(root, sizeof root, "%s/zb_cgroup_XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    return mkdtemp(root) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    return nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* zb_cgroup_cpuset on the fake root, which must succeed with `list` read from root/`file`. */
+static void expect_cpuset(pid_t pid, unsigned levels_up, const char *list, const char *file) {
+    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    char source[1024], text[256], want[1024];
+    zb_status st = zb_cgroup_cpuset(root, pid, levels_up, set, source, sizeof source);
+    if (st != ZB_OK)
+        fail_msg("levels_up=%u: %s: %s", levels_up, zb_status_name(st), zb_last_error());
+    zb_cpulist_format(set, text, sizeof text);
+    assert_string_equal(text, list);
+    snprintf(want, sizeof want, "%s/%s", root, file);
+    assert_string_equal(source, want);
+    hwloc_bitmap_free(set);
+}
+
+/* zb_cgroup_cpuset on the fake root, which must fail with `status`; returns the message. */
+static const char *expect_failure(pid_t pid, unsigned levels_up, zb_status status) {
+    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    hwloc_bitmap_set(set, 99);
+    char source[64] = "untouched";
+    zb_status st = zb_cgroup_cpuset(root, pid, levels_up, set, source, sizeof source);
+    if (st != status)
+        fail_msg("expected %s, got %s (%s)", zb_status_name(status), zb_status_name(st),
+                 zb_last_error());
+    assert_true(hwloc_bitmap_isset(set, 99) && hwloc_bitmap_weight(set) == 1);
+    assert_string_equal(source, "untouched");
+    hwloc_bitmap_free(set);
+    return zb_last_error();
+}
+
+static void affinity_of_self(hwloc_bitmap_t out) {
+    cpu_set_t *mask = CPU_ALLOC(65536);
+    size_t size = CPU_ALLOC_SIZE(65536);
+    assert_int_equal(sched_getaffinity(0, size, mask), 0);
+    hwloc_bitmap_zero(out);
+    for (unsigned cpu = 0; cpu < 65536; ++cpu)
+        if (CPU_ISSET_S(cpu, size, mask)) hwloc_bitmap_set(out, cpu);
+    CPU_FREE(mask);
+}
+
+/* A hybrid host like this one: v1 hierarchies (cpuset among them) plus a v2 mount without
+ * cpuset, and a Slurm task/cgroup v1 layout. */
+static const char *hybrid_mountinfo =
+    "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+    "31 23 0:28 / /sys/fs/cgroup ro,nosuid shared:9 - tmpfs tmpfs ro,mode=755\n"
+    "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:10 - cgroup cgroup rw,cpu,cpuacct\n"
+    "34 31 0:31 / /sys/fs/cgroup/cpuset rw,nosuid shared:12 - cgroup cgroup rw,cpuset\n"
+    "35 31 0:32 / /sys/fs/cgroup/memory rw,nosuid shared:13 - cgroup cgroup rw,memory\n"
+    "41 31 0:38 / /sys/fs/cgroup/unified rw,nosuid shared:8 - cgroup2 cgroup2 rw,nsdelegate\n";
+
+static void slurm_v1_tree(void) {
+    put("proc/self/cgroup", "5:memory:/slurm/uid_1000/job_42/step_0/task_1\n"
+                            "3:cpuset:/slurm/uid_1000/job_42/step_0/task_1\n"
+                            "2:cpu,cpuacct:/slurm/uid_1000/job_42/step_0/task_1\n"
+                            "0::/user.slice\n");
+    put("proc/self/mountinfo", hybrid_mountinfo);
+    put("sys/fs/cgroup/unified/cgroup.controllers", "\n");
+    put("sys/fs/cgroup/cpuset/cpuset.effective_cpus", "0-63\n");
+    put("sys/fs/cgroup/cpuset/cpuset.cpus", "0-63\n");
+    put("sys/fs/cgroup/cpuset/slurm/uid_1000/job_42/cpuset.effective_cpus", "0-47\n");
+    put("sys/fs/cgroup/cpuset/slurm/uid_1000/job_42/step_0/cpuset.effective_cpus",
+        "0,4-11,21-26,30-46\n");
+    put("sys/fs/cgroup/cpuset/slurm/uid_1000/job_42/step_0/task_1/cpuset.effective_cpus", "4-11\n");
+    /* a decoy: the memory hierarchy has the same path and must not be read */
+    put("sys/fs/cgroup/memory/slurm/uid_1000/job_42/step_0/task_1/cpuset.effective_cpus", "1\n");
+}
+
+#define TASK1 "sys/fs/cgroup/cpuset/slurm/uid_1000/job_42/step_0/task_1/"
+#define STEP0 "sys/fs/cgroup/cpuset/slurm/uid_1000/job_42/step_0/"
+
+static void test_v1_slurm_levels(void **state) {
+    (void)state;
+    slurm_v1_tree();
+    expect_cpuset(0, 0, "4-11", TASK1 "cpuset.effective_cpus");
+    expect_cpuset(0, 1, "0,4-11,21-26,30-46", STEP0 "cpuset.effective_cpus");
+    expect_cpuset(0, 2, "0-47", "sys/fs/cgroup/cpuset/slurm/uid_1000/job_42/cpuset.effective_cpus");
+    /* uid_1000 and slurm have no file: their ancestor decides */
+    expect_cpuset(0, 3, "0-63", "sys/fs/cgroup/cpuset/cpuset.effective_cpus");
+    expect_cpuset(0, 5, "0-63", "sys/fs/cgroup/cpuset/cpuset.effective_cpus");
+    const char *msg = expect_failure(0, 6, ZB_EINVAL);
+    assert_non_null(strstr(msg, "levels_up=6 climbs above the cgroup mount "));
+    assert_non_null(strstr(msg, "(the cgroup is 5 level(s) below it)"));
+}
+
+static void test_v1_fallback_and_empty_levels(void **state) {
+    (void)state;
+    slurm_v1_tree();
+    /* an older kernel without effective_cpus: cpuset.cpus is read */
+    put(TASK1 "cpuset.cpus", "6-7\n");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/" TASK1 "cpuset.effective_cpus", root);
+    assert_int_equal(unlink(path), 0);
+    expect_cpuset(0, 0, "6-7", TASK1 "cpuset.cpus");
+    /* an empty level defers to its parent */
+    put(TASK1 "cpuset.cpus", "\n");
+    expect_cpuset(0, 0, "0,4-11,21-26,30-46", STEP0 "cpuset.effective_cpus");
+    put(TASK1 "cpuset.effective_cpus", "");
+    put(STEP0 "cpuset.effective_cpus", "\n");
+    /* an empty effective set is not overridden by the same level's configured one (the kernel
+     * would not run tasks there): the parent decides */
+    put(STEP0 "cpuset.cpus", "8-9\n");
+    expect_cpuset(0, 0, "0-47", "sys/fs/cgroup/cpuset/slurm/uid_1000/job_42/cpuset.effective_cpus");
+}
+
+static void test_v1_noprefix(void **state) {
+    (void)state;
+    put("proc/self/cgroup", "1:cpuset:/job\n");
+    put("proc/self/mountinfo", "30 1 0:40 / /dev/cpuset rw - cgroup none rw,noprefix,cpuset\n");
+    put("dev/cpuset/job/cpuset.effective_cpus", "0\n"); /* not the noprefix name */
+    put("dev/cpuset/job/effective_cpus", "2-5\n");
+    expect_cpuset(0, 0, "2-5", "dev/cpuset/job/effective_cpus");
+}
+
+static void slurm_v2_tree(const char *controllers) {
+    put("proc/self/cgroup", "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n");
+    put("proc/self/mountinfo",
+        "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+        "25 22 0:23 / /sys/fs/cgroup rw,nosuid,nodev shared:4 - cgroup2 cgroup2 rw,nsdelegate\n");
+    put("sys/fs/cgroup/cgroup.controllers", controllers);
+    put("sys/fs/cgroup/cpuset.cpus.effective", "0-63\n");
+    put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/cpuset.cpus.effective", "0-31\n");
+    put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0/cpuset.cpus.effective",
+        "0-15,32-47\n");
+    /* cpuset is not enabled below the step: user/ and task_0/ have no cpuset files */
+    put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0/user/task_0/cgroup.procs", "");
+}
+
+#define V2STEP "sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0/"
+
+static void test_v2(void **state) {
+    (void)state;
+    slurm_v2_tree("cpuset cpu io memory hugetlb pids rdma misc\n");
+    expect_cpuset(0, 0, "0-15,32-47", V2STEP "cpuset.cpus.effective");
+    expect_cpuset(0, 2, "0-15,32-47", V2STEP "cpuset.cpus.effective");
+    expect_cpuset(0, 3, "0-31",
+                  "sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/cpuset.cpus.effective");
+    expect_cpuset(0, 6, "0-63", "sys/fs/cgroup/cpuset.cpus.effective");
+    expect_failure(0, 7, ZB_EINVAL);
+    /* no cpuset file anywhere up to the mount */
+    char path[1024];
+    const char *files[] = {
+        V2STEP "cpuset.cpus.effective",
+        "sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/cpuset.cpus.effective",
+        "sys/fs/cgroup/cpuset.cpus.effective"};
+    for (int i = 0; i < 3; ++i) {
+        snprintf(path, sizeof path, "%s/%s", root, files[i]);
+        assert_int_equal(unlink(path), 0);
+    }
+    const char *msg = expect_failure(0, 0, ZB_ESYS);
+    assert_non_null(strstr(msg, "no non-empty cpuset.cpus.effective in "));
+    assert_non_null(strstr(msg, "/step_0/user/task_0 or its ancestors up to the mount "));
+}
+
+static void test_v2_without_cpuset(void **state) {
+    (void)state;
+    slurm_v2_tree("cpu io memory pids\n");
+    char want[1024];
+    snprintf(want, sizeof want,
+             "no cpuset controller for this process: cpuset is not enabled in "
+             "%s/sys/fs/cgroup/cgroup.controllers",
+             root);
+    assert_string_equal(expect_failure(0, 0, ZB_ESYS), want);
+    /* zb_allowed_cpus falls back to the affinity alone */
+    hwloc_bitmap_t set = hwloc_bitmap_alloc(), aff = hwloc_bitmap_alloc();
+    char source[64];
+    assert_int_equal(zb_allowed_cpus(root, 0, set, source, sizeof source), ZB_OK);
+    affinity_of_self(aff);
+    assert_true(hwloc_bitmap_isequal(set, aff));
+    assert_string_equal(source, "sched_getaffinity");
+    hwloc_bitmap_free(set);
+    hwloc_bitmap_free(aff);
+}
+
+static void test_hybrid_v1_wins(void **state) {
+    (void)state;
+    slurm_v1_tree();
+    /* even if the v2 mount claims cpuset, the v1 cpuset hierarchy is the one read */
+    put("sys/fs/cgroup/unified/cgroup.controllers", "cpuset cpu\n");
+    put("sys/fs/cgroup/unified/user.slice/cpuset.cpus.effective", "1\n");
+    expect_cpuset(0, 0, "4-11", TASK1 "cpuset.effective_cpus");
+}
+
+static void test_hybrid_v2_cpuset(void **state) {
+    (void)state;
+    /* cpuset is not bound to any v1 hierarchy, and is enabled on the v2 one */
+    put("proc/self/cgroup", "5:memory:/a\n2:cpu,cpuacct:/a\n0::/job/step\n");
+    put("proc/self/mountinfo", hybrid_mountinfo);
+    put("sys/fs/cgroup/unified/cgroup.controllers", "cpuset\n");
+    put("sys/fs/cgroup/unified/job/step/cpuset.cpus.effective", "3,5\n");
+    put("sys/fs/cgroup/cpuset/job/step/cpuset.effective_cpus", "1\n");
+    expect_cpuset(0, 0, "3,5", "sys/fs/cgroup/unified/job/step/cpuset.cpus.effective");
+}
+
+static void test_subtree_mount(void **state) {
+    (void)state;
+    /* a container sees only /slurm of the cpuset hierarchy, mounted at /sys/fs/cgroup/cpuset;
+     * a mount of /slur elsewhere is not a prefix of /slurm/... component-wise */
+    put("proc/self/cgroup", "3:cpuset:/slurm/uid_0/job_7/step_2\n");
+    put("proc/self/mountinfo",
+        "50 40 0:31 /slur /decoy rw - cgroup cgroup rw,cpuset\n"
+        "51 40 0:31 /other /decoy2 rw - cgroup cgroup rw,cpuset\n"
+        "52 40 0:31 /slurm /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n");
+    put("decoy/m/uid_0/job_7/step_2/cpuset.effective_cpus", "1\n");
+    put("decoy2/uid_0/job_7/step_2/cpuset.effective_cpus", "1\n");
+    put("sys/fs/cgroup/cpuset/cpuset.effective_cpus", "0-127\n");
+    put("sys/fs/cgroup/cpuset/uid_0/job_7/step_2/cpuset.effective_cpus", "64,97-127\n");
+    expect_cpuset(0, 0, "64,97-127",
+                  "sys/fs/cgroup/cpuset/uid_0/job_7/step_2/cpuset.effective_cpus");
+    expect_cpuset(0, 1, "0-127", "sys/fs/cgroup/cpuset/cpuset.effective_cpus");
+    expect_cpuset(0, 3, "0-127", "sys/fs/cgroup/cpuset/cpuset.effective_cpus");
+    /* the hierarchy above the exposed sub-tree cannot be reached */
+    assert_non_null(strstr(expect_failure(0, 4, ZB_EINVAL), "(the cgroup is 3 level(s) below it)"));
+
+    /* a cgroup outside every mounted sub-tree: no usable controller */
+    put("proc/self/cgroup", "3:cpuset:/system/other\n");
+    char want[1024];
+    snprintf(want, sizeof want,
+             "no cpuset controller for this process: its cgroup v1 cpuset cgroup /system/other is "
+             "not under any cpuset mount in %s/proc/self/mountinfo",
+             root);
+    assert_string_equal(expect_failure(0, 0, ZB_ESYS), want);
+    /* a path outside the cgroup namespace */
+    put("proc/self/cgroup", "3:cpuset:/../../slurm/x\n");
+    expect_failure(0, 0, ZB_ESYS);
+}
+
+static void test_escaped_mount_point(void **state) {
+    (void)state;
+    put("proc/self/cgroup", "0::/a\n");
+    put("proc/self/mountinfo", "60 1 0:50 / /mnt/cg\\040v2\\134x rw - cgroup2 cgroup2 rw\n");
+    put("mnt/cg v2\\x/cgroup.controllers", "cpu cpuset\n");
+    put("mnt/cg v2\\x/a/cpuset.cpus.effective", "0-15,32-47\n");
+    expect_cpuset(0, 0, "0-15,32-47", "mnt/cg v2\\x/a/cpuset.cpus.effective");
+}
+
+static void test_pid_and_fsroot(void **state) {
+    (void)state;
+    put("proc/4242/cgroup", "0::/j\n");
+    put("proc/4242/mountinfo", "25 22 0:23 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+    put("sys/fs/cgroup/cgroup.controllers", "cpuset\n");
+    put("sys/fs/cgroup/j/cpuset.cpus.effective", "7\n");
+    expect_cpuset(4242, 0, "7", "sys/fs/cgroup/j/cpuset.cpus.effective");
+    /* trailing slashes on fsroot change nothing */
+    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    char with_slash[300], source[1024], want[1024];
+    snprintf(with_slash, sizeof with_slash, "%s//", root);
+    assert_int_equal(zb_cgroup_cpuset(with_slash, 4242, 0, set, source, sizeof source), ZB_OK);
+    snprintf(want, sizeof want, "%s/sys/fs/cgroup/j/cpuset.cpus.effective", root);
+    assert_string_equal(source, want);
+    /* a short source buffer is truncated and terminated; NULL is allowed */
+    char small[8];
+    assert_int_equal(zb_cgroup_cpuset(root, 4242, 0, set, small, sizeof small), ZB_OK);
+    assert_int_equal(strncmp(small, want, 7), 0);
+    assert_int_equal(strlen(small), 7);
+    assert_int_equal(zb_cgroup_cpuset(root, 4242, 0, set, NULL, 0), ZB_OK);
+    hwloc_bitmap_free(set);
+    /* no /proc/self in this root */
+    const char *msg = expect_failure(0, 0, ZB_ESYS);
+    assert_non_null(strstr(msg, "/proc/self/cgroup: No such file or directory"));
+    assert_int_equal(zb_cgroup_cpuset(root, 4242, 0, NULL, NULL, 0), ZB_EINVAL);
+    expect_failure(-5, 0, ZB_EINVAL);
+}
+
+static void test_no_controller_and_bad_content(void **state) {
+    (void)state;
+    put("proc/self/cgroup", "5:memory:/a\n");
+    put("proc/self/mountinfo", hybrid_mountinfo);
+    char want[1024];
+    snprintf(want, sizeof want,
+             "no cpuset controller for this process: %s/proc/self/cgroup lists neither a cpuset "
+             "nor a cgroup v2 hierarchy",
+             root);
+    assert_string_equal(expect_failure(0, 0, ZB_ESYS), want);
+
+    put("proc/self/cgroup", "3:cpuset:/bad\n");
+    put("sys/fs/cgroup/cpuset/bad/cpuset.effective_cpus", "0-3x\n");
+    snprintf(want, sizeof want,
+             "invalid cpu list in %s/sys/fs/cgroup/cpuset/bad/cpuset.effective_cpus '0-3x' at "
+             "character 4: expected ',' or '-' after a CPU number, found 'x'",
+             root);
+    assert_string_equal(expect_failure(0, 0, ZB_EINVAL), want);
+}
+
+static void test_allowed_intersects_affinity(void **state) {
+    (void)state;
+    hwloc_bitmap_t aff = hwloc_bitmap_alloc(), set = hwloc_bitmap_alloc();
+    affinity_of_self(aff);
+    /* the cgroup grants the first CPU we may run on and one we may not */
+    char list[64], source[1024], want[1024];
+    snprintf(list, sizeof list, "%d,65535\n", hwloc_bitmap_first(aff));
+    put("proc/self/cgroup", "3:cpuset:/\n");
+    put("proc/self/mountinfo", hybrid_mountinfo);
+    put("sys/fs/cgroup/cpuset/cpuset.effective_cpus", list);
+    assert_int_equal(zb_allowed_cpus(root, 0, set, source, sizeof source), ZB_OK);
+    assert_int_equal(hwloc_bitmap_weight(set), 1);
+    assert_int_equal(hwloc_bitmap_first(set), hwloc_bitmap_first(aff));
+    snprintf(want, sizeof want, "%s/sys/fs/cgroup/cpuset/cpuset.effective_cpus", root);
+    assert_string_equal(source, want);
+    hwloc_bitmap_free(aff);
+    hwloc_bitmap_free(set);
+}
+
+static void test_live_machine(void **state) {
+    (void)state;
+    hwloc_bitmap_t aff = hwloc_bitmap_alloc(), set = hwloc_bitmap_alloc();
+    affinity_of_self(aff);
+    char source[1024];
+    assert_int_equal(zb_allowed_cpus(NULL, 0, set, source, sizeof source), ZB_OK);
+    assert_true(hwloc_bitmap_isequal(set, aff));
+    assert_int_equal(zb_allowed_cpus("", getpid(), set, NULL, 0), ZB_OK);
+    assert_true(hwloc_bitmap_isequal(set, aff));
+    zb_status st = zb_cgroup_cpuset(NULL, 0, 0, set, source, sizeof source);
+    if (st == ZB_OK) {
+        /* the kernel keeps the affinity inside the cpuset */
+        assert_true(hwloc_bitmap_isincluded(aff, set));
+        assert_true(strstr(source, "/cpuset.effective_cpus") || strstr(source, "/cpuset.cpus") ||
+                    strstr(source, "/effective_cpus"));
+        print_message("this machine: cpuset from %s\n", source);
+    } else {
+        assert_int_equal(st, ZB_ESYS);
+        assert_non_null(strstr(zb_last_error(), "no cpuset controller"));
+        print_message("this machine: %s\n", zb_last_error());
+    }
+    hwloc_bitmap_free(aff);
+    hwloc_bitmap_free(set);
+}
+
+int main(void) {
+#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_v1_slurm_levels),
+        T(test_v1_fallback_and_empty_levels),
+        T(test_v1_noprefix),
+        T(test_v2),
+        T(test_v2_without_cpuset),
+        T(test_hybrid_v1_wins),
+        T(test_hybrid_v2_cpuset),
+        T(test_subtree_mount),
+        T(test_escaped_mount_point),
+        T(test_pid_and_fsroot),
+        T(test_no_controller_and_bad_content),
+        T(test_allowed_intersects_affinity),
+        T(test_live_machine),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
