@@ -199,6 +199,31 @@ unsigned zb_plan_nwarnings(const zb_plan_t *plan);
 /* Warning `index` (NULL if out of range), a full sentence naming the task(s) concerned. */
 const char *zb_plan_warning(const zb_plan_t *plan, unsigned index);
 
+/* ---- tuning profiles ---------------------------------------------------------------------- */
+
+typedef struct zb_profile zb_profile_t;
+
+/* A profile written by `zenbind tune`: per NUMA node (OS number), the Adam throughput measured on
+ * 1..n optimizer cores and the smallest count within 5% of the best (where memory bandwidth
+ * saturates). Text format in zenbind(1), section PROFILE FORMAT. */
+zb_status zb_profile_load(const char *path, zb_profile_t **out);
+void zb_profile_free(zb_profile_t *profile);
+/* Build a profile (what `zenbind tune` does): add each node's throughput on 1..ncounts cores
+ * (gb_per_s[i] for i+1 cores); its saturation is the smallest count within 5% of the best. Save
+ * writes a new file atomically (a temporary file renamed over `path`). */
+zb_status zb_profile_create(zb_profile_t **out);
+zb_status zb_profile_add_node(zb_profile_t *profile, unsigned node, const double *gb_per_s,
+                              unsigned ncounts);
+zb_status zb_profile_save(const zb_profile_t *profile, const char *path);
+/* Optimizer cores that saturate node `node` (0: the profile does not know that node). */
+unsigned zb_profile_saturation(const zb_profile_t *profile, unsigned node);
+/* Set options->opt_cores from the profile unless the options already fix the split (train= or
+ * opt= given): the tasks sharing a NUMA node share its saturating core count, so each gets
+ * ceil(saturation / tasks on that node), at least 1, the largest over the nodes the tasks use.
+ * Leaves options unchanged when the profile knows none of those nodes. */
+zb_status zb_profile_apply(const zb_profile_t *profile, const zb_topology_t *topology,
+                           hwloc_const_cpuset_t allowed, unsigned ntasks, zb_options *options);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,232 @@
+// Tuning profiles: where the Adam step saturates each NUMA node's memory bandwidth.
+//
+// File format (zenbind(1), PROFILE FORMAT): a first line "zenbind-profile 1", then one line per
+// NUMA node "node N saturate S gbps G1,G2,...,Gn" (Gi: GB/s on i optimizer cores); '#' starts a
+// comment line. Parsing is strict and bounded: the profile= key comes from users.
+#include "bitmap.hpp"
+#include "error.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+struct zb_profile {
+    struct Node {
+        unsigned saturation = 0;
+        std::vector<double> gb_per_s;
+    };
+    std::map<unsigned, Node> nodes;
+};
+
+namespace {
+
+constexpr double kWithinBest = 0.95; // "within 5% of the best"
+constexpr std::streamsize kMaxFileBytes = 1 << 20;
+constexpr unsigned kMaxCounts = 4096;
+constexpr unsigned kMaxNode = ZB_CPULIST_MAX_ID;
+
+unsigned saturation_of(const std::vector<double> &gbps) {
+    const double best = *std::max_element(gbps.begin(), gbps.end());
+    for (size_t i = 0; i < gbps.size(); ++i)
+        if (gbps[i] >= kWithinBest * best) return static_cast<unsigned>(i + 1);
+    return static_cast<unsigned>(gbps.size());
+}
+
+void check_gbps(const std::vector<double> &gbps, const std::string &where) {
+    if (gbps.empty() || gbps.size() > kMaxCounts)
+        zb::fail(ZB_EINVAL,
+                 where + ": expected 1 to " + std::to_string(kMaxCounts) + " throughput figures");
+    for (double g : gbps)
+        if (!std::isfinite(g) || g <= 0)
+            zb::fail(ZB_EINVAL, where + ": throughput figures must be positive numbers");
+}
+
+unsigned parse_uint(const std::string &word, unsigned max, const std::string &where) {
+    if (word.empty() || word.size() > 9 ||
+        word.find_first_not_of("0123456789") != std::string::npos)
+        zb::fail(ZB_EINVAL, where + ": '" + word + "' is not a whole number");
+    const unsigned long v = std::stoul(word);
+    if (v > max) zb::fail(ZB_EINVAL, where + ": " + word + " is out of range");
+    return static_cast<unsigned>(v);
+}
+
+std::vector<double> parse_gbps(const std::string &word, const std::string &where) {
+    std::vector<double> out;
+    std::stringstream ss(word);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        if (item.empty() || item.size() > 32 ||
+            item.find_first_not_of("0123456789.") != std::string::npos)
+            zb::fail(ZB_EINVAL, where + ": '" + item + "' is not a throughput in GB/s");
+        char *end = nullptr;
+        out.push_back(std::strtod(item.c_str(), &end));
+        if (*end != '\0') zb::fail(ZB_EINVAL, where + ": '" + item + "' is not a number");
+        if (out.size() > kMaxCounts) break;
+    }
+    check_gbps(out, where);
+    return out;
+}
+
+zb_profile::Node parse_node_line(const std::string &line, const std::string &where,
+                                 unsigned &node) {
+    std::istringstream in(line);
+    std::string kw_node, node_s, kw_sat, sat_s, kw_gbps, gbps_s, extra;
+    in >> kw_node >> node_s >> kw_sat >> sat_s >> kw_gbps >> gbps_s;
+    if (kw_node != "node" || kw_sat != "saturate" || kw_gbps != "gbps" || gbps_s.empty() ||
+        (in >> extra))
+        zb::fail(ZB_EINVAL, where + ": expected 'node N saturate S gbps G1,G2,...'");
+    node = parse_uint(node_s, kMaxNode, where);
+    zb_profile::Node n;
+    n.gb_per_s = parse_gbps(gbps_s, where);
+    n.saturation = parse_uint(sat_s, static_cast<unsigned>(n.gb_per_s.size()), where);
+    if (n.saturation == 0) zb::fail(ZB_EINVAL, where + ": saturate must be at least 1");
+    return n;
+}
+
+void load(const char *path, zb_profile &profile) {
+    if (!path || path[0] != '/') zb::fail(ZB_EINVAL, "profile path must be absolute");
+    std::ifstream file(path);
+    if (!file) zb::fail_errno(std::string("cannot open profile ") + path);
+    std::string text(static_cast<size_t>(kMaxFileBytes) + 1, '\0');
+    file.read(text.data(), kMaxFileBytes + 1);
+    text.resize(static_cast<size_t>(file.gcount()));
+    if (static_cast<std::streamsize>(text.size()) > kMaxFileBytes)
+        zb::fail(ZB_EINVAL, std::string("profile ") + path + " is larger than 1 MiB");
+
+    std::istringstream lines(text);
+    std::string line;
+    unsigned lineno = 0;
+    bool header = false;
+    while (std::getline(lines, line)) {
+        ++lineno;
+        const std::string where = std::string(path) + ":" + std::to_string(lineno);
+        if (line.empty() || line[0] == '#') continue;
+        if (!header) {
+            if (line != "zenbind-profile 1")
+                zb::fail(ZB_EINVAL,
+                         where + ": not a zenbind profile (expected 'zenbind-profile 1')");
+            header = true;
+            continue;
+        }
+        unsigned node = 0;
+        zb_profile::Node n = parse_node_line(line, where, node);
+        if (!profile.nodes.emplace(node, std::move(n)).second)
+            zb::fail(ZB_EINVAL, where + ": node " + std::to_string(node) + " appears twice");
+    }
+    if (!header) zb::fail(ZB_EINVAL, std::string("profile ") + path + " is empty");
+}
+
+void save(const zb_profile &profile, const char *path) {
+    if (!path || !*path) zb::fail(ZB_EINVAL, "profile path is empty");
+    const std::string tmp = std::string(path) + ".tmp." + std::to_string(getpid());
+    FILE *f = std::fopen(tmp.c_str(), "w");
+    if (!f) zb::fail_errno("cannot create " + tmp);
+    std::fprintf(f, "zenbind-profile 1\n# node N saturate S gbps G1,...,Gn: Adam GB/s on 1..n "
+                    "optimizer cores; S = fewest cores within 5%% of the best\n");
+    for (const auto &[node, n] : profile.nodes) {
+        std::fprintf(f, "node %u saturate %u gbps ", node, n.saturation);
+        for (size_t i = 0; i < n.gb_per_s.size(); ++i)
+            std::fprintf(f, "%s%.3f", i ? "," : "", n.gb_per_s[i]);
+        std::fputc('\n', f);
+    }
+    const bool ok = std::fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (std::fclose(f) != 0 || !ok) {
+        std::remove(tmp.c_str());
+        zb::fail_errno("cannot write " + tmp);
+    }
+    if (std::rename(tmp.c_str(), path) != 0) {
+        const int err = errno;
+        std::remove(tmp.c_str());
+        errno = err;
+        zb::fail_errno(std::string("cannot rename ") + tmp + " to " + path);
+    }
+}
+
+unsigned ceil_div(unsigned a, unsigned b) {
+    return (a + b - 1) / b;
+}
+
+void apply(const zb_profile &profile, hwloc_topology_t topo, hwloc_const_cpuset_t allowed,
+           unsigned ntasks, zb_options &options) {
+    if (options.set & (ZB_SET_OPT | ZB_SET_TRAIN)) return; // the user's split wins
+    if (ntasks == 0) zb::fail(ZB_EINVAL, "the task count must be at least 1");
+    std::vector<unsigned> used; // NUMA nodes (OS numbers) that hold allowed CPUs
+    for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr); n;
+         n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n))
+        if (n->cpuset && hwloc_bitmap_intersects(n->cpuset, allowed)) used.push_back(n->os_index);
+    if (used.empty()) return;
+    const unsigned per_node = ceil_div(ntasks, static_cast<unsigned>(used.size()));
+    unsigned opt = 0;
+    for (unsigned node : used) {
+        auto it = profile.nodes.find(node);
+        if (it != profile.nodes.end())
+            opt = std::max(opt, std::max(1u, ceil_div(it->second.saturation, per_node)));
+    }
+    if (opt) options.opt_cores = opt;
+}
+
+} // namespace
+
+extern "C" {
+
+zb_status zb_profile_load(const char *path, zb_profile_t **out) {
+    return zb::guard([&] {
+        if (!out) zb::fail(ZB_EINVAL, "zb_profile_load: out is NULL");
+        auto p = std::make_unique<zb_profile>();
+        load(path, *p);
+        *out = p.release();
+    });
+}
+
+zb_status zb_profile_create(zb_profile_t **out) {
+    return zb::guard([&] {
+        if (!out) zb::fail(ZB_EINVAL, "zb_profile_create: out is NULL");
+        *out = new zb_profile;
+    });
+}
+
+void zb_profile_free(zb_profile_t *profile) {
+    delete profile;
+}
+
+zb_status zb_profile_add_node(zb_profile_t *profile, unsigned node, const double *gb_per_s,
+                              unsigned ncounts) {
+    return zb::guard([&] {
+        if (!profile || !gb_per_s) zb::fail(ZB_EINVAL, "zb_profile_add_node: NULL argument");
+        if (node > kMaxNode) zb::fail(ZB_EINVAL, "zb_profile_add_node: node out of range");
+        std::vector<double> g(gb_per_s, gb_per_s + ncounts);
+        check_gbps(g, "node " + std::to_string(node));
+        profile->nodes[node] = {saturation_of(g), std::move(g)};
+    });
+}
+
+zb_status zb_profile_save(const zb_profile_t *profile, const char *path) {
+    return zb::guard([&] {
+        if (!profile) zb::fail(ZB_EINVAL, "zb_profile_save: profile is NULL");
+        save(*profile, path);
+    });
+}
+
+unsigned zb_profile_saturation(const zb_profile_t *profile, unsigned node) {
+    if (!profile) return 0;
+    auto it = profile->nodes.find(node);
+    return it == profile->nodes.end() ? 0 : it->second.saturation;
+}
+
+zb_status zb_profile_apply(const zb_profile_t *profile, const zb_topology_t *topology,
+                           hwloc_const_cpuset_t allowed, unsigned ntasks, zb_options *options) {
+    return zb::guard([&] {
+        if (!profile || !topology || !allowed || !options)
+            zb::fail(ZB_EINVAL, "zb_profile_apply: NULL argument");
+        apply(*profile, zb_topology_hwloc(topology), allowed, ntasks, *options);
+    });
+}
+}
