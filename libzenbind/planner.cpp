@@ -1,24 +1,362 @@
-// PLACEHOLDER from the skeleton commit: replaced by the issue that implements this module.
+// The planner: a pure function from (topology, allowed CPUs, local task count, options) to each
+// task's training and optimizer CPUs. Every task of a node computes the same plan and takes its
+// own share, so the rules below must be deterministic and must never read CPU-id order as a
+// topology: only hwloc's objects say which CPUs are siblings and which NUMA node holds them.
+//
+// 1. Cores: hwloc cores (PUs on machines without core objects) with at least one allowed PU; a
+//    core keeps only its allowed PUs. Whole cores go to one task.
+// 2. Sequence: cores grouped by NUMA node (nodes in topology order; numa=ignore: no grouping),
+//    in topology order inside a node. NUMA nodes without CPUs hold no cores.
+// 3. Shares: tasks take consecutive runs of the sequence, sizes floor(C/T) or that plus one; which
+//    tasks get the larger runs is chosen (dynamic programming) to minimise the NUMA boundaries
+//    crossed, so tasks that divide over the nodes get one node each. More tasks than cores: task
+//    i shares core i mod C.
+// 4. Inside a task: the optimizer gets its cores from the node holding most of the task's cores,
+//    the last ones in sequence order; training gets the rest with all their PUs.
+#include "bitmap.hpp"
+#include "cpulist.hpp"
 #include "error.hpp"
+#include "topology.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+struct zb_plan {
+    struct Task {
+        zb::Bitmap cpus, train, opt, nodes, mems;
+        unsigned train_threads = 0, opt_threads = 0, cores = 0;
+    };
+    std::vector<Task> tasks;
+    std::vector<std::string> warnings;
+};
+
+namespace {
+
+using zb::Bitmap;
+
+struct Core {
+    Bitmap pus;   // allowed PUs of the core
+    int node = 0; // index into the node list
+};
+
+struct Machine {
+    std::vector<unsigned> node_os; // home NUMA nodes (OS numbers), in topology order
+    std::vector<Core> seq;         // cores in planning order (rule 2)
+};
+
+// Groups per-task messages: the same text for tasks 0-7 becomes one warning "tasks 0-7: ...".
+class Warnings {
+  public:
+    void add(unsigned task, const std::string &text) {
+        for (auto &[t, tasks] : items_)
+            if (t == text) {
+                hwloc_bitmap_set(tasks, task);
+                return;
+            }
+        items_.emplace_back(text, Bitmap());
+        hwloc_bitmap_set(items_.back().second, task);
+    }
+    void add_global(const std::string &text) { global_.push_back(text); }
+    std::vector<std::string> take() {
+        std::vector<std::string> out = std::move(global_);
+        for (auto &[text, tasks] : items_)
+            out.push_back((hwloc_bitmap_weight(tasks) == 1 ? "task " : "tasks ") +
+                          zb::format_cpulist(tasks) + ": " + text);
+        return out;
+    }
+
+  private:
+    std::vector<std::pair<std::string, Bitmap>> items_;
+    std::vector<std::string> global_;
+};
+
+std::string list(hwloc_const_bitmap_t set) {
+    return zb::format_cpulist(set);
+}
+
+// A CPU's home node is the first NUMA node, in topology order, whose locality holds it. hwloc
+// gives memory-only nodes (HBM, CXL, NVM) the locality of the CPUs near them too, so ordinary
+// DRAM nodes (no subtype, or "DRAM") are preferred over them: tasks are placed on home nodes only.
+bool is_dram(hwloc_obj_t node) {
+    return !node->subtype || std::string(node->subtype) == "DRAM";
+}
+
+int home_node(const std::vector<hwloc_obj_t> &nodes, hwloc_const_cpuset_t pus) {
+    for (int pass = 0; pass < 2; ++pass)
+        for (size_t i = 0; i < nodes.size(); ++i)
+            if ((pass == 1 || is_dram(nodes[i])) && hwloc_bitmap_intersects(nodes[i]->cpuset, pus))
+                return static_cast<int>(i);
+    return -1;
+}
+
+Machine build_machine(hwloc_topology_t topo, hwloc_const_cpuset_t allowed, zb_numa numa) {
+    Machine m;
+    std::vector<hwloc_obj_t> nodes;
+    for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr); n;
+         n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n))
+        if (n->cpuset && !hwloc_bitmap_iszero(n->cpuset)) nodes.push_back(n);
+    for (hwloc_obj_t n : nodes)
+        m.node_os.push_back(n->os_index);
+    if (m.node_os.empty()) m.node_os.push_back(0); // no NUMA information: one node 0
+
+    std::vector<Core> cores;
+    const int depth = hwloc_get_type_or_below_depth(topo, HWLOC_OBJ_CORE);
+    for (hwloc_obj_t c = hwloc_get_next_obj_by_depth(topo, depth, nullptr); c;
+         c = hwloc_get_next_obj_by_depth(topo, depth, c)) {
+        Core core;
+        hwloc_bitmap_and(core.pus, c->cpuset, allowed);
+        if (hwloc_bitmap_iszero(core.pus)) continue;
+        core.node = std::max(0, home_node(nodes, core.pus));
+        cores.push_back(std::move(core));
+    }
+    if (numa != ZB_NUMA_IGNORE)
+        std::stable_sort(cores.begin(), cores.end(),
+                         [](const Core &a, const Core &b) { return a.node < b.node; });
+    m.seq = std::move(cores);
+    return m;
+}
+
+// Run lengths for `ntasks` tasks over the sequence (rule 3), fewest node boundaries crossed.
+std::vector<size_t> share_sizes(const std::vector<Core> &seq, size_t ntasks) {
+    const size_t total = seq.size(), base = total / ntasks, extra = total % ntasks;
+    std::vector<int> boundary(total + 1, 0); // boundaries before position p, prefix-summed
+    for (size_t p = 1; p < total; ++p)
+        boundary[p + 1] = boundary[p] + (seq[p].node != seq[p - 1].node ? 1 : 0);
+    const auto crossings = [&](size_t from, size_t len) {
+        return len == 0 ? 0 : boundary[from + len] - boundary[from + 1];
+    };
+    // best[i][e]: fewest crossings for the first i tasks having used e larger runs.
+    const size_t width = extra + 1;
+    std::vector<int> best((ntasks + 1) * width, INT_MAX);
+    std::vector<unsigned char> took((ntasks + 1) * width, 0);
+    best[0] = 0;
+    for (size_t i = 0; i < ntasks; ++i)
+        for (size_t e = 0; e <= std::min(i, extra); ++e) {
+            const int here = best[i * width + e];
+            if (here == INT_MAX) continue;
+            const size_t pos = i * base + e;
+            if (e < extra) { // larger run first: ties give earlier tasks the extra core
+                const int c = here + crossings(pos, base + 1);
+                if (c < best[(i + 1) * width + e + 1]) {
+                    best[(i + 1) * width + e + 1] = c;
+                    took[(i + 1) * width + e + 1] = 1;
+                }
+            }
+            const int c = here + crossings(pos, base);
+            if (c < best[(i + 1) * width + e]) {
+                best[(i + 1) * width + e] = c;
+                took[(i + 1) * width + e] = 0;
+            }
+        }
+    std::vector<size_t> sizes(ntasks);
+    for (size_t i = ntasks, e = extra; i > 0; --i) {
+        const bool larger = took[i * width + e];
+        sizes[i - 1] = base + (larger ? 1 : 0);
+        e -= larger ? 1 : 0;
+    }
+    return sizes;
+}
+
+struct Split {
+    unsigned train, opt; // train + opt <= k: explicit train= and opt= may leave cores idle
+};
+
+// How a task's `k` cores (k >= 2) divide between training and optimizer. May warn or fail.
+Split split_cores(unsigned k, const zb_options &o, unsigned task, Warnings &warn) {
+    const bool train_given = o.train_cores != 0 || o.train_fraction > 0;
+    unsigned train = 0;
+    if (o.train_cores) train = o.train_cores;
+    if (o.train_fraction > 0) train = static_cast<unsigned>(std::lround(o.train_fraction * k));
+    if (train_given && o.opt_cores) {
+        if (train + o.opt_cores > k)
+            zb::fail(ZB_EIMPOSSIBLE, "task " + std::to_string(task) + " has " + std::to_string(k) +
+                                         " cores, fewer than the " + std::to_string(train) +
+                                         " training + " + std::to_string(o.opt_cores) +
+                                         " optimizer cores asked for");
+        if (train + o.opt_cores < k)
+            warn.add(task, std::to_string(k - train - o.opt_cores) + " of its " +
+                               std::to_string(k) + " cores stay idle (train= and opt= leave them)");
+        return {train, o.opt_cores};
+    }
+    unsigned opt = k / 2; // DeepSpeed ZenFlow's default: half for training, the larger half
+    if (o.opt_cores) opt = o.opt_cores;
+    if (train_given) opt = train >= k ? 0 : k - train;
+    if (opt < 1 || opt > k - 1) {
+        const unsigned clamped = std::clamp(opt, 1u, k - 1);
+        warn.add(task, "the split asked for leaves " +
+                           std::string(opt < 1 ? "no optimizer core" : "no training core") +
+                           " out of " + std::to_string(k) + "; training gets " +
+                           std::to_string(k - clamped) + ", the optimizer " +
+                           std::to_string(clamped));
+        opt = clamped;
+    }
+    return {k - opt, opt};
+}
+
+// A task whose training and optimizer share one core (the degenerate cases): training may use
+// every PU of it, the optimizer's one thread its first PU.
+zb_plan::Task shared_core_task(const Machine &m, const Core &core) {
+    zb_plan::Task t;
+    t.cpus = t.train = core.pus;
+    hwloc_bitmap_only(t.opt, static_cast<unsigned>(hwloc_bitmap_first(core.pus)));
+    t.train_threads = t.opt_threads = t.cores = 1;
+    hwloc_bitmap_only(t.nodes, m.node_os[static_cast<size_t>(core.node)]);
+    t.mems = t.nodes;
+    return t;
+}
+
+zb_plan::Task make_task(const Machine &m, size_t first, size_t count, const zb_options &o,
+                        unsigned index, Warnings &warn) {
+    const auto begin = m.seq.begin() + static_cast<long>(first);
+    if (count == 1) {
+        warn.add(index, "a single core: training and optimizer share it");
+        return shared_core_task(m, *begin);
+    }
+    const unsigned k = static_cast<unsigned>(count);
+    const Split split = split_cores(k, o, index, warn);
+    const unsigned nopt = split.opt;
+
+    // Main node: most cores of the task; the first such in sequence order on a tie.
+    std::vector<unsigned> per_node(m.node_os.size(), 0);
+    for (size_t i = 0; i < count; ++i)
+        ++per_node[static_cast<size_t>(begin[i].node)];
+    const int main_node =
+        static_cast<int>(std::max_element(per_node.begin(), per_node.end()) - per_node.begin());
+
+    // Optimizer: the last cores of the main node, then the last of the others.
+    std::vector<bool> is_opt(count, false);
+    unsigned chosen = 0;
+    for (int pass = 0; pass < 2 && chosen < nopt; ++pass)
+        for (size_t i = count; i-- > 0 && chosen < nopt;)
+            if (!is_opt[i] && ((begin[i].node == main_node) == (pass == 0))) {
+                is_opt[i] = true;
+                ++chosen;
+            }
+
+    zb_plan::Task t;
+    t.cores = k;
+    unsigned trained = 0;
+    for (size_t i = 0; i < count; ++i) {
+        const Core &c = begin[i];
+        const unsigned node = m.node_os[static_cast<size_t>(c.node)];
+        if (is_opt[i] || trained < split.train) hwloc_bitmap_set(t.nodes, node);
+        if (is_opt[i]) {
+            hwloc_bitmap_set(t.mems, node);
+            const int first_pu = hwloc_bitmap_first(c.pus);
+            if (o.smt == ZB_SMT_OPT) {
+                hwloc_bitmap_or(t.opt, t.opt, c.pus);
+            } else {
+                hwloc_bitmap_set(t.opt, static_cast<unsigned>(first_pu));
+                if (o.smt == ZB_SMT_TRAIN) {
+                    Bitmap siblings(c.pus);
+                    hwloc_bitmap_clr(siblings, static_cast<unsigned>(first_pu));
+                    hwloc_bitmap_or(t.train, t.train, siblings);
+                }
+            }
+        } else if (trained < split.train) { // explicit train= + opt= may leave cores idle
+            hwloc_bitmap_or(t.train, t.train, c.pus);
+            ++trained;
+        }
+    }
+    t.train_threads = trained;
+    t.opt_threads = static_cast<unsigned>(hwloc_bitmap_weight(t.opt));
+    hwloc_bitmap_or(t.cpus, t.train, t.opt);
+    return t;
+}
+
+std::unique_ptr<zb_plan> compute(const zb_topology_t *topology, hwloc_const_cpuset_t allowed,
+                                 unsigned ntasks, const zb_options &o) {
+    hwloc_topology_t topo = topology->topo;
+    hwloc_const_cpuset_t all = hwloc_topology_get_topology_cpuset(topo);
+    if (ntasks == 0) zb::fail(ZB_EINVAL, "the task count must be at least 1");
+    if (hwloc_bitmap_iszero(allowed)) zb::fail(ZB_EINVAL, "the allowed CPU set is empty");
+    if (!hwloc_bitmap_isincluded(allowed, all)) {
+        Bitmap outside;
+        hwloc_bitmap_andnot(outside, allowed, all);
+        if (hwloc_bitmap_weight(outside) < 0)
+            zb::fail(ZB_EINVAL, "the allowed CPU set is infinite");
+        zb::fail(ZB_EINVAL,
+                 "CPUs " + list(outside) + " are not in the topology (" + list(all) + ")");
+    }
+    const Machine m = build_machine(topo, allowed, o.numa);
+    const size_t ncores = m.seq.size();
+    auto plan = std::make_unique<zb_plan>();
+    Warnings warn;
+
+    if (ntasks > ncores) {
+        warn.add_global(std::to_string(ntasks) + " tasks but only " + std::to_string(ncores) +
+                        (ncores == 1 ? " core" : " cores") +
+                        ": tasks share whole cores round-robin (task i gets core i mod " +
+                        std::to_string(ncores) +
+                        "), and each task's training and optimizer share its core");
+        for (unsigned i = 0; i < ntasks; ++i)
+            plan->tasks.push_back(shared_core_task(m, m.seq[i % ncores]));
+    } else {
+        const std::vector<size_t> sizes = share_sizes(m.seq, ntasks);
+        size_t first = 0;
+        for (unsigned i = 0; i < ntasks; ++i) {
+            plan->tasks.push_back(make_task(m, first, sizes[i], o, i, warn));
+            first += sizes[i];
+        }
+    }
+    for (unsigned i = 0; i < ntasks; ++i) {
+        const zb_plan::Task &t = plan->tasks[i];
+        if (o.numa == ZB_NUMA_STRICT && hwloc_bitmap_weight(t.nodes) > 1)
+            zb::fail(ZB_EIMPOSSIBLE,
+                     "numa=strict: task " + std::to_string(i) + " would span NUMA nodes " +
+                         list(t.nodes) + " (" + std::to_string(ncores) + " cores for " +
+                         std::to_string(ntasks) + " tasks on CPUs " + list(allowed) + ")");
+    }
+    plan->warnings = warn.take();
+    return plan;
+}
+
+} // namespace
 
 extern "C" {
-zb_status zb_plan_compute(const zb_topology_t *, hwloc_const_cpuset_t, unsigned, const zb_options *,
-                          zb_plan_t **) {
-    zb::set_last_error("not implemented yet");
-    return ZB_EINTERNAL;
+
+zb_status zb_plan_compute(const zb_topology_t *topology, hwloc_const_cpuset_t allowed,
+                          unsigned ntasks, const zb_options *options, zb_plan_t **out) {
+    return zb::guard([&] {
+        if (!topology || !allowed || !out) zb::fail(ZB_EINVAL, "zb_plan_compute: NULL argument");
+        zb_options defaults;
+        if (!options) {
+            zb_options_init(&defaults);
+            options = &defaults;
+        }
+        *out = compute(topology, allowed, ntasks, *options).release();
+    });
 }
-void zb_plan_free(zb_plan_t *) {}
-unsigned zb_plan_ntasks(const zb_plan_t *) {
-    return 0;
+
+void zb_plan_free(zb_plan_t *plan) {
+    delete plan;
 }
-zb_status zb_plan_task(const zb_plan_t *, unsigned, zb_task_plan *) {
-    zb::set_last_error("not implemented yet");
-    return ZB_EINTERNAL;
+
+unsigned zb_plan_ntasks(const zb_plan_t *plan) {
+    return plan ? static_cast<unsigned>(plan->tasks.size()) : 0;
 }
-unsigned zb_plan_nwarnings(const zb_plan_t *) {
-    return 0;
+
+zb_status zb_plan_task(const zb_plan_t *plan, unsigned index, zb_task_plan *out) {
+    return zb::guard([&] {
+        if (!plan || !out) zb::fail(ZB_EINVAL, "zb_plan_task: NULL argument");
+        if (index >= plan->tasks.size())
+            zb::fail(ZB_EINVAL, "task " + std::to_string(index) + " is not in the plan (" +
+                                    std::to_string(plan->tasks.size()) + " tasks)");
+        const zb_plan::Task &t = plan->tasks[index];
+        *out = {t.cpus, t.train, t.opt, t.nodes, t.mems, t.train_threads, t.opt_threads, t.cores};
+    });
 }
-const char *zb_plan_warning(const zb_plan_t *, unsigned) {
-    return nullptr;
+
+unsigned zb_plan_nwarnings(const zb_plan_t *plan) {
+    return plan ? static_cast<unsigned>(plan->warnings.size()) : 0;
+}
+
+const char *zb_plan_warning(const zb_plan_t *plan, unsigned index) {
+    if (!plan || index >= plan->warnings.size()) return nullptr;
+    return plan->warnings[index].c_str();
 }
 }

@@ -1,0 +1,368 @@
+/* The planner on the seed machines and on invariants over random inputs. */
+#include <zenbind/zenbind.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+/* node0 = CPUs 0-15,32-47, node1 = 16-31,48-63; siblings are c and c+32. */
+static const char *seed = "pack:2 [numa] core:16 pu:2(indexes=core:pack)";
+
+typedef struct {
+    zb_topology_t *topo;
+    zb_plan_t *plan;
+    zb_status status;
+} planned;
+
+static planned plan_for(const char *topology, const char *allowed_list, unsigned ntasks,
+                        const char *opts) {
+    planned p = {NULL, NULL, ZB_OK};
+    zb_options o;
+    hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
+    assert_int_equal(zb_topology_load_synthetic(topology, &p.topo), ZB_OK);
+    if (allowed_list)
+        assert_int_equal(zb_cpulist_parse(allowed_list, allowed), ZB_OK);
+    else
+        hwloc_bitmap_copy(allowed, zb_topology_cpuset(p.topo));
+    zb_options_init(&o);
+    assert_int_equal(zb_options_parse(&o, opts, ZB_SCOPE_USER), ZB_OK);
+    p.status = zb_plan_compute(p.topo, allowed, ntasks, &o, &p.plan);
+    hwloc_bitmap_free(allowed);
+    return p;
+}
+
+static void release(planned *p) {
+    zb_plan_free(p->plan);
+    zb_topology_free(p->topo);
+}
+
+static const char *fmt(hwloc_const_bitmap_t set) {
+    static char bufs[4][512];
+    static int next;
+    char *b = bufs[next++ % 4];
+    zb_cpulist_format(set, b, 512);
+    return b;
+}
+
+/* "train|opt|train_threads|opt_threads|mems" of one task, for compact assertions. */
+static const char *summary(const planned *p, unsigned task) {
+    static char buf[2048];
+    zb_task_plan t;
+    assert_int_equal(zb_plan_task(p->plan, task, &t), ZB_OK);
+    snprintf(buf, sizeof buf, "%s|%s|%u|%u|%s", fmt(t.train_cpus), fmt(t.opt_cpus), t.train_threads,
+             t.opt_threads, fmt(t.opt_mems));
+    return buf;
+}
+
+static int has_warning(const planned *p, const char *needle) {
+    for (unsigned i = 0; i < zb_plan_nwarnings(p->plan); ++i)
+        if (strstr(zb_plan_warning(p->plan, i), needle)) return 1;
+    return 0;
+}
+
+static void one_task_on_the_seed_machine(void **state) {
+    (void)state;
+    planned p = plan_for(seed, NULL, 1, "");
+    assert_int_equal(p.status, ZB_OK);
+    /* 32 cores, 16 for the optimizer: the last 16 of node 0 (its main node: a tie, the first) */
+    assert_string_equal(summary(&p, 0), "16-31,48-63|0-15|16|16|0");
+    release(&p);
+}
+
+static void two_tasks_get_one_numa_node_each(void **state) {
+    (void)state;
+    planned p = plan_for(seed, NULL, 2, "");
+    assert_int_equal(p.status, ZB_OK);
+    assert_string_equal(summary(&p, 0), "0-7,32-39|8-15|8|8|0");
+    assert_string_equal(summary(&p, 1), "16-23,48-55|24-31|8|8|1");
+    assert_int_equal(zb_plan_nwarnings(p.plan), 0);
+    release(&p);
+}
+
+static void eight_tasks_on_two_sockets_stay_inside_their_node(void **state) {
+    (void)state;
+    planned p = plan_for(seed, NULL, 8, "");
+    assert_int_equal(p.status, ZB_OK);
+    for (unsigned i = 0; i < 8; ++i) {
+        zb_task_plan t;
+        assert_int_equal(zb_plan_task(p.plan, i, &t), ZB_OK);
+        assert_int_equal(t.cores, 4);
+        assert_int_equal(hwloc_bitmap_weight(t.nodes), 1);
+        assert_int_equal(hwloc_bitmap_first(t.nodes), i < 4 ? 0 : 1);
+        assert_int_equal(t.train_threads, 2);
+        assert_int_equal(t.opt_threads, 2);
+    }
+    assert_string_equal(summary(&p, 0), "0-1,32-33|2-3|2|2|0");
+    assert_string_equal(summary(&p, 5), "20-21,52-53|22-23|2|2|1");
+    release(&p);
+}
+
+static void sparse_slurm_mask_never_leaves_the_allowed_cpus(void **state) {
+    (void)state;
+    /* node0: cores 0-14 (via 0,4-11 and siblings 32-46), node1: cores 21-26,30,31 */
+    planned p = plan_for(seed, "0,4-11,21-26,30-46", 2, "");
+    assert_int_equal(p.status, ZB_OK);
+    hwloc_bitmap_t allowed = hwloc_bitmap_alloc(), all = hwloc_bitmap_alloc();
+    zb_cpulist_parse("0,4-11,21-26,30-46", allowed);
+    for (unsigned i = 0; i < 2; ++i) {
+        zb_task_plan t;
+        zb_plan_task(p.plan, i, &t);
+        assert_true(hwloc_bitmap_isincluded(t.cpus, allowed));
+        assert_false(hwloc_bitmap_intersects(t.cpus, all));
+        hwloc_bitmap_or(all, all, t.cpus);
+    }
+    /* 23 cores: 12 + 11; task 0 fills node 0 (15 cores) - it cannot cross less than once */
+    zb_task_plan t0, t1;
+    zb_plan_task(p.plan, 0, &t0);
+    zb_plan_task(p.plan, 1, &t1);
+    assert_int_equal(t0.cores + t1.cores, 23);
+    assert_true(t0.cores == 12 || t0.cores == 11);
+    /* every allowed core serves a task (only SMT siblings of optimizer cores stay idle) */
+    hwloc_obj_t core = NULL;
+    hwloc_topology_t h = zb_topology_hwloc(p.topo);
+    while ((core = hwloc_get_next_obj_covering_cpuset_by_type(h, allowed, HWLOC_OBJ_CORE, core)))
+        assert_true(hwloc_bitmap_intersects(core->cpuset, all));
+    /* core 0's PUs are 0 and 32; 1-3 are not allowed, so 33-35 alone stand for cores 1-3 */
+    assert_true(hwloc_bitmap_isset(t0.cpus, 33));
+    assert_false(hwloc_bitmap_isset(t0.cpus, 1));
+    hwloc_bitmap_free(allowed);
+    hwloc_bitmap_free(all);
+    release(&p);
+}
+
+static void high_cpu_ids_of_a_big_machine(void **state) {
+    (void)state;
+    planned p = plan_for("pack:2 [numa] core:64 pu:1", "64,97-127", 1, "");
+    assert_int_equal(p.status, ZB_OK);
+    /* 32 cores on node 1, 16 each; the optimizer takes the last ones */
+    assert_string_equal(summary(&p, 0), "64,97-111|112-127|16|16|1");
+    release(&p);
+}
+
+static void smt_options(void **state) {
+    (void)state;
+    planned p = plan_for(seed, "0-3,32-35", 1, "smt=idle");
+    assert_string_equal(summary(&p, 0), "0-1,32-33|2-3|2|2|0");
+    release(&p);
+    p = plan_for(seed, "0-3,32-35", 1, "smt=train");
+    assert_string_equal(summary(&p, 0), "0-1,32-35|2-3|2|2|0");
+    release(&p);
+    p = plan_for(seed, "0-3,32-35", 1, "smt=opt");
+    assert_string_equal(summary(&p, 0), "0-1,32-33|2-3,34-35|2|4|0");
+    release(&p);
+}
+
+static void train_and_opt_options(void **state) {
+    (void)state;
+    planned p = plan_for(seed, "0-7", 1, "opt=2");
+    assert_string_equal(summary(&p, 0), "0-5|6-7|6|2|0");
+    release(&p);
+    p = plan_for(seed, "0-7", 1, "train=0.25");
+    assert_string_equal(summary(&p, 0), "0-1|2-7|2|6|0");
+    release(&p);
+    p = plan_for(seed, "0-7", 1, "train=3");
+    assert_string_equal(summary(&p, 0), "0-2|3-7|3|5|0");
+    release(&p);
+    p = plan_for(seed, "0-7", 1, "train=2,opt=3"); /* 3 cores idle, said so */
+    assert_string_equal(summary(&p, 0), "0-1|5-7|2|3|0");
+    assert_true(has_warning(&p, "3 of its 8 cores stay idle"));
+    release(&p);
+    p = plan_for(seed, "0-7", 1, "opt=20"); /* clamped: one core stays for training */
+    assert_string_equal(summary(&p, 0), "0|1-7|1|7|0");
+    assert_true(has_warning(&p, "no training core"));
+    release(&p);
+    p = plan_for(seed, "0-7", 1, "train=5,opt=5");
+    assert_int_equal(p.status, ZB_EIMPOSSIBLE);
+    assert_non_null(strstr(zb_last_error(), "8 cores"));
+    release(&p);
+}
+
+static void numa_strict_and_ignore(void **state) {
+    (void)state;
+    planned p = plan_for(seed, "0-23", 1, "numa=strict");
+    assert_int_equal(p.status, ZB_EIMPOSSIBLE);
+    assert_non_null(strstr(zb_last_error(), "numa=strict"));
+    release(&p);
+    p = plan_for(seed, "0-23", 2, "numa=strict"); /* 12 + 12 crosses once, unavoidably */
+    assert_int_equal(p.status, ZB_EIMPOSSIBLE);
+    release(&p);
+    p = plan_for(seed, NULL, 2, "numa=strict");
+    assert_int_equal(p.status, ZB_OK);
+    release(&p);
+    p = plan_for(seed, "0-23", 1, "numa=ignore");
+    assert_int_equal(p.status, ZB_OK);
+    release(&p);
+}
+
+static void interleaved_sockets_follow_the_topology_not_the_ids(void **state) {
+    (void)state;
+    /* node 0 = even CPUs, node 1 = odd CPUs */
+    planned p = plan_for("pack:2 [numa] core:4 pu:1(indexes=0,2,4,6,1,3,5,7)", NULL, 2, "");
+    assert_int_equal(p.status, ZB_OK);
+    assert_string_equal(summary(&p, 0), "0,2|4,6|2|2|0");
+    assert_string_equal(summary(&p, 1), "1,3|5,7|2|2|1");
+    release(&p);
+}
+
+static void memory_only_nodes_hold_no_tasks(void **state) {
+    (void)state;
+    /* each package: one NUMA node with CPUs plus an HBM-like node without */
+    planned p = plan_for("pack:2 [numa] [numa] core:4 pu:1", NULL, 2, "");
+    assert_int_equal(p.status, ZB_OK);
+    zb_task_plan t;
+    for (unsigned i = 0; i < 2; ++i) {
+        assert_int_equal(zb_plan_task(p.plan, i, &t), ZB_OK);
+        assert_int_equal(t.cores, 4);
+        assert_int_equal(hwloc_bitmap_weight(t.nodes), 1);
+    }
+    release(&p);
+}
+
+static void degenerate_cases_warn(void **state) {
+    (void)state;
+    planned p = plan_for(seed, "5", 1, "");
+    assert_int_equal(p.status, ZB_OK);
+    assert_string_equal(summary(&p, 0), "5|5|1|1|0");
+    release(&p);
+    p = plan_for(seed, "5,37", 1, ""); /* one core, both PUs: one optimizer thread on its first */
+    assert_string_equal(summary(&p, 0), "5,37|5|1|1|0");
+    assert_true(has_warning(&p, "single core"));
+    release(&p);
+    p = plan_for(seed, "0-1", 2, ""); /* each task its own core */
+    assert_string_equal(summary(&p, 0), "0|0|1|1|0");
+    assert_string_equal(summary(&p, 1), "1|1|1|1|0");
+    assert_true(has_warning(&p, "tasks 0-1: a single core"));
+    release(&p);
+    p = plan_for(seed, "0-1", 3, ""); /* more tasks than cores */
+    assert_string_equal(summary(&p, 2), "0|0|1|1|0");
+    assert_true(has_warning(&p, "3 tasks but only 2 cores"));
+    release(&p);
+}
+
+static void bad_input_is_refused_with_a_message(void **state) {
+    (void)state;
+    planned p = plan_for(seed, "0-70", 1, "");
+    assert_int_equal(p.status, ZB_EINVAL);
+    assert_string_equal(zb_last_error(), "CPUs 64-70 are not in the topology (0-63)");
+    release(&p);
+    p = plan_for(seed, "", 1, "");
+    assert_int_equal(p.status, ZB_EINVAL);
+    release(&p);
+    p = plan_for(seed, NULL, 0, "");
+    assert_int_equal(p.status, ZB_EINVAL);
+    release(&p);
+    zb_task_plan t;
+    p = plan_for(seed, NULL, 2, "");
+    assert_int_equal(zb_plan_task(p.plan, 2, &t), ZB_EINVAL);
+    assert_null(zb_plan_warning(p.plan, 99));
+    release(&p);
+}
+
+/* Invariants over many random masks, topologies, task counts and options. */
+static void invariants_hold_on_random_inputs(void **state) {
+    (void)state;
+    static const char *topologies[] = {"pack:2 [numa] core:16 pu:2(indexes=core:pack)",
+                                       "pack:2 [numa] core:8 pu:1",
+                                       "pack:4 [numa] core:3 pu:2",
+                                       "numa:2 pack:1 core:5 pu:4",
+                                       "core:6 pu:1",
+                                       "pack:2 [numa] [numa] core:4 pu:2"};
+    static const char *options[] = {"",      "smt=train",  "smt=opt",
+                                    "opt=1", "train=0.75", "numa=ignore"};
+    unsigned seedval = 12345;
+    for (int iter = 0; iter < 600; ++iter) {
+        const char *topo_s = topologies[iter % 6];
+        zb_topology_t *topo;
+        assert_int_equal(zb_topology_load_synthetic(topo_s, &topo), ZB_OK);
+        hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
+        int cpu;
+        hwloc_bitmap_foreach_begin(cpu, zb_topology_cpuset(topo)) {
+            seedval = seedval * 1103515245u + 12345u;
+            if ((seedval >> 16) % 3) hwloc_bitmap_set(allowed, (unsigned)cpu);
+        }
+        hwloc_bitmap_foreach_end();
+        if (hwloc_bitmap_iszero(allowed)) hwloc_bitmap_set(allowed, 0);
+        seedval = seedval * 1103515245u + 12345u;
+        const unsigned ntasks = 1 + (seedval >> 16) % 12;
+        zb_options o;
+        zb_options_init(&o);
+        zb_options_parse(&o, options[(iter / 6) % 6], ZB_SCOPE_USER);
+        zb_plan_t *a, *b;
+        assert_int_equal(zb_plan_compute(topo, allowed, ntasks, &o, &a), ZB_OK);
+        assert_int_equal(zb_plan_compute(topo, allowed, ntasks, &o, &b), ZB_OK);
+        assert_int_equal(zb_plan_ntasks(a), ntasks);
+
+        hwloc_topology_t h = zb_topology_hwloc(topo);
+        const int ncores = hwloc_get_nbobjs_inside_cpuset_by_type(h, allowed, HWLOC_OBJ_CORE);
+        hwloc_bitmap_t seen = hwloc_bitmap_alloc();
+        unsigned min_cores = ~0u, max_cores = 0;
+        for (unsigned i = 0; i < ntasks; ++i) {
+            zb_task_plan t, u;
+            zb_plan_task(a, i, &t);
+            zb_plan_task(b, i, &u);
+            /* deterministic */
+            assert_true(hwloc_bitmap_isequal(t.train_cpus, u.train_cpus));
+            assert_true(hwloc_bitmap_isequal(t.opt_cpus, u.opt_cpus));
+            /* inside the allowed set, train | opt = the task's CPUs */
+            assert_true(hwloc_bitmap_isincluded(t.cpus, allowed));
+            hwloc_bitmap_t both = hwloc_bitmap_alloc();
+            hwloc_bitmap_or(both, t.train_cpus, t.opt_cpus);
+            assert_true(hwloc_bitmap_isequal(both, t.cpus));
+            hwloc_bitmap_free(both);
+            assert_true(t.train_threads >= 1 && t.opt_threads >= 1);
+            assert_int_equal((int)t.opt_threads, hwloc_bitmap_weight(t.opt_cpus));
+            /* whole cores to one task: a task's CPUs never share a core with another's */
+            if ((int)ntasks <= ncores) {
+                hwloc_obj_t core = NULL;
+                while ((core = hwloc_get_next_obj_covering_cpuset_by_type(h, t.cpus, HWLOC_OBJ_CORE,
+                                                                          core))) {
+                    hwloc_bitmap_t mine = hwloc_bitmap_alloc();
+                    hwloc_bitmap_and(mine, core->cpuset, allowed);
+                    assert_false(hwloc_bitmap_intersects(mine, seen));
+                    hwloc_bitmap_free(mine);
+                }
+                /* training and optimizer cores are disjoint unless the task has one core */
+                if (t.cores > 1) assert_false(hwloc_bitmap_intersects(t.train_cpus, t.opt_cpus));
+            }
+            hwloc_bitmap_or(seen, seen, t.cpus);
+            if (t.cores < min_cores) min_cores = t.cores;
+            if (t.cores > max_cores) max_cores = t.cores;
+        }
+        assert_true(max_cores - min_cores <= 1); /* equal shares within one core */
+        /* nothing lost: every allowed core serves a task (smt=idle leaves only siblings idle) */
+        hwloc_obj_t core = NULL;
+        while (
+            (core = hwloc_get_next_obj_covering_cpuset_by_type(h, allowed, HWLOC_OBJ_CORE, core)))
+            assert_true(hwloc_bitmap_intersects(core->cpuset, seen));
+        hwloc_bitmap_free(seen);
+        zb_plan_free(a);
+        zb_plan_free(b);
+        hwloc_bitmap_free(allowed);
+        zb_topology_free(topo);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(one_task_on_the_seed_machine),
+        cmocka_unit_test(two_tasks_get_one_numa_node_each),
+        cmocka_unit_test(eight_tasks_on_two_sockets_stay_inside_their_node),
+        cmocka_unit_test(sparse_slurm_mask_never_leaves_the_allowed_cpus),
+        cmocka_unit_test(high_cpu_ids_of_a_big_machine),
+        cmocka_unit_test(smt_options),
+        cmocka_unit_test(train_and_opt_options),
+        cmocka_unit_test(numa_strict_and_ignore),
+        cmocka_unit_test(interleaved_sockets_follow_the_topology_not_the_ids),
+        cmocka_unit_test(memory_only_nodes_hold_no_tasks),
+        cmocka_unit_test(degenerate_cases_warn),
+        cmocka_unit_test(bad_input_is_refused_with_a_message),
+        cmocka_unit_test(invariants_hold_on_random_inputs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
