@@ -1,0 +1,293 @@
+// `zenbind tune`: find, on each NUMA node of this machine, how many optimizer cores saturate its
+// memory bandwidth for the Adam step, and write a profile the plugin's profile= key reads.
+//
+// For each node with allowed CPUs: buffers several times larger than the node's caches are
+// placed on that node, then the real Adam kernel runs on 1..n of its physical cores (one pinned
+// thread per core). The saturation point is the fewest cores within 5% of the best throughput;
+// past it, more optimizer threads only add synchronisation (zb_profile_add_node applies the rule).
+#include "tune.hpp"
+
+#include <zenbind/zenbind.h>
+
+#include "adam.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numa.h>
+#include <omp.h>
+#include <sched.h>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct TuneArgs {
+    std::string output;
+    size_t elements = 0; // 0: sized from the node's caches
+    unsigned steps = 5;
+    unsigned max_cores = 0; // 0: every core of the node
+    bool json = false;
+};
+
+constexpr size_t kMinElements = size_t(16) << 20; // 16 Mi elements = 256 MiB of fp32 state
+constexpr size_t kBytesPerElement = 28;           // fp32 AdamW: read p,g,m,v, write p,m,v
+
+int usage_error(const char *message) {
+    std::fprintf(stderr, "zenbind tune: %s\n", message);
+    std::fprintf(stderr, "usage: zenbind tune --output FILE [--elements N] [--steps K] "
+                         "[--max-cores N] [--json]\n");
+    return 2;
+}
+
+bool parse_count(const char *text, size_t max, size_t &out) {
+    if (!text || !*text || std::strspn(text, "0123456789") != std::strlen(text) ||
+        std::strlen(text) > 12)
+        return false;
+    out = std::strtoull(text, nullptr, 10);
+    return out >= 1 && out <= max;
+}
+
+int parse_args(int argc, char **argv, TuneArgs &a) {
+    for (int i = 0; i < argc; ++i) {
+        const std::string arg = argv[i];
+        const char *value = i + 1 < argc ? argv[i + 1] : nullptr;
+        size_t n = 0;
+        if (arg == "--json") {
+            a.json = true;
+            continue;
+        }
+        if (arg != "--output" && arg != "--elements" && arg != "--steps" && arg != "--max-cores")
+            return usage_error(("unknown argument '" + arg + "'").c_str());
+        if (!value) return usage_error((arg + " needs a value").c_str());
+        ++i;
+        if (arg == "--output") {
+            a.output = value;
+        } else if (arg == "--elements") {
+            if (!parse_count(value, size_t(1) << 34, n))
+                return usage_error("--elements takes a count from 1 to 2^34");
+            a.elements = n;
+        } else if (arg == "--steps") {
+            if (!parse_count(value, 1000, n)) return usage_error("--steps takes 1 to 1000");
+            a.steps = static_cast<unsigned>(n);
+        } else {
+            if (!parse_count(value, 4096, n)) return usage_error("--max-cores takes 1 to 4096");
+            a.max_cores = static_cast<unsigned>(n);
+        }
+    }
+    if (a.output.empty()) return usage_error("--output FILE is required");
+    return 0;
+}
+
+// One CPU (the first allowed hardware thread) of each physical core of `node`.
+std::vector<unsigned> node_core_cpus(hwloc_topology_t topo, hwloc_obj_t node,
+                                     hwloc_const_cpuset_t allowed) {
+    std::vector<unsigned> cpus;
+    const int depth = hwloc_get_type_or_below_depth(topo, HWLOC_OBJ_CORE);
+    for (hwloc_obj_t core = hwloc_get_next_obj_by_depth(topo, depth, nullptr); core;
+         core = hwloc_get_next_obj_by_depth(topo, depth, core)) {
+        if (!hwloc_bitmap_isincluded(core->cpuset, node->cpuset)) continue;
+        hwloc_bitmap_t mine = hwloc_bitmap_dup(core->cpuset);
+        hwloc_bitmap_and(mine, mine, allowed);
+        const int first = hwloc_bitmap_first(mine);
+        hwloc_bitmap_free(mine);
+        if (first >= 0) cpus.push_back(static_cast<unsigned>(first));
+    }
+    return cpus;
+}
+
+// Bytes of the last-level caches that serve `node`'s CPUs.
+size_t node_cache_bytes(hwloc_topology_t topo, hwloc_obj_t node) {
+    size_t bytes = 0;
+    for (hwloc_obj_type_t t : {HWLOC_OBJ_L3CACHE, HWLOC_OBJ_L2CACHE}) {
+        for (hwloc_obj_t c = hwloc_get_next_obj_by_type(topo, t, nullptr); c;
+             c = hwloc_get_next_obj_by_type(topo, t, c))
+            if (c->cpuset && hwloc_bitmap_intersects(c->cpuset, node->cpuset))
+                bytes += c->attr->cache.size;
+        if (bytes) break;
+    }
+    return bytes;
+}
+
+// fp32 Adam state on one NUMA node; pages placed there by libnuma and touched by pinned threads.
+class NodeBuffers {
+  public:
+    NodeBuffers(size_t n, unsigned node) : n_(n) {
+        for (float *&p : arrays_) {
+            p = static_cast<float *>(numa_alloc_onnode(n * sizeof(float), static_cast<int>(node)));
+            if (!p) throw std::bad_alloc();
+        }
+    }
+    ~NodeBuffers() {
+        for (float *p : arrays_)
+            numa_free(p, n_ * sizeof(float));
+    }
+    NodeBuffers(const NodeBuffers &) = delete;
+    NodeBuffers &operator=(const NodeBuffers &) = delete;
+
+    zf::AdamTensor tensor(const zf::AdamHyper *hyper) const {
+        zf::AdamTensor t;
+        t.param = arrays_[0];
+        t.grad = arrays_[1];
+        t.exp_avg = arrays_[2];
+        t.exp_avg_sq = arrays_[3];
+        t.n = n_;
+        t.hyper = hyper;
+        return t;
+    }
+    size_t size() const { return n_; }
+    float *array(int i) const { return arrays_[i]; }
+
+  private:
+    size_t n_;
+    float *arrays_[4] = {};
+};
+
+void pin_self(unsigned cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    sched_setaffinity(0, sizeof set, &set);
+}
+
+// Throughput in GB/s of the Adam step on cpus[0..count), median of `steps` timed steps.
+double measure(const NodeBuffers &buf, const std::vector<unsigned> &cpus, unsigned count,
+               unsigned steps) {
+    zf::AdamHyper hyper;
+    hyper.weight_decay = 0.01f;
+    const zf::AdamTensor tensor = buf.tensor(&hyper);
+    zf::AdamBatch batch;
+    batch.tensors = &tensor;
+    batch.count = 1;
+    std::vector<double> seconds;
+    for (unsigned s = 0; s <= steps; ++s) { // step 0 warms up
+        hyper.step = s + 1;
+        const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(static_cast <int>(count))
+        {
+            pin_self(cpus[static_cast<size_t>(omp_get_thread_num())]);
+            zf::adam_step_in_team(batch);
+        }
+        const auto t1 = std::chrono::steady_clock::now();
+        if (s > 0) seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
+    }
+    std::sort(seconds.begin(), seconds.end());
+    const double median = seconds[seconds.size() / 2];
+    return static_cast<double>(buf.size() * kBytesPerElement) / median / 1e9;
+}
+
+void first_touch(const NodeBuffers &buf, const std::vector<unsigned> &cpus) {
+    const size_t n = buf.size();
+#pragma omp parallel num_threads(static_cast <int>(cpus.size()))
+    {
+        pin_self(cpus[static_cast<size_t>(omp_get_thread_num())]);
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < n; ++i) {
+            buf.array(0)[i] = 1.0f;
+            buf.array(1)[i] = 1e-3f;
+            buf.array(2)[i] = 0.0f;
+            buf.array(3)[i] = 0.0f;
+        }
+    }
+}
+
+struct NodeResult {
+    unsigned node;
+    std::vector<unsigned> cpus;
+    std::vector<double> gbps;
+    size_t elements;
+};
+
+int run(const TuneArgs &a) {
+    zb_topology_t *topology = nullptr;
+    hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
+    zb_profile_t *profile = nullptr;
+    int rc = 1;
+    std::vector<NodeResult> results;
+    if (numa_available() < 0) {
+        std::fprintf(stderr, "zenbind tune: libnuma reports no NUMA support on this machine\n");
+    } else if (zb_topology_load(&topology) != ZB_OK ||
+               zb_allowed_cpus(nullptr, 0, allowed, nullptr, 0) != ZB_OK ||
+               zb_profile_create(&profile) != ZB_OK) {
+        std::fprintf(stderr, "zenbind tune: %s\n", zb_last_error());
+    } else {
+        hwloc_topology_t topo = zb_topology_hwloc(topology);
+        rc = 0;
+        for (hwloc_obj_t node = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr);
+             node && rc == 0; node = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, node)) {
+            std::vector<unsigned> cpus = node_core_cpus(topo, node, allowed);
+            if (cpus.empty()) continue; // memory-only node, or none of its CPUs are ours
+            if (a.max_cores && cpus.size() > a.max_cores) cpus.resize(a.max_cores);
+            size_t elements = a.elements;
+            if (!elements) elements = std::max(kMinElements, 4 * node_cache_bytes(topo, node) / 16);
+            NodeResult r{node->os_index, cpus, {}, elements};
+            if (!a.json)
+                std::fprintf(stderr, "zenbind tune: node %u, %zu cores, %zu elements (%.0f MiB)\n",
+                             r.node, cpus.size(), elements,
+                             static_cast<double>(elements * 16) / (1 << 20));
+            NodeBuffers buf(elements, r.node);
+            first_touch(buf, cpus);
+            for (unsigned c = 1; c <= cpus.size(); ++c) {
+                r.gbps.push_back(measure(buf, cpus, c, a.steps));
+                if (!a.json) std::fprintf(stderr, "  %3u cores  %8.2f GB/s\n", c, r.gbps.back());
+            }
+            if (zb_profile_add_node(profile, r.node, r.gbps.data(),
+                                    static_cast<unsigned>(r.gbps.size())) != ZB_OK) {
+                std::fprintf(stderr, "zenbind tune: %s\n", zb_last_error());
+                rc = 1;
+            }
+            results.push_back(std::move(r));
+        }
+        if (rc == 0 && results.empty()) {
+            std::fprintf(stderr, "zenbind tune: no NUMA node holds an allowed CPU\n");
+            rc = 1;
+        }
+        if (rc == 0 && zb_profile_save(profile, a.output.c_str()) != ZB_OK) {
+            std::fprintf(stderr, "zenbind tune: %s\n", zb_last_error());
+            rc = 1;
+        }
+    }
+    if (rc == 0) {
+        if (a.json) {
+            std::printf("{\"profile\": \"%s\", \"isa\": \"%s\", \"nodes\": [", a.output.c_str(),
+                        zf::isa_name(zf::active_isa()));
+            for (size_t i = 0; i < results.size(); ++i) {
+                const NodeResult &r = results[i];
+                std::printf("%s{\"node\": %u, \"elements\": %zu, \"saturate\": %u, \"gb_per_s\": [",
+                            i ? ", " : "", r.node, r.elements,
+                            zb_profile_saturation(profile, r.node));
+                for (size_t c = 0; c < r.gbps.size(); ++c)
+                    std::printf("%s%.3f", c ? ", " : "", r.gbps[c]);
+                std::printf("]}");
+            }
+            std::printf("]}\n");
+        } else {
+            std::printf("%-6s %-8s %-10s %s\n", "node", "cores", "saturate", "best GB/s");
+            for (const NodeResult &r : results)
+                std::printf("%-6u %-8zu %-10u %.2f\n", r.node, r.cpus.size(),
+                            zb_profile_saturation(profile, r.node),
+                            *std::max_element(r.gbps.begin(), r.gbps.end()));
+            std::printf("profile written to %s\n", a.output.c_str());
+        }
+    }
+    zb_profile_free(profile);
+    zb_topology_free(topology);
+    hwloc_bitmap_free(allowed);
+    return rc;
+}
+
+} // namespace
+
+int zb_cli_tune(int argc, char **argv) {
+    TuneArgs a;
+    if (int rc = parse_args(argc, argv, a)) return rc;
+    try {
+        return run(a);
+    } catch (const std::bad_alloc &) {
+        std::fprintf(stderr, "zenbind tune: cannot allocate the node-local buffers; try a "
+                             "smaller --elements\n");
+        return 1;
+    }
+}
