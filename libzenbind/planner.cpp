@@ -139,7 +139,7 @@ std::vector<size_t> share_sizes(const std::vector<Core> &seq, size_t ntasks) {
             const int here = best[i * width + e];
             if (here == INT_MAX) continue;
             const size_t pos = i * base + e;
-            if (e < extra) { // larger run first: ties give earlier tasks the extra core
+            if (e < extra) { // on a tie the path found first stays: deterministic
                 const int c = here + crossings(pos, base + 1);
                 if (c < best[(i + 1) * width + e + 1]) {
                     best[(i + 1) * width + e + 1] = c;

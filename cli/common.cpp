@@ -1,0 +1,48 @@
+#include "common.hpp"
+
+#include <cstdio>
+
+namespace cli {
+
+int error(int status, const std::string &message) {
+    std::fprintf(stderr, "zenbind: %s\n", message.c_str());
+    return status;
+}
+
+int zb_error(int status, const std::string &what) {
+    return error(status, what + ": " + zb_last_error());
+}
+
+std::string cpulist(hwloc_const_bitmap_t set) {
+    const int n = zb_cpulist_format(set, nullptr, 0);
+    if (n < 0) return "infinite";
+    std::string out(static_cast<size_t>(n) + 1, '\0');
+    zb_cpulist_format(set, out.data(), out.size());
+    out.resize(static_cast<size_t>(n));
+    return out;
+}
+
+std::string json_string(const std::string &text) {
+    std::string out = "\"";
+    for (unsigned char c : text) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += static_cast<char>(c);
+        } else if (c < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\u%04x", c);
+            out += buf;
+        } else {
+            out += static_cast<char>(c);
+        }
+    }
+    return out + "\"";
+}
+
+bool take_value(int argc, char **argv, int &i, std::string &value) {
+    if (i + 1 >= argc) return false;
+    value = argv[++i];
+    return true;
+}
+
+} // namespace cli

@@ -1,0 +1,24 @@
+// Shared pieces of the zenbind subcommands: errors, cpu lists as text, JSON strings, topology.
+#pragma once
+
+#include <zenbind/zenbind.h>
+
+#include <string>
+
+namespace cli {
+
+// Exit statuses of every subcommand.
+inline constexpr int kOk = 0, kRuntime = 1, kUsage = 2;
+
+// "zenbind: <message>" on stderr; returns `status` so callers can `return error(...)`.
+int error(int status, const std::string &message);
+// The same with zb_last_error() appended after ": ".
+int zb_error(int status, const std::string &what);
+
+std::string cpulist(hwloc_const_bitmap_t set);
+std::string json_string(const std::string &text);
+
+// Reads the value of flag argv[i] into `value`, advancing i; false if it is missing.
+bool take_value(int argc, char **argv, int &i, std::string &value);
+
+} // namespace cli

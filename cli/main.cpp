@@ -1,0 +1,67 @@
+// zenbind: preview and inspect zenflow-bind's core plans (zenbind(1)).
+#include "commands.hpp"
+#include "common.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace {
+
+struct Command {
+    const char *name;
+    int (*run)(int, char **);
+    const char *usage;
+};
+
+const Command commands[] = {
+    {"plan", cli::cmd_plan,
+     "zenbind plan --tasks N [--synthetic STRING | --topology FILE.xml] [--cpuset LIST]\n"
+     "             [--options OPTS] [--json]\n"
+     "  What each of N local tasks gets: training and optimizer CPUs, thread counts, NUMA\n"
+     "  nodes. Default: this machine and this process's allowed CPUs."},
+    {"show", cli::cmd_show,
+     "zenbind show\n"
+     "  This process's allowed CPUs, the cgroup file they came from, and the topology by NUMA\n"
+     "  node."},
+};
+
+void usage(FILE *to) {
+    std::fprintf(to, "usage: zenbind COMMAND [ARGS]   (zenbind help COMMAND, man zenbind)\n\n");
+    for (const Command &c : commands)
+        std::fprintf(to, "%s\n\n", c.usage);
+}
+
+const Command *find(const char *name) {
+    for (const Command &c : commands)
+        if (std::strcmp(c.name, name) == 0) return &c;
+    return nullptr;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return cli::kUsage;
+    }
+    const std::string first = argv[1];
+    if (first == "--help" || first == "-h" || (first == "help" && argc == 2)) {
+        usage(stdout);
+        return cli::kOk;
+    }
+    if (first == "--version") {
+        std::printf("zenbind %s\n", zb_version());
+        return cli::kOk;
+    }
+    if (first == "help") {
+        const Command *c = find(argv[2]);
+        if (!c) return cli::error(cli::kUsage, std::string("no command '") + argv[2] + "'");
+        std::printf("%s\n", c->usage);
+        return cli::kOk;
+    }
+    const Command *c = find(argv[1]);
+    if (!c)
+        return cli::error(cli::kUsage, "unknown command '" + first + "' (commands: plan, show)");
+    return c->run(argc - 2, argv + 2);
+}
