@@ -35,6 +35,7 @@ struct State {
     Resolved resolved{};
     bool active = false; // this step binds its tasks
     zb_topology_t *topology = nullptr;
+    zb_profile_t *profile = nullptr;
     std::string setup_error; // from user_init, reported by each task
 };
 
@@ -145,8 +146,15 @@ ZB_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int, char **) {
         if (batch_like && !s.resolved.options.batch) return 0;
         s.active = true;
         // Once per step, in slurmstepd; every forked task inherits it.
-        if (zb_topology_load(&s.topology) != ZB_OK)
+        if (zb_topology_load(&s.topology) != ZB_OK) {
             s.setup_error = std::string("cannot load the topology: ") + zb_last_error();
+            return 0;
+        }
+        // Read with the user's identity (user_init runs after slurmstepd dropped privileges):
+        // the path is the user's, so root must not open it on the user's behalf.
+        const char *path = s.resolved.options.profile;
+        if (*path && zb_profile_load(path, &s.profile) != ZB_OK)
+            s.setup_error = std::string("cannot load profile=") + path + ": " + zb_last_error();
         return 0;
     });
 }
@@ -174,7 +182,7 @@ ZB_SPANK_EXPORT int slurm_spank_task_init(spank_t sp, int, char **) {
         if (!cpus) return failed(s, task, "out of memory");
         if (!step_cpus(sp, s.topology, job_id, step_id, cpus.get(), task.step_cpus_source, error))
             return failed(s, task, error);
-        if (!bind_task(sp, s.topology, cpus.get(), s.resolved.options, task, error))
+        if (!bind_task(sp, s.topology, s.profile, cpus.get(), s.resolved.options, task, error))
             return failed(s, task, error);
         return 0;
     });
@@ -182,6 +190,8 @@ ZB_SPANK_EXPORT int slurm_spank_task_init(spank_t sp, int, char **) {
 
 ZB_SPANK_EXPORT int slurm_spank_exit(spank_t, int, char **) {
     State &s = state();
+    zb_profile_free(s.profile);
+    s.profile = nullptr;
     zb_topology_free(s.topology);
     s.topology = nullptr;
     return 0;

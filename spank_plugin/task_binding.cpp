@@ -83,8 +83,14 @@ void tell_user(const std::string &line) {
     }
 }
 
-bool bind_task(spank_t sp, const zb_topology_t *topology, hwloc_const_bitmap_t step_cpus,
-               const zb_options &options, const TaskInfo &task, std::string &error) {
+bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *profile,
+               hwloc_const_bitmap_t step_cpus, const zb_options &given, const TaskInfo &task,
+               std::string &error) {
+    zb_options options = given;
+    if (profile && zb_profile_apply(profile, topology, step_cpus, task.ntasks, &options) != ZB_OK) {
+        error = std::string("cannot apply profile=") + options.profile + ": " + zb_last_error();
+        return false;
+    }
     zb_plan_t *raw = nullptr;
     if (zb_plan_compute(topology, step_cpus, task.ntasks, &options, &raw) != ZB_OK) {
         error = std::string("no plan for ") + std::to_string(task.ntasks) + " task(s) on CPUs " +

@@ -19,8 +19,10 @@ struct TaskInfo {
     std::string step_cpus_source; // for the verbose line
 };
 
-bool bind_task(spank_t sp, const zb_topology_t *topology, hwloc_const_bitmap_t step_cpus,
-               const zb_options &options, const TaskInfo &task, std::string &error);
+// `profile` (may be null) sets the optimizer core count unless the options fix the split.
+bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *profile,
+               hwloc_const_bitmap_t step_cpus, const zb_options &options, const TaskInfo &task,
+               std::string &error);
 
 // One line to the user's stderr (the task's, in remote context), written at once.
 void tell_user(const std::string &line);

@@ -233,19 +233,33 @@ class PluginOnSlurm(ClusterCase):
         self.assertIn("frobnicate", p.stderr)
 
     def test_onerror_fail_and_warn(self):
-        # Three optimizer cores per task cannot fit in two.
+        # Two training plus two optimizer cores cannot fit in two.
         self.plugstack("onerror=fail")
-        tasks, p = self.tasks("-n1", "-c2", "--zenflow-bind=opt=3", check=False)
+        tasks, p = self.tasks("-n1", "-c2", "--zenflow-bind=train=2,opt=2", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertNotIn(0, tasks, "onerror=fail: the task must not run")
         self.assertIn("error", p.stderr)
         self.plugstack(None)
         plain, _ = self.tasks("-n1", "-c2")
         self.plugstack("onerror=warn")
-        tasks, p = self.tasks("-n1", "-c2", "--zenflow-bind=opt=3")
+        tasks, p = self.tasks("-n1", "-c2", "--zenflow-bind=train=2,opt=2")
         self.assertEqual(tasks[0].affinity, plain[0].affinity, "left as Slurm bound it")
         self.assertEqual(tasks[0].train, "unset")
         self.assertIn("warning", p.stderr)
+
+    def test_profile_sets_optimizer_cores_and_a_missing_one_is_reported(self):
+        profile = os.path.join(self.dir, "node.profile")
+        with open(profile, "w") as f:
+            f.write("zenbind-profile 1\nnode 0 saturate 1 gbps 10.000,10.100\n")
+        tasks, _ = self.tasks("-n1", "-c2", f"--zenflow-bind=profile={profile}")
+        self.assertIn("opt=1", tasks[0].options, "the profile chose the optimizer cores")
+        self.assertEqual(len(cpus(tasks[0].opt)), 1)
+        self.plugstack("onerror=fail")
+        missing = os.path.join(self.dir, "missing.profile")
+        tasks, p = self.tasks("-n1", "-c2", f"--zenflow-bind=profile={missing}", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertNotIn(0, tasks)
+        self.assertIn(missing, p.stderr)
 
 
 class TwoNodes(ClusterCase):
