@@ -1,6 +1,5 @@
 #include "step_cpus.hpp"
 
-#include <fstream>
 #include <memory>
 
 namespace zbspank {
@@ -17,21 +16,6 @@ std::string step_dir_name(uint32_t step_id) {
     default:
         return "step_" + std::to_string(step_id);
     }
-}
-
-// This process's cpuset cgroup path: the v1 cpuset hierarchy, else the v2 unified one.
-std::string own_cpuset_cgroup() {
-    std::ifstream in("/proc/self/cgroup");
-    std::string line, unified;
-    for (int n = 0; n < 256 && std::getline(in, line); ++n) {
-        const auto a = line.find(':');
-        const auto b = a == std::string::npos ? a : line.find(':', a + 1);
-        if (b == std::string::npos) continue;
-        const std::string controllers = "," + line.substr(a + 1, b - a - 1) + ",";
-        if (controllers.find(",cpuset,") != std::string::npos) return line.substr(b + 1);
-        if (line.compare(0, a, "0") == 0 && controllers == ",,") unified = line.substr(b + 1);
-    }
-    return unified;
 }
 
 // Slurm numbers a node's cores 0..sockets*cores-1 in its credential, socket by socket, which is
@@ -70,22 +54,23 @@ bool alloc_cores_to_cpus(spank_t sp, const zb_topology_t *topology, hwloc_bitmap
 
 bool step_cpus(spank_t sp, const zb_topology_t *topology, uint32_t job_id, uint32_t step_id,
                hwloc_bitmap_t out, std::string &source, std::string &error) {
-    const std::string path = own_cpuset_cgroup();
-    const std::string step = "/job_" + std::to_string(job_id) + "/" + step_dir_name(step_id);
-    const auto at = path.find(step);
-    if (at != std::string::npos) {
-        // 22.05 on cgroup v1 puts the tasks in .../step_S itself; v2 goes on to
-        // .../step_S/user/task_T, whose parent inherits the step's effective cpuset.
-        const auto leaf = path.rfind('/');
-        const unsigned up = path.compare(leaf + 1, 5, "task_") == 0 ? 1 : 0;
-        char file[512];
-        if (zb_cgroup_cpuset(nullptr, 0, up, out, file, sizeof file) != ZB_OK) {
-            error = std::string("cannot read the step's cpuset cgroup ") + path + ": " +
+    // The task's cpuset cgroup, as libzenbind finds it; it is the step's when its directory is
+    // .../job_J/step_S (22.05 on cgroup v1 puts tasks there) or .../job_J/step_S/user/task_T
+    // (cgroup v2, where the task inherits the step's effective cpuset: read the step above).
+    char file[4096];
+    const std::string step = "/job_" + std::to_string(job_id) + "/" + step_dir_name(step_id) + "/";
+    if (zb_cgroup_cpuset(nullptr, 0, 0, out, file, sizeof file) == ZB_OK &&
+        std::string(file).find(step) != std::string::npos) {
+        const std::string dir = std::string(file).substr(0, std::string(file).rfind('/'));
+        const bool task_level = dir.compare(dir.rfind('/') + 1, 5, "task_") == 0;
+        if (task_level && zb_cgroup_cpuset(nullptr, 0, 1, out, file, sizeof file) != ZB_OK) {
+            error = std::string("cannot read the step's cpuset cgroup above ") + dir + ": " +
                     zb_last_error();
             return false;
         }
         source = file;
     } else {
+        // No cpuset cgroup for the step (task/affinity alone): what Slurm says the step owns.
         if (!alloc_cores_to_cpus(sp, topology, out, error)) return false;
         source = "S_STEP_ALLOC_CORES";
     }

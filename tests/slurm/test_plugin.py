@@ -131,6 +131,13 @@ class PluginOnSlurm(ClusterCase):
         for i in (0, 1):
             self.assertTrue(any(f" task {i} " in l and "train" in l and "optimizer" in l
                                 and "NUMA" in l for l in lines), p.stderr)
+        # Where the step's CPUs came from: its cpuset cgroup under task/cgroup, else Slurm's
+        # allocation (task/affinity alone leaves tasks in the root cpuset).
+        for l in lines:
+            if TASK_PLUGIN == "cgroup":
+                self.assertRegex(l, r"from /\S+/job_\d+/step_\d+/cpuset\.effective_cpus$")
+            else:
+                self.assertTrue(l.endswith("from S_STEP_ALLOC_CORES"), l)
 
     def test_without_option_slurm_binding_is_unchanged(self):
         for args in (["-n2", "-c1"], ["-n1", "-c2"]):
