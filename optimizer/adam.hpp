@@ -19,10 +19,10 @@ struct AdamHyper {
     float beta2 = 0.999f;
     float eps = 1e-8f;
     float weight_decay = 0.0f;
-    bool adamw = true;           // decoupled weight decay (AdamW) or L2 added to the gradient (Adam)
+    bool adamw = true; // decoupled weight decay (AdamW) or L2 added to the gradient (Adam)
     bool bias_correction = true;
-    int64_t step = 1;            // 1-based step number, for bias correction
-    float grad_scale = 1.0f;     // multiplies every gradient (unscaling and clipping in the same pass)
+    int64_t step = 1;        // 1-based step number, for bias correction
+    float grad_scale = 1.0f; // multiplies every gradient (unscaling and clipping in the same pass)
 };
 
 // One tensor. grad points to elements of the batch's GradType; copy_out (may be null) to elements
@@ -54,6 +54,11 @@ uint64_t adam_step(const AdamBatch &batch, int threads);
 // same batch and takes its own slice (the worker keeps one pinned team alive across steps).
 // Returns this thread's count of non-finite gradients.
 uint64_t adam_step_in_team(const AdamBatch &batch);
+
+// The elements [lo, hi) of the concatenation of a batch's tensors that `thread` of `threads`
+// updates. Boundaries are multiples of 16 elements, so neighbouring threads do not share the
+// cache lines of aligned buffers; callers that first-touch memory use it to place pages.
+void adam_slice(size_t total, int thread, int threads, size_t &lo, size_t &hi);
 
 Isa best_isa();          // what this CPU supports
 Isa active_isa();        // what adam_step uses now

@@ -1,0 +1,136 @@
+// AVX-512F path (compiled with -mavx512f -mfma -mf16c): 16 elements per iteration. The tail runs
+// the same body on a zero-padded copy, so every element takes the same instructions.
+// No standard-library templates here: their out-of-line copies could be picked by the linker for
+// code that runs on CPUs without AVX-512.
+#include "adam_kernels.hpp"
+
+#include <immintrin.h>
+#include <string.h>
+
+namespace zf::detail {
+namespace {
+
+constexpr size_t W = 16;
+
+template <GradType G> inline __m512 load_grad(const void *grad, size_t i) {
+    if constexpr (G == GradType::f32) {
+        return _mm512_loadu_ps(static_cast<const float *>(grad) + i);
+    } else {
+        const __m256i h = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i *>(static_cast<const uint16_t *>(grad) + i));
+        if constexpr (G == GradType::bf16)
+            return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        else
+            return _mm512_cvtph_ps(h);
+    }
+}
+
+inline __m256i to_bf16(__m512 p) {
+    const __m512i u = _mm512_castps_si512(p);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    const __m512i rounded =
+        _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                           _mm512_and_si512(hi, _mm512_set1_epi32(1))),
+                          16);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const __m512i r = _mm512_mask_or_epi32(rounded, nan, hi, _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+struct Ptrs {
+    float *param;
+    const void *grad;
+    float *m;
+    float *v;
+    void *copy;
+    float *stale;
+};
+
+// Returns the lanes whose scaled gradient is not finite.
+template <GradType G, CopyType C> inline unsigned body(const Ptrs &t, const Consts &c, size_t i) {
+    __m512 g = _mm512_mul_ps(load_grad<G>(t.grad, i), _mm512_set1_ps(c.grad_scale));
+    const __mmask16 finite =
+        _mm512_cmp_ps_mask(_mm512_abs_ps(g), _mm512_set1_ps(__builtin_inff()), _CMP_LT_OQ);
+    __m512 p = _mm512_loadu_ps(t.param + i);
+    if (c.adamw)
+        p = _mm512_mul_ps(p, _mm512_set1_ps(c.decay));
+    else
+        g = _mm512_fmadd_ps(_mm512_set1_ps(c.l2), p, g);
+    const __m512 m =
+        _mm512_fmadd_ps(_mm512_set1_ps(c.one_minus_beta1), g,
+                        _mm512_mul_ps(_mm512_set1_ps(c.beta1), _mm512_loadu_ps(t.m + i)));
+    const __m512 v =
+        _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta2), g), g,
+                        _mm512_mul_ps(_mm512_set1_ps(c.beta2), _mm512_loadu_ps(t.v + i)));
+    const __m512 d =
+        _mm512_fmadd_ps(_mm512_sqrt_ps(v), _mm512_set1_ps(c.inv_bias2_sqrt), _mm512_set1_ps(c.eps));
+    p = _mm512_fmadd_ps(_mm512_set1_ps(c.neg_step_size), _mm512_div_ps(m, d), p);
+    _mm512_storeu_ps(t.param + i, p);
+    _mm512_storeu_ps(t.m + i, m);
+    _mm512_storeu_ps(t.v + i, v);
+    if constexpr (C == CopyType::bf16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(static_cast<uint16_t *>(t.copy) + i),
+                            to_bf16(p));
+    else if constexpr (C == CopyType::f16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(static_cast<uint16_t *>(t.copy) + i),
+                            _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (t.stale) _mm512_storeu_ps(t.stale + i, p);
+    return static_cast<unsigned>(static_cast<__mmask16>(~finite));
+}
+
+template <GradType G, CopyType C>
+uint64_t run(const AdamTensor &t, const Consts &c, size_t lo, size_t hi) {
+    const Ptrs ptrs{t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.copy_out, t.stale};
+    uint64_t bad = 0;
+    size_t i = lo;
+    for (; i + W <= hi; i += W)
+        bad += static_cast<uint64_t>(__builtin_popcount(body<G, C>(ptrs, c, i)));
+    const size_t r = hi - i;
+    if (r == 0) return bad;
+    constexpr size_t gsize = G == GradType::f32 ? 4 : 2;
+    alignas(64) float p[W] = {}, m[W] = {}, v[W] = {}, s[W];
+    alignas(64) unsigned char g[W * 4] = {};
+    alignas(64) uint16_t cp[W];
+    memcpy(p, t.param + i, r * 4);
+    memcpy(m, t.exp_avg + i, r * 4);
+    memcpy(v, t.exp_avg_sq + i, r * 4);
+    memcpy(g, static_cast<const unsigned char *>(t.grad) + i * gsize, r * gsize);
+    const unsigned lanes = (1u << r) - 1;
+    bad += static_cast<uint64_t>(
+        __builtin_popcount(body<G, C>(Ptrs{p, g, m, v, cp, t.stale ? s : nullptr}, c, 0) & lanes));
+    memcpy(t.param + i, p, r * 4);
+    memcpy(t.exp_avg + i, m, r * 4);
+    memcpy(t.exp_avg_sq + i, v, r * 4);
+    if constexpr (C != CopyType::none) memcpy(static_cast<uint16_t *>(t.copy_out) + i, cp, r * 2);
+    if (t.stale) memcpy(t.stale + i, s, r * 4);
+    return bad;
+}
+
+template <GradType G>
+uint64_t run_copy(const AdamTensor &t, const Consts &c, CopyType cp, size_t lo, size_t hi) {
+    switch (cp) {
+    case CopyType::bf16:
+        return run<G, CopyType::bf16>(t, c, lo, hi);
+    case CopyType::f16:
+        return run<G, CopyType::f16>(t, c, lo, hi);
+    default:
+        return run<G, CopyType::none>(t, c, lo, hi);
+    }
+}
+
+} // namespace
+
+uint64_t range_avx512(const AdamTensor &t, const Consts &c, GradType g, CopyType cp, size_t lo,
+                      size_t hi) {
+    switch (g) {
+    case GradType::bf16:
+        return run_copy<GradType::bf16>(t, c, cp, lo, hi);
+    case GradType::f16:
+        return run_copy<GradType::f16>(t, c, cp, lo, hi);
+    default:
+        return run_copy<GradType::f32>(t, c, cp, lo, hi);
+    }
+}
+
+} // namespace zf::detail

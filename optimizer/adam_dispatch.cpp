@@ -1,0 +1,140 @@
+// The public entry points: per-tensor constants, thread slices over the concatenated elements, and
+// the choice of kernel at run time (one binary for every x86-64 node).
+#include "adam_kernels.hpp"
+
+#include <atomic>
+#include <cmath>
+#include <omp.h>
+
+namespace zf {
+namespace {
+
+Isa detect() {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return Isa::avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return Isa::avx2;
+    return Isa::scalar;
+}
+
+std::atomic<Isa> &forced() {
+    static std::atomic<Isa> isa{best_isa()};
+    return isa;
+}
+
+detail::RangeKernel kernel_for(Isa isa) {
+    switch (isa) {
+    case Isa::avx512:
+        return detail::range_avx512;
+    case Isa::avx2:
+        return detail::range_avx2;
+    default:
+        return detail::range_scalar;
+    }
+}
+
+} // namespace
+
+namespace detail {
+
+Consts make_consts(const AdamHyper &h) {
+    const double lr = h.lr, b1 = h.beta1, b2 = h.beta2, wd = h.weight_decay;
+    double bias1 = 1.0, bias2 = 1.0;
+    if (h.bias_correction) {
+        bias1 = 1.0 - std::pow(b1, static_cast<double>(h.step));
+        bias2 = 1.0 - std::pow(b2, static_cast<double>(h.step));
+    }
+    Consts c{};
+    c.grad_scale = h.grad_scale;
+    c.adamw = h.adamw;
+    c.decay = h.adamw ? static_cast<float>(1.0 - lr * wd) : 1.0f;
+    c.l2 = h.adamw ? 0.0f : h.weight_decay;
+    c.beta1 = h.beta1;
+    c.one_minus_beta1 = static_cast<float>(1.0 - b1);
+    c.beta2 = h.beta2;
+    c.one_minus_beta2 = static_cast<float>(1.0 - b2);
+    c.neg_step_size = static_cast<float>(-lr / bias1);
+    c.inv_bias2_sqrt = static_cast<float>(1.0 / std::sqrt(bias2));
+    c.eps = h.eps;
+    return c;
+}
+
+} // namespace detail
+
+void adam_slice(size_t total, int thread, int threads, size_t &lo, size_t &hi) {
+    const size_t chunks = (total + 15) / 16, t = static_cast<size_t>(thread);
+    const size_t n = threads > 0 ? static_cast<size_t>(threads) : 1;
+    lo = chunks * t / n * 16;
+    hi = chunks * (t + 1) / n * 16;
+    if (lo > total) lo = total;
+    if (hi > total) hi = total;
+}
+
+uint64_t adam_step_in_team(const AdamBatch &batch) {
+    size_t total = 0;
+    for (size_t k = 0; k < batch.count; ++k)
+        total += batch.tensors[k].n;
+    size_t lo, hi;
+    adam_slice(total, omp_get_thread_num(), omp_get_num_threads(), lo, hi);
+    const detail::RangeKernel kernel = kernel_for(active_isa());
+    uint64_t bad = 0;
+    const AdamHyper *last = nullptr;
+    bool have = false;
+    detail::Consts c{};
+    size_t base = 0;
+    for (size_t k = 0; k < batch.count && base < hi; ++k) {
+        const AdamTensor &t = batch.tensors[k];
+        const size_t end = base + t.n;
+        if (end > lo) {
+            if (!have || t.hyper != last) {
+                static const AdamHyper defaults{};
+                c = detail::make_consts(t.hyper ? *t.hyper : defaults);
+                last = t.hyper;
+                have = true;
+            }
+            const size_t a = lo > base ? lo - base : 0, b = (hi < end ? hi : end) - base;
+            bad += kernel(t, c, batch.grad, batch.copy, a, b);
+        }
+        base = end;
+    }
+    return bad;
+}
+
+uint64_t adam_step(const AdamBatch &batch, int threads) {
+    uint64_t bad = 0;
+    const int n = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel num_threads(n) reduction(+ : bad)
+    bad += adam_step_in_team(batch);
+    return bad;
+}
+
+Isa best_isa() {
+    static const Isa isa = detect();
+    return isa;
+}
+
+Isa active_isa() {
+    return forced().load(std::memory_order_relaxed);
+}
+
+void force_isa(Isa isa) {
+    forced().store(static_cast<int>(isa) > static_cast<int>(best_isa()) ? best_isa() : isa,
+                   std::memory_order_relaxed);
+}
+
+const char *isa_name(Isa isa) {
+    switch (isa) {
+    case Isa::avx512:
+        return "avx512";
+    case Isa::avx2:
+        return "avx2";
+    case Isa::scalar:
+        return "scalar";
+    }
+    return "unknown";
+}
+
+} // namespace zf

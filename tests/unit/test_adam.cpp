@@ -1,0 +1,399 @@
+// The Adam/AdamW kernels: every ISA path and thread count gives the scalar path's bits; the scalar
+// path agrees with a double-precision torch-style reference; non-finite gradients are counted;
+// copy-outs are correctly rounded; the gradient scale and both weight decays behave as torch's.
+#include "adam.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <omp.h>
+#include <vector>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+extern "C" { // Debian's cmocka.h has no C++ guard
+#include <cmocka.h>
+}
+
+namespace {
+
+using zf::AdamBatch;
+using zf::AdamHyper;
+using zf::AdamTensor;
+using zf::CopyType;
+using zf::GradType;
+using zf::Isa;
+
+uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+double uniform() { // [-1, 1)
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<double>(rng_state >> 11) * 0x1p-52 - 1.0;
+}
+
+uint32_t bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+
+// Independent encoders for the test inputs (truncation is fine for inputs: any value will do).
+uint16_t bf16_trunc(float f) {
+    return static_cast<uint16_t>(bits(f) >> 16);
+}
+
+double f16_value(uint16_t h) {
+    const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    const double sign = (h & 0x8000) ? -1.0 : 1.0;
+    if (exp == 0x1f) return mant ? NAN : sign * INFINITY;
+    if (exp == 0) return sign * std::ldexp(mant, -24);
+    return sign * std::ldexp(1024 + mant, exp - 25);
+}
+
+double bf16_value(uint16_t h) {
+    const uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t f16_trunc(float f) { // largest magnitude not above |f| (binary search over the codes)
+    const double a = std::fabs(static_cast<double>(f));
+    uint16_t lo = 0, hi = 0x7bff;
+    while (lo < hi) {
+        const uint16_t mid = static_cast<uint16_t>((lo + hi + 1) / 2);
+        if (f16_value(mid) <= a)
+            lo = mid;
+        else
+            hi = static_cast<uint16_t>(mid - 1);
+    }
+    return static_cast<uint16_t>(lo | (f < 0 ? 0x8000 : 0));
+}
+
+size_t grad_size(GradType g) {
+    return g == GradType::f32 ? 4 : 2;
+}
+
+// A batch of tensors with its state, copied so every run starts from the same bits.
+struct Problem {
+    GradType gtype = GradType::f32;
+    CopyType ctype = CopyType::none;
+    bool stale = false;
+    std::vector<size_t> lengths;
+    std::vector<std::vector<float>> param, m, v, stale_out;
+    std::vector<std::vector<unsigned char>> grad;
+    std::vector<std::vector<uint16_t>> copy;
+    std::vector<AdamHyper> hypers;
+
+    Problem(std::vector<size_t> lens, GradType g, CopyType c, bool s)
+        : gtype(g), ctype(c), stale(s), lengths(std::move(lens)) {
+        hypers.resize(3);
+        hypers[0].weight_decay = 0.01f; // AdamW
+        hypers[1].adamw = false;        // Adam with L2
+        hypers[1].weight_decay = 0.1f;
+        hypers[1].grad_scale = 0.5f;
+        hypers[2].bias_correction = false;
+        hypers[2].lr = 3e-2f;
+        hypers[2].grad_scale = 1.0f / 1024;
+        for (size_t n : lengths) {
+            param.emplace_back(n);
+            m.emplace_back(n);
+            v.emplace_back(n);
+            stale_out.emplace_back(s ? n : 0);
+            copy.emplace_back(c == CopyType::none ? 0 : n);
+            grad.emplace_back(n * grad_size(g));
+            for (size_t i = 0; i < n; ++i) {
+                param.back()[i] = static_cast<float>(uniform());
+                m.back()[i] = static_cast<float>(uniform() * 1e-2);
+                v.back()[i] = static_cast<float>(std::fabs(uniform()) * 1e-4);
+            }
+        }
+        new_grads();
+    }
+
+    void new_grads() {
+        for (size_t k = 0; k < lengths.size(); ++k)
+            for (size_t i = 0; i < lengths[k]; ++i) {
+                const float x = static_cast<float>(uniform() * (i % 5 == 0 ? 1e-6 : 1e-1));
+                unsigned char *dst = grad[k].data() + i * grad_size(gtype);
+                if (gtype == GradType::f32)
+                    std::memcpy(dst, &x, 4);
+                else {
+                    const uint16_t h = gtype == GradType::bf16 ? bf16_trunc(x) : f16_trunc(x);
+                    std::memcpy(dst, &h, 2);
+                }
+            }
+    }
+
+    std::vector<AdamTensor> tensors() {
+        std::vector<AdamTensor> ts;
+        for (size_t k = 0; k < lengths.size(); ++k)
+            ts.push_back({param[k].data(), grad[k].data(), m[k].data(), v[k].data(),
+                          copy[k].empty() ? nullptr : copy[k].data(),
+                          stale ? stale_out[k].data() : nullptr, lengths[k], &hypers[k % 3]});
+        return ts;
+    }
+
+    uint64_t step(int threads) {
+        const auto ts = tensors();
+        const uint64_t bad = zf::adam_step(AdamBatch{gtype, ctype, ts.data(), ts.size()}, threads);
+        for (auto &h : hypers)
+            ++h.step;
+        return bad;
+    }
+};
+
+// Equal bits, except that any two NaNs are equal (payloads are not part of the contract).
+bool same(float a, float b) {
+    return bits(a) == bits(b) || (std::isnan(a) && std::isnan(b));
+}
+
+void assert_same(const Problem &a, const Problem &b) {
+    for (size_t k = 0; k < a.lengths.size(); ++k)
+        for (size_t i = 0; i < a.lengths[k]; ++i) {
+            if (!same(a.param[k][i], b.param[k][i]) || !same(a.m[k][i], b.m[k][i]) ||
+                !same(a.v[k][i], b.v[k][i]))
+                fail_msg("tensor %zu element %zu: param %a vs %a, m %a vs %a, v %a vs %a", k, i,
+                         static_cast<double>(a.param[k][i]), static_cast<double>(b.param[k][i]),
+                         static_cast<double>(a.m[k][i]), static_cast<double>(b.m[k][i]),
+                         static_cast<double>(a.v[k][i]), static_cast<double>(b.v[k][i]));
+            if (!a.copy[k].empty() && a.copy[k][i] != b.copy[k][i])
+                fail_msg("tensor %zu element %zu: copy %#x vs %#x", k, i, a.copy[k][i],
+                         b.copy[k][i]);
+            if (a.stale && bits(a.stale_out[k][i]) != bits(b.param[k][i]))
+                fail_msg("tensor %zu element %zu: stale differs from param", k, i);
+        }
+}
+
+const Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512};
+
+void test_bit_identical(void **) {
+    const std::vector<size_t> lengths{0, 1, 7, 15, 17, 1000003, 3, 33};
+    for (GradType g : {GradType::f32, GradType::bf16, GradType::f16})
+        for (CopyType c : {CopyType::none, CopyType::bf16, CopyType::f16})
+            for (bool stale : {false, true}) {
+                rng_state = 42;
+                const Problem start(lengths, g, c, stale);
+                Problem ref = start;
+                zf::force_isa(Isa::scalar);
+                ref.step(1);
+                ref.new_grads();
+                ref.step(1);
+                for (Isa isa : kIsas)
+                    for (int threads : {1, 2, 3}) {
+                        if (isa == Isa::scalar && threads == 1) continue;
+                        zf::force_isa(isa);
+                        Problem p = start;
+                        p.step(threads);
+                        p.grad = ref.grad; // the second step's gradients
+                        p.step(threads);
+                        assert_same(ref, p);
+                    }
+            }
+    zf::force_isa(zf::best_isa());
+}
+
+// A torch.optim.Adam/AdamW step in double over the same inputs.
+struct Ref {
+    double p, m, v;
+};
+
+Ref reference(Ref r, double g, const AdamHyper &h) {
+    g *= h.grad_scale;
+    if (h.adamw)
+        r.p *= 1.0 - static_cast<double>(h.lr) * h.weight_decay;
+    else
+        g += static_cast<double>(h.weight_decay) * r.p;
+    r.m = h.beta1 * r.m + (1.0 - h.beta1) * g;
+    r.v = h.beta2 * r.v + (1.0 - h.beta2) * g * g;
+    double bias1 = 1.0, bias2 = 1.0;
+    if (h.bias_correction) {
+        bias1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(h.step));
+        bias2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(h.step));
+    }
+    const double denom = std::sqrt(r.v) / std::sqrt(bias2) + h.eps;
+    r.p -= h.lr / bias1 * r.m / denom;
+    return r;
+}
+
+double grad_value(const Problem &p, size_t k, size_t i) {
+    const unsigned char *src = p.grad[k].data() + i * grad_size(p.gtype);
+    if (p.gtype == GradType::f32) {
+        float f;
+        std::memcpy(&f, src, 4);
+        return f;
+    }
+    uint16_t h;
+    std::memcpy(&h, src, 2);
+    return p.gtype == GradType::bf16 ? bf16_value(h) : f16_value(h);
+}
+
+// The copy-out holds the representable value nearest to the param, ties to even.
+void assert_nearest(uint16_t c, float p, CopyType t) {
+    auto value = [t](uint16_t h) { return t == CopyType::bf16 ? bf16_value(h) : f16_value(h); };
+    const double err = std::fabs(value(c) - p);
+    for (int d : {-1, 1}) {
+        const uint16_t n = static_cast<uint16_t>(c + d);
+        if ((n & 0x7fff) == 0x7fff || ((c & 0x7fff) == 0 && d < 0)) continue;
+        const double e = std::fabs(value(n) - p);
+        if (e < err || (e == err && (c & 1)))
+            fail_msg("copy %#x of %a is not the nearest-even (neighbour %#x)", c,
+                     static_cast<double>(p), n);
+    }
+}
+
+// Tolerance: relative 2^-17 (about 8 float ulps, 5 steps of a few roundings each) plus an absolute
+// 1e-9 for values near zero.
+void assert_close(double got, double want, const char *what, size_t i) {
+    if (std::fabs(got - want) > std::fabs(want) * 0x1p-17 + 1e-9)
+        fail_msg("%s[%zu] = %.9g, reference %.9g", what, i, got, want);
+}
+
+void test_double_reference(void **) {
+    zf::force_isa(Isa::scalar);
+    for (GradType g : {GradType::f32, GradType::bf16, GradType::f16})
+        for (CopyType c : {CopyType::bf16, CopyType::f16}) {
+            rng_state = 7;
+            Problem p({4099, 1000, 517}, g, c, true);
+            std::vector<std::vector<Ref>> ref(p.lengths.size());
+            for (size_t k = 0; k < p.lengths.size(); ++k)
+                for (size_t i = 0; i < p.lengths[k]; ++i)
+                    ref[k].push_back({p.param[k][i], p.m[k][i], p.v[k][i]});
+            for (int s = 0; s < 5; ++s) {
+                for (size_t k = 0; k < p.lengths.size(); ++k)
+                    for (size_t i = 0; i < p.lengths[k]; ++i)
+                        ref[k][i] = reference(ref[k][i], grad_value(p, k, i), p.hypers[k % 3]);
+                assert_int_equal(p.step(2), 0);
+                p.new_grads();
+            }
+            for (size_t k = 0; k < p.lengths.size(); ++k)
+                for (size_t i = 0; i < p.lengths[k]; ++i) {
+                    assert_close(p.param[k][i], ref[k][i].p, "param", i);
+                    assert_close(p.m[k][i], ref[k][i].m, "exp_avg", i);
+                    assert_close(p.v[k][i], ref[k][i].v, "exp_avg_sq", i);
+                    assert_nearest(p.copy[k][i], p.param[k][i], c);
+                    assert_int_equal(bits(p.stale_out[k][i]), bits(p.param[k][i]));
+                }
+        }
+    zf::force_isa(zf::best_isa());
+}
+
+void put_grad(Problem &p, size_t i, uint32_t f32, uint16_t half) {
+    unsigned char *dst = p.grad[0].data() + i * grad_size(p.gtype);
+    if (p.gtype == GradType::f32)
+        std::memcpy(dst, &f32, 4);
+    else
+        std::memcpy(dst, &half, 2);
+}
+
+void test_nonfinite_counted(void **) {
+    for (GradType g : {GradType::f32, GradType::bf16, GradType::f16}) {
+        rng_state = 3;
+        Problem start({1001}, g, CopyType::bf16, false);
+        start.hypers[0].grad_scale = 2.0f;
+        const bool f16 = g == GradType::f16;
+        put_grad(start, 3, 0x7f800000, f16 ? 0x7c00 : 0x7f80);    // +inf
+        put_grad(start, 500, 0xff800000, f16 ? 0xfc00 : 0xff80);  // -inf
+        put_grad(start, 1000, 0x7fc00001, f16 ? 0x7e01 : 0x7fc1); // NaN
+        // Finite until scaled: overflows only after grad_scale (fp16 cannot hold such values).
+        put_grad(start, 10, bits(2e38f), f16 ? 0x3c00 : bf16_trunc(2e38f));
+        const uint64_t want = f16 ? 3 : 4;
+        Problem ref = start;
+        zf::force_isa(Isa::scalar);
+        assert_int_equal(ref.step(1), want);
+        assert_true(std::isnan(ref.param[0][3]));
+        for (Isa isa : kIsas)
+            for (int threads : {1, 2, 3}) {
+                zf::force_isa(isa);
+                Problem p = start;
+                assert_int_equal(p.step(threads), want);
+                assert_same(ref, p);
+            }
+    }
+    zf::force_isa(zf::best_isa());
+}
+
+// Scaling by a power of two is exact, so grad_scale = 1/4 on g must equal scale 1 on g/4.
+void test_grad_scale(void **) {
+    for (Isa isa : kIsas) {
+        zf::force_isa(isa);
+        rng_state = 11;
+        Problem a({777}, GradType::f32, CopyType::none, false);
+        Problem b = a;
+        a.hypers[0].grad_scale = 0.25f;
+        for (size_t i = 0; i < 777; ++i) {
+            float x;
+            std::memcpy(&x, b.grad[0].data() + 4 * i, 4);
+            x *= 0.25f;
+            std::memcpy(b.grad[0].data() + 4 * i, &x, 4);
+        }
+        a.step(2);
+        b.step(2);
+        assert_same(a, b);
+        // And it is not a no-op.
+        Problem c = b;
+        c.hypers[0].grad_scale = 0.5f;
+        c.hypers[0].step = 1;
+        Problem d = b;
+        d.hypers[0].step = 1;
+        c.step(1);
+        d.step(1);
+        assert_true(bits(c.param[0][1]) != bits(d.param[0][1]));
+    }
+    zf::force_isa(zf::best_isa());
+}
+
+// Threads of an existing team each take a slice; their counts add up to adam_step's.
+void test_in_team(void **) {
+    rng_state = 5;
+    Problem start({5, 100003, 64}, GradType::bf16, CopyType::f16, true);
+    put_grad(start, 2, 0, 0x7f80);
+    Problem ref = start;
+    zf::force_isa(Isa::scalar);
+    assert_int_equal(ref.step(1), 1);
+    zf::force_isa(zf::best_isa());
+    Problem p = start;
+    const auto ts = p.tensors();
+    const AdamBatch batch{p.gtype, p.ctype, ts.data(), ts.size()};
+    uint64_t bad = 0;
+#pragma omp parallel num_threads(3) reduction(+ : bad)
+    bad += zf::adam_step_in_team(batch);
+    assert_int_equal(bad, 1);
+    assert_same(ref, p);
+}
+
+void test_slices_and_isa(void **) {
+    for (size_t total : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{1000003}})
+        for (int threads = 1; threads <= 5; ++threads) {
+            size_t next = 0;
+            for (int t = 0; t < threads; ++t) {
+                size_t lo, hi;
+                zf::adam_slice(total, t, threads, lo, hi);
+                assert_int_equal(lo, next);
+                assert_true(hi >= lo && (hi % 16 == 0 || hi == total));
+                next = hi;
+            }
+            assert_int_equal(next, total);
+        }
+    assert_string_equal(zf::isa_name(Isa::scalar), "scalar");
+    assert_string_equal(zf::isa_name(Isa::avx2), "avx2");
+    assert_string_equal(zf::isa_name(Isa::avx512), "avx512");
+    zf::force_isa(Isa::avx512);
+    assert_int_equal(static_cast<int>(zf::active_isa()), static_cast<int>(zf::best_isa()));
+    zf::force_isa(Isa::scalar);
+    assert_int_equal(static_cast<int>(zf::active_isa()), static_cast<int>(Isa::scalar));
+    zf::force_isa(zf::best_isa());
+}
+
+} // namespace
+
+int main() {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_slices_and_isa),   cmocka_unit_test(test_bit_identical),
+        cmocka_unit_test(test_double_reference), cmocka_unit_test(test_nonfinite_counted),
+        cmocka_unit_test(test_grad_scale),       cmocka_unit_test(test_in_team),
+    };
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
