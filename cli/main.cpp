@@ -1,6 +1,7 @@
 // zenbind: preview and inspect zenflow-bind's core plans (zenbind(1)).
 #include "commands.hpp"
 #include "common.hpp"
+#include "tune.hpp"
 
 #include <cstdio>
 #include <cstring>
@@ -24,6 +25,10 @@ const Command commands[] = {
      "zenbind show\n"
      "  This process's allowed CPUs, the cgroup file they came from, and the topology by NUMA\n"
      "  node."},
+    {"tune", zb_cli_tune,
+     "zenbind tune --output FILE [--elements N] [--steps K] [--max-cores N] [--json]\n"
+     "  Measure on each NUMA node how many optimizer cores saturate memory bandwidth for the\n"
+     "  Adam step and write a profile for the plugin's profile= key."},
 };
 
 void usage(FILE *to) {
@@ -62,6 +67,7 @@ int main(int argc, char **argv) {
     }
     const Command *c = find(argv[1]);
     if (!c)
-        return cli::error(cli::kUsage, "unknown command '" + first + "' (commands: plan, show)");
+        return cli::error(cli::kUsage,
+                          "unknown command '" + first + "' (commands: plan, show, tune)");
     return c->run(argc - 2, argv + 2);
 }

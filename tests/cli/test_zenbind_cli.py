@@ -1,7 +1,9 @@
 """The zenbind CLI end to end: plan --json on the seed layouts, the table, show, and errors."""
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import unittest
 
 ZENBIND = sys.argv.pop(1)
@@ -63,6 +65,33 @@ class Plan(unittest.TestCase):
         lines = r.stdout.splitlines()
         self.assertTrue(any(line.startswith("task") for line in lines))
         self.assertEqual(sum(1 for line in lines if line[:1].isdigit()), 8)
+
+
+class Tune(unittest.TestCase):
+    def test_tune_writes_a_profile_that_plan_reads(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "node.profile")
+            r = run("tune", "--output", out, "--elements", "1048576", "--steps", "2", "--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            result = json.loads(r.stdout)
+            self.assertEqual(result["profile"], out)
+            self.assertGreaterEqual(len(result["nodes"]), 1)
+            for node in result["nodes"]:
+                self.assertTrue(1 <= node["saturate"] <= len(node["gb_per_s"]))
+                self.assertTrue(all(g > 0 for g in node["gb_per_s"]))
+            with open(out) as f:
+                self.assertEqual(f.readline(), "zenbind-profile 1\n")
+            p = plan("--tasks", "1", "--options", "profile=" + out)
+            self.assertEqual(len(p["tasks"]), 1)
+
+    def test_tune_errors(self):
+        r = run("tune")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--output FILE is required", r.stderr)
+        r = run("tune", "--output", "/nonexistent-dir/x.profile", "--elements", "65536",
+                "--steps", "1")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("/nonexistent-dir/x.profile", r.stderr)
 
 
 class Errors(unittest.TestCase):
