@@ -169,26 +169,37 @@ void assert_same(const Problem &a, const Problem &b) {
 
 const Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512};
 
+// Small odd lengths in every configuration, two steps; the long tensor (slices ending inside it,
+// vector bodies and tails) in five of the configurations and one step, which keeps the test well
+// under 30 s with ASan.
 void test_bit_identical(void **) {
-    const std::vector<size_t> lengths{0, 1, 7, 15, 17, 1000003, 3, 33};
     for (GradType g : {GradType::f32, GradType::bf16, GradType::f16})
         for (CopyType c : {CopyType::none, CopyType::bf16, CopyType::f16})
             for (bool stale : {false, true}) {
+                const bool big = stale && (static_cast<int>(g) + static_cast<int>(c)) % 2 == 0;
+                std::vector<size_t> lengths{0, 1, 7, 15, 17, 3, 33};
+                if (big) lengths.insert(lengths.begin() + 5, 1000003);
+                const int steps = big ? 1 : 2;
                 rng_state = 42;
-                const Problem start(lengths, g, c, stale);
+                Problem start(lengths, g, c, stale);
+                start.hypers[1].step = 3;
                 Problem ref = start;
                 zf::force_isa(Isa::scalar);
-                ref.step(1);
-                ref.new_grads();
-                ref.step(1);
+                std::vector<std::vector<std::vector<unsigned char>>> grads;
+                for (int s = 0; s < steps; ++s) {
+                    grads.push_back(ref.grad);
+                    ref.step(1);
+                    ref.new_grads();
+                }
                 for (Isa isa : kIsas)
                     for (int threads : {1, 2, 3}) {
                         if (isa == Isa::scalar && threads == 1) continue;
                         zf::force_isa(isa);
                         Problem p = start;
-                        p.step(threads);
-                        p.grad = ref.grad; // the second step's gradients
-                        p.step(threads);
+                        for (int s = 0; s < steps; ++s) {
+                            p.grad = grads[static_cast<size_t>(s)];
+                            p.step(threads);
+                        }
                         assert_same(ref, p);
                     }
             }
