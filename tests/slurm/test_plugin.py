@@ -95,6 +95,31 @@ class ClusterCase(unittest.TestCase):
         return tasks, p
 
 
+class WorkloadOnSlurm(ClusterCase):
+    """The contrib Python example: a torch model whose AdamW step runs in the optimizer worker,
+    launched the way users launch it, with srun --zenflow-bind."""
+
+    def test_python_model_trains_through_the_worker_on_its_own_cores(self):
+        lib, optimizer = os.environ.get("ZB_TEST_BIND_LIB"), os.environ.get("ZB_TEST_OPTIMIZER")
+        self.assertTrue(lib and optimizer, "CMake passes ZB_TEST_BIND_LIB and ZB_TEST_OPTIMIZER")
+        env = dict(self.env, ZENFLOW_BIND_LIB=lib, ZENFLOW_OPTIMIZER=optimizer,
+                   PYTHONPATH=os.path.join(HERE, "..", "..", "contrib", "python"))
+        example = os.path.join(HERE, "..", "..", "contrib", "python", "examples",
+                               "train_overlap.py")
+        p = subprocess.run(["srun", "-n1", "-c2", "--zenflow-bind=verbose", "/usr/bin/python3",
+                            example, "--steps", "200"], env=env, capture_output=True, text=True,
+                           timeout=240)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        losses = [float(m) for m in re.findall(r"step +\d+ +loss ([0-9.e+-]+)", p.stdout)]
+        self.assertGreaterEqual(len(losses), 2, p.stdout)
+        self.assertLess(losses[-1], losses[0] / 2, "the loss falls")
+        planned = re.search(r"optimizer (\S+) \(", p.stderr)
+        self.assertIsNotNone(planned, p.stderr)
+        worker_cpus = {int(c) for c in re.findall(r"\(\d+, (\d+)\)", p.stdout)}
+        self.assertEqual(worker_cpus, cpus(planned.group(1)),
+                         "the worker's threads run on the optimizer CPUs the plugin planned")
+
+
 class PluginOnSlurm(ClusterCase):
     # ---- the option itself ----------------------------------------------------------------
 
