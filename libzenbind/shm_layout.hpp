@@ -95,6 +95,7 @@ struct alignas(64) Control {
     int32_t status; // a zb_status
     uint32_t pad;
     uint64_t nonfinite;
+    uint64_t step_ns; // the worker's own time for the step: request taken to answer
     char message[kMessageSize];
 
     alignas(64) GroupDesc groups[kMaxGroups];

@@ -203,7 +203,15 @@ zb_status zb_worker_wait(zb_worker_t *worker, int timeout_ms, uint64_t *nonfinit
             throw;
         }
         w.in_flight = false;
+        w.last_step_ns = w.ctl->step_ns;
         if (nonfinite) *nonfinite = w.ctl->nonfinite;
+    });
+}
+
+zb_status zb_worker_last_step_seconds(const zb_worker_t *worker, double *seconds) {
+    return zb::guard([&] {
+        if (!worker || !seconds) fail(ZB_EINVAL, "zb_worker_last_step_seconds: NULL argument");
+        *seconds = static_cast<double>(worker->last_step_ns) * 1e-9;
     });
 }
 

@@ -25,6 +25,7 @@ struct zb_worker {
     bool reaped = false;    // the worker process is gone (death holds why)
     std::string death;
     int64_t wait_spin_ns = 0;
+    uint64_t last_step_ns = 0; // the worker's time for the last step waited for
     unsigned control_timeout_ms = 0;
     size_t numel = 0, param_bytes = 0, grad_bytes = 0, copy_bytes = 0, stale_bytes = 0;
 

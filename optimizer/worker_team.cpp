@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <numaif.h>
@@ -48,6 +49,7 @@ struct Team {
     shm::Command job = shm::Command::none;
     uint32_t seq = 0; // the request being served
     std::atomic<uint64_t> nonfinite{0};
+    std::chrono::steady_clock::time_point step_start;
 
     void answer(zb_status status, const char *message) {
         ctl.status = status;
@@ -205,7 +207,7 @@ void zero_slice(const Group &g, int thread, int threads) {
 } // namespace
 
 int run_team(shm::Control &ctl, int socket_fd, int parent_pidfd) {
-    Team t{ctl, socket_fd, parent_pidfd, {}, {}, shm::Command::none, 0, {0}};
+    Team t{ctl, socket_fd, parent_pidfd, {}, {}, shm::Command::none, 0, {0}, {}};
     t.groups.reserve(shm::kMaxGroups);
     for (auto &list : t.tensors)
         list.reserve(shm::kMaxGroups);
@@ -252,8 +254,10 @@ int run_team(shm::Control &ctl, int socket_fd, int parent_pidfd) {
                 while (t.job != shm::Command::exit) {
                     t.job = next_command(t);
                     if (t.job == shm::Command::exit) break;
+                    t.step_start = std::chrono::steady_clock::now();
                     if (t.job == shm::Command::step && t.groups.empty()) {
                         ctl.nonfinite = 0;
+                        ctl.step_ns = 0;
                         t.answer(ZB_OK, "");
                         continue;
                     }
@@ -284,6 +288,10 @@ int run_team(shm::Control &ctl, int socket_fd, int parent_pidfd) {
 #pragma omp master
             {
                 ctl.nonfinite = t.nonfinite.load(std::memory_order_relaxed);
+                ctl.step_ns =
+                    static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                              std::chrono::steady_clock::now() - t.step_start)
+                                              .count());
                 t.answer(ZB_OK, "");
             }
         }

@@ -143,6 +143,11 @@ zb_status zb_worker_submit(zb_worker_t *worker, const zb_worker_step *step);
  * gradient elements were not finite after scaling (they were applied, as torch does). */
 zb_status zb_worker_wait(zb_worker_t *worker, int timeout_ms, uint64_t *nonfinite);
 
+/* The worker's own time for the last step waited for, in seconds: from taking the request to
+ * answering it, so the optimizer step time apart from any time the trainer spent elsewhere
+ * (0 before the first step, and for a step with no group). */
+zb_status zb_worker_last_step_seconds(const zb_worker_t *worker, double *seconds);
+
 /* Memory in bytes. Per buffer kind, what the layout needs (shared buffers are counted once);
  * per process, what /proc/PID/status says now (VmRSS = RssAnon + RssFile + RssShmem; the shared
  * buffers appear in the RssShmem of each process that touched them). */

@@ -285,8 +285,18 @@ static void test_wait_timeout(void **state) {
     assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
     expect_status(zb_worker_wait(w, 0, NULL), ZB_ETIMEDOUT, NULL);
     uint64_t nonfinite = 7;
+    double seconds = -1;
+    assert_int_equal(zb_worker_last_step_seconds(w, &seconds), ZB_OK);
+    assert_true(seconds == 0.0); /* nothing waited for yet */
+    const double t0 = now_s();
     assert_int_equal(zb_worker_wait(w, 20000, &nonfinite), ZB_OK);
+    const double waited = now_s() - t0;
     assert_int_equal(nonfinite, 0);
+    /* The worker's step time: positive, and the step had begun before the trainer waited,
+     * so it is at least what the trainer saw as the rest of it */
+    assert_int_equal(zb_worker_last_step_seconds(w, &seconds), ZB_OK);
+    assert_true(seconds > 0.0 && seconds >= waited * 0.9);
+    expect_status(zb_worker_last_step_seconds(NULL, &seconds), ZB_EINVAL, NULL);
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 
