@@ -174,7 +174,7 @@ int main(int argc, char **argv) {
     std::vector<uint16_t> weights(a.params, 0);
     std::vector<float> ma(size_t(kMatrix) * kMatrix, 0.5f), mb(size_t(kMatrix) * kMatrix, 0.25f);
 
-    std::vector<double> step_ms, wait_ms, compute_ms;
+    std::vector<double> step_ms, wait_ms, compute_ms, opt_ms;
     double loss_first = 0, loss_last = 0;
     bool in_flight = false;
     const auto run0 = Clock::now();
@@ -191,8 +191,12 @@ int main(int argc, char **argv) {
         if (in_flight && zb_worker_wait(worker, kWaitMs, nullptr) != ZB_OK)
             die("optimizer step failed");
         wait_ms.push_back(ms_since(w0));
-        if (in_flight) // "upload" the updated weights, as after a GPU rank's H2D copy
+        if (in_flight) { // "upload" the updated weights, as after a GPU rank's H2D copy
             std::memcpy(weights.data(), buf.copy_out, a.params * sizeof(uint16_t));
+            double seconds = 0;
+            zb_worker_last_step_seconds(worker, &seconds);
+            opt_ms.push_back(seconds * 1e3);
+        }
 
         zb_worker_step step{};
         step.step = s;
@@ -223,19 +227,19 @@ int main(int argc, char **argv) {
     if (a.json) {
         std::printf("{\"task\": %s, \"train_cpus\": \"%s\", \"train_threads\": %d, "
                     "\"opt_cpus\": \"%s\", \"opt_threads\": %u, \"steps\": %u, "
-                    "\"step_ms\": %.2f, \"compute_ms\": %.2f, \"wait_ms\": %.2f, "
+                    "\"step_ms\": %.2f, \"compute_ms\": %.2f, \"wait_ms\": %.2f, \"opt_ms\": %.2f, "
                     "\"total_s\": %.3f, \"loss_first\": %.6f, \"loss_last\": %.6f, "
                     "\"bytes_per_param\": %.2f}\n",
                     task ? task : "0", train_cpus.c_str(), omp_get_max_threads(), opt_cpus.c_str(),
                     nthreads, a.steps, median(step_ms), median(compute_ms), median(wait_ms),
-                    total_s, loss_first, loss_last, mem.bytes_per_param);
+                    median(opt_ms), total_s, loss_first, loss_last, mem.bytes_per_param);
     } else {
         std::printf("task %s: training CPUs %s (%d threads), optimizer CPUs %s (%u threads)\n"
-                    "  step %.2f ms (compute %.2f ms, waiting for the optimizer %.2f ms), "
-                    "loss %.4f -> %.4f over %u steps\n",
+                    "  step %.2f ms (compute %.2f ms, waiting for the optimizer %.2f ms, "
+                    "optimizer step %.2f ms), loss %.4f -> %.4f over %u steps\n",
                     task ? task : "0", train_cpus.c_str(), omp_get_max_threads(), opt_cpus.c_str(),
-                    nthreads, median(step_ms), median(compute_ms), median(wait_ms), loss_first,
-                    loss_last, a.steps);
+                    nthreads, median(step_ms), median(compute_ms), median(wait_ms), median(opt_ms),
+                    loss_first, loss_last, a.steps);
     }
     return loss_last < loss_first ? 0 : 1;
 }
