@@ -23,7 +23,7 @@ bash tests/slurm/cluster.sh start "$cluster" --task-plugin cgroup \
 eval "$(bash tests/slurm/cluster.sh env "$cluster")"
 
 cpus=$(nproc)
-args=(--params "${ZB_DEMO_PARAMS:-16777216}" --steps "${ZB_DEMO_STEPS:-30}"
+args=(--params "${ZB_DEMO_PARAMS:-67108864}" --steps "${ZB_DEMO_STEPS:-20}"
       --passes "${ZB_DEMO_PASSES:-12}" --json)
 echo "== srun -n1 -c$cpus --zenflow-bind=verbose zenflow-demo (training and optimizer on their own cores)"
 srun -n1 -c"$cpus" --zenflow-bind=verbose "$demo" "${args[@]}" >"$cluster/bound.json"
