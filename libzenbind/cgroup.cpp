@@ -4,6 +4,7 @@
 // mount hierarchies in different places, containers mount sub-trees, and hybrid hosts have both
 // versions at once.
 #include "bitmap.hpp"
+#include "cbuf.hpp"
 #include "cpulist.hpp"
 #include "error.hpp"
 
@@ -274,13 +275,6 @@ class CpusetReader {
     std::string why_none_;
 };
 
-void copy_source(const std::string &text, char *buf, size_t len) {
-    if (!buf || len == 0) return;
-    const size_t n = text.size() < len ? text.size() : len - 1;
-    text.copy(buf, n);
-    buf[n] = '\0';
-}
-
 void affinity(pid_t pid, hwloc_bitmap_t out) {
     // The kernel refuses a mask smaller than its CPU count, so grow until it fits.
     for (size_t ncpus = 1024; ncpus <= (1u << 22); ncpus *= 2) {
@@ -320,7 +314,7 @@ zb_status zb_cgroup_cpuset(const char *fsroot, pid_t pid, unsigned levels_up, hw
                          (pid == 0 ? std::string("this process") : "pid " + std::to_string(pid)) +
                          ": " + reader.why_none());
         if (hwloc_bitmap_copy(out, found->set) != 0) throw std::bad_alloc();
-        zb::copy_source(found->source, source, source_len);
+        zb::copy_to_buffer(found->source, source, source_len);
     });
 }
 
@@ -334,7 +328,7 @@ zb_status zb_allowed_cpus(const char *fsroot, pid_t pid, hwloc_cpuset_t out, cha
         zb::affinity(pid, allowed);
         if (found) hwloc_bitmap_and(allowed, allowed, found->set);
         if (hwloc_bitmap_copy(out, allowed) != 0) throw std::bad_alloc();
-        zb::copy_source(found ? found->source : "sched_getaffinity", source, source_len);
+        zb::copy_to_buffer(found ? found->source : "sched_getaffinity", source, source_len);
     });
 }
 }

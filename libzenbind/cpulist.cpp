@@ -1,6 +1,7 @@
 #include "cpulist.hpp"
 
 #include "bitmap.hpp"
+#include "cbuf.hpp"
 #include "error.hpp"
 
 #include <cstdio>
@@ -140,13 +141,7 @@ int zb_cpulist_format(hwloc_const_bitmap_t set, char *buf, size_t len) {
     int result = -1;
     const zb_status status = zb::guard([&] {
         if (!set) zb::fail(ZB_EINVAL, "zb_cpulist_format: set is NULL");
-        const std::string text = zb::format_cpulist(set);
-        if (buf && len > 0) {
-            const size_t n = text.size() < len ? text.size() : len - 1;
-            std::memcpy(buf, text.data(), n);
-            buf[n] = '\0';
-        }
-        result = static_cast<int>(text.size());
+        result = static_cast<int>(zb::copy_to_buffer(zb::format_cpulist(set), buf, len));
     });
     if (status != ZB_OK && buf && len > 0) buf[0] = '\0';
     return result;

@@ -1,6 +1,7 @@
 // The options grammar shared by srun --zenflow-bind, plugstack.conf and the CLI. The text is
 // hostile (slurmstepd parses it as root), so every length is bounded and every number is read
 // by hand with its range checked before it can overflow.
+#include "cbuf.hpp"
 #include "cpulist.hpp"
 #include "error.hpp"
 
@@ -330,13 +331,7 @@ int zb_options_format(const zb_options *options, char *buf, size_t len) {
     int result = -1;
     const zb_status status = zb::guard([&] {
         if (!options) zb::fail(ZB_EINVAL, "zb_options_format: options is NULL");
-        const std::string text = format_options(*options);
-        if (buf && len > 0) {
-            const size_t n = text.size() < len ? text.size() : len - 1;
-            std::memcpy(buf, text.data(), n);
-            buf[n] = '\0';
-        }
-        result = static_cast<int>(text.size());
+        result = static_cast<int>(zb::copy_to_buffer(format_options(*options), buf, len));
     });
     if (status != ZB_OK && buf && len > 0) buf[0] = '\0';
     return result;

@@ -42,4 +42,27 @@ uint64_t range_avx2(const AdamTensor &t, const Consts &c, GradType g, CopyType c
 uint64_t range_avx512(const AdamTensor &t, const Consts &c, GradType g, CopyType cp, size_t lo,
                       size_t hi);
 
+// Turns the run-time element types into the kernel instantiation run.operator()<G, C>(): the
+// one place every ISA's entry point maps (grad, copy) to template arguments.
+template <class Run> uint64_t dispatch_types(GradType g, CopyType cp, Run &&run) {
+    const auto with_copy = [&]<GradType G>() -> uint64_t {
+        switch (cp) {
+        case CopyType::bf16:
+            return run.template operator()<G, CopyType::bf16>();
+        case CopyType::f16:
+            return run.template operator()<G, CopyType::f16>();
+        default:
+            return run.template operator()<G, CopyType::none>();
+        }
+    };
+    switch (g) {
+    case GradType::bf16:
+        return with_copy.template operator()<GradType::bf16>();
+    case GradType::f16:
+        return with_copy.template operator()<GradType::f16>();
+    default:
+        return with_copy.template operator()<GradType::f32>();
+    }
+}
+
 } // namespace zf::detail

@@ -43,30 +43,11 @@ uint64_t run(const AdamTensor &t, const Consts &c, size_t lo, size_t hi) {
     return bad;
 }
 
-template <GradType G>
-uint64_t run_copy(const AdamTensor &t, const Consts &c, CopyType cp, size_t lo, size_t hi) {
-    switch (cp) {
-    case CopyType::bf16:
-        return run<G, CopyType::bf16>(t, c, lo, hi);
-    case CopyType::f16:
-        return run<G, CopyType::f16>(t, c, lo, hi);
-    default:
-        return run<G, CopyType::none>(t, c, lo, hi);
-    }
-}
-
 } // namespace
 
 uint64_t range_scalar(const AdamTensor &t, const Consts &c, GradType g, CopyType cp, size_t lo,
                       size_t hi) {
-    switch (g) {
-    case GradType::bf16:
-        return run_copy<GradType::bf16>(t, c, cp, lo, hi);
-    case GradType::f16:
-        return run_copy<GradType::f16>(t, c, cp, lo, hi);
-    default:
-        return run_copy<GradType::f32>(t, c, cp, lo, hi);
-    }
+    return dispatch_types(g, cp, [&]<GradType G, CopyType C>() { return run<G, C>(t, c, lo, hi); });
 }
 
 } // namespace zf::detail
