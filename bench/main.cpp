@@ -4,6 +4,8 @@
 #include <cstring>
 
 int bench_adam(int argc, char **argv);
+int bench_ipc(int argc, char **argv);
+int bench_worker(int argc, char **argv);
 
 namespace {
 
@@ -15,6 +17,8 @@ struct Subcommand {
 
 const Subcommand kSubcommands[] = {
     {"adam", bench_adam, "the Adam/AdamW kernel against a streaming roofline over the same bytes"},
+    {"ipc", bench_ipc, "round trip of an empty step between this process and a worker"},
+    {"worker", bench_worker, "a step through the worker against the same kernel in-process"},
 };
 
 int usage(FILE *out) {

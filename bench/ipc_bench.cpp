@@ -1,0 +1,108 @@
+// zenflow-bench ipc: the round trip of an empty step (submit to done, no groups) between this
+// process and a worker on another CPU. Measured twice: with the default short spin (the path every
+// step takes when the peer answers within microseconds), and with spinning off (the futex wake
+// path an idle worker takes).
+#include <zenbind/worker.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sched.h>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Stats {
+    double p50, p99, min;
+};
+
+Stats measure(int worker_cpu, unsigned spin_us, long iterations) {
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    std::snprintf(attr.cpus, sizeof attr.cpus, "%d", worker_cpu);
+    attr.threads = 1;
+    attr.worker_spin_us = spin_us;
+    attr.wait_spin_us = spin_us;
+    zb_worker_t *w = nullptr;
+    if (zb_worker_spawn(&attr, &w) != ZB_OK) {
+        std::fprintf(stderr, "zenflow-bench ipc: %s\n", zb_last_error());
+        std::exit(1);
+    }
+    std::vector<double> us;
+    us.reserve(static_cast<size_t>(iterations));
+    const long warmup = std::min(iterations / 10 + 1, 1000L);
+    for (long i = 0; i < warmup + iterations; ++i) {
+        const zb_worker_step step{i + 1, 1.0f, 0, nullptr, 0};
+        const auto t0 = std::chrono::steady_clock::now();
+        if (zb_worker_submit(w, &step) != ZB_OK || zb_worker_wait(w, 10000, nullptr) != ZB_OK) {
+            std::fprintf(stderr, "zenflow-bench ipc: %s\n", zb_last_error());
+            std::exit(1);
+        }
+        const auto t1 = std::chrono::steady_clock::now();
+        if (i >= warmup) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    }
+    zb_worker_destroy(w);
+    std::sort(us.begin(), us.end());
+    const auto at = [&](double q) { return us[static_cast<size_t>(q * double(us.size() - 1))]; };
+    return Stats{at(0.5), at(0.99), us.front()};
+}
+
+} // namespace
+
+int bench_ipc(int argc, char **argv) {
+    long iterations = 100000;
+    bool json = false;
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--json")) {
+            json = true;
+        } else if (!std::strcmp(argv[i], "--iterations") && i + 1 < argc) {
+            char *end = nullptr;
+            iterations = std::strtol(argv[++i], &end, 10);
+            if (*end || iterations < 10 || iterations > 100000000) {
+                std::fprintf(stderr, "zenflow-bench ipc: --iterations takes 10 to 100000000\n");
+                return 2;
+            }
+        } else {
+            std::fprintf(stderr, "usage: zenflow-bench ipc [--iterations K] [--json]\n");
+            return 2;
+        }
+    }
+    cpu_set_t allowed;
+    sched_getaffinity(0, sizeof allowed, &allowed);
+    std::vector<int> cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+    if (cpus.size() < 2) {
+        std::fprintf(stderr, "zenflow-bench ipc: needs two CPUs, this process may use %zu\n",
+                     cpus.size());
+        return 1;
+    }
+    // The trainer on the first CPU, the worker on the last one (another core on most layouts).
+    const int tcpu = cpus.front(), wcpu = cpus.back();
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(tcpu, &one);
+    sched_setaffinity(0, sizeof one, &one);
+    const unsigned spin_us = 50; // zb_worker_attr_init's default
+    const Stats spin = measure(wcpu, spin_us, iterations);
+    const Stats sleep = measure(wcpu, 0, std::max(iterations / 10, 10L));
+    sched_setaffinity(0, sizeof allowed, &allowed);
+    if (json) {
+        std::printf("{\"iterations\": %ld, \"trainer_cpu\": %d, \"worker_cpu\": %d, "
+                    "\"spin_us\": %u, \"p50_us\": %.3f, \"p99_us\": %.3f, \"min_us\": %.3f, "
+                    "\"futex_p50_us\": %.3f, \"futex_p99_us\": %.3f}\n",
+                    iterations, tcpu, wcpu, spin_us, spin.p50, spin.p99, spin.min, sleep.p50,
+                    sleep.p99);
+    } else {
+        std::printf("empty-step round trip, trainer on CPU %d, worker on CPU %d, %ld steps\n", tcpu,
+                    wcpu, iterations);
+        std::printf("  spin %3u us then futex: p50 %8.3f us  p99 %8.3f us  min %8.3f us\n", spin_us,
+                    spin.p50, spin.p99, spin.min);
+        std::printf("  futex only (no spin):   p50 %8.3f us  p99 %8.3f us  min %8.3f us\n",
+                    sleep.p50, sleep.p99, sleep.min);
+    }
+    return 0;
+}

@@ -1,0 +1,238 @@
+// zenflow-bench worker: one Adam step through the worker (submit to done) against the same kernel
+// run in this process on the same CPUs and threads, alternated in one run so that both see the
+// same machine noise; and the bytes per parameter the worker configuration really takes, from the
+// RSS of both processes.
+#include "adam.hpp"
+
+#include <zenbind/worker.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <omp.h>
+#include <sched.h>
+#include <string>
+#include <vector>
+
+namespace {
+
+[[noreturn]] void die(const char *what) {
+    std::fprintf(stderr, "zenflow-bench worker: %s: %s\n", what, zb_last_error());
+    std::exit(1);
+}
+
+size_t status_bytes(const char *path, const char *field) {
+    FILE *f = std::fopen(path, "r");
+    if (!f) return 0;
+    char line[256];
+    size_t v = 0, len = std::strlen(field);
+    while (std::fgets(line, sizeof line, f))
+        if (!std::strncmp(line, field, len) && line[len] == ':') {
+            v = std::strtoull(line + len + 1, nullptr, 10) * 1024;
+            break;
+        }
+    std::fclose(f);
+    return v;
+}
+
+// Memory of both processes, shared pages counted once: the worker's whole RSS (it touches every
+// shared buffer of the group) plus the trainer's private (anonymous) pages.
+size_t both_rss(pid_t worker) {
+    const std::string w = "/proc/" + std::to_string(worker) + "/status";
+    return status_bytes(w.c_str(), "VmRSS") + status_bytes("/proc/self/status", "RssAnon");
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+void fill(void *grad, zb_dtype type, size_t n, unsigned seed) {
+    uint32_t x = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; ++i) {
+        x = x * 1664525u + 1013904223u;
+        const float g = (float(x >> 8) / float(1u << 24) - 0.5f) * 1e-2f;
+        uint32_t u;
+        std::memcpy(&u, &g, 4);
+        if (type == ZB_DTYPE_FP32)
+            static_cast<float *>(grad)[i] = g;
+        else if (type == ZB_DTYPE_BF16)
+            static_cast<uint16_t *>(grad)[i] = static_cast<uint16_t>(u >> 16);
+        else
+            static_cast<_Float16 *>(grad)[i] = static_cast<_Float16>(g);
+    }
+}
+
+} // namespace
+
+int bench_worker(int argc, char **argv) {
+    size_t n = 0;
+    zb_dtype grad = ZB_DTYPE_FP32, copy = ZB_DTYPE_NONE;
+    int threads = 0, iterations = 7, stale = 0;
+    bool json = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--json") {
+            json = true;
+        } else if (a == "--elements" && i + 1 < argc) {
+            n = std::strtoull(argv[++i], nullptr, 10);
+        } else if (a == "--threads" && i + 1 < argc) {
+            threads = std::atoi(argv[++i]);
+        } else if (a == "--iterations" && i + 1 < argc) {
+            iterations = std::max(1, std::atoi(argv[++i]));
+        } else if (a == "--stale") {
+            stale = 1;
+        } else if (a == "--copy-out" && i + 1 < argc) {
+            const std::string c = argv[++i];
+            copy = c == "bf16" ? ZB_DTYPE_BF16 : c == "fp16" ? ZB_DTYPE_FP16 : ZB_DTYPE_NONE;
+            if (copy == ZB_DTYPE_NONE) n = 0;
+        } else if (a == "--grad" && i + 1 < argc) {
+            const std::string g = argv[++i];
+            grad = g == "fp32"   ? ZB_DTYPE_FP32
+                   : g == "bf16" ? ZB_DTYPE_BF16
+                   : g == "fp16" ? ZB_DTYPE_FP16
+                                 : ZB_DTYPE_NONE;
+            if (grad == ZB_DTYPE_NONE) n = 0;
+        } else {
+            n = 0;
+            break;
+        }
+    }
+    if (n == 0) {
+        std::fprintf(stderr, "usage: zenflow-bench worker --elements N [--grad fp32|bf16|fp16] "
+                             "[--copy-out bf16|fp16] [--stale] [--threads T] [--iterations I] "
+                             "[--json]\n");
+        return 2;
+    }
+    cpu_set_t allowed;
+    sched_getaffinity(0, sizeof allowed, &allowed);
+    std::vector<int> cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+    if (threads <= 0) threads = static_cast<int>(cpus.size());
+    std::string list;
+    for (int t = 0; t < threads; ++t)
+        list += (t ? "," : "") + std::to_string(cpus[size_t(t) % cpus.size()]);
+
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    std::snprintf(attr.cpus, sizeof attr.cpus, "%s", list.c_str());
+    attr.threads = static_cast<unsigned>(threads);
+    zb_worker_t *w = nullptr;
+    if (zb_worker_spawn(&attr, &w) != ZB_OK) die("spawn");
+    pid_t pid;
+    zb_worker_pid(w, &pid);
+    const size_t base_rss = both_rss(pid);
+
+    zb_group_attr g{};
+    g.numel = n;
+    g.grad = grad;
+    g.copy_out = copy;
+    g.stale = stale;
+    zb_adam_hyper_init(&g.hyper);
+    unsigned id;
+    if (zb_worker_group_add(w, &g, &id) != ZB_OK) die("group_add");
+    zb_group_buffers b;
+    zb_worker_group_buffers(w, id, &b);
+    for (size_t i = 0; i < n; ++i)
+        b.params[i] = 0.1f;
+    fill(b.grads[0], grad, n, 1);
+    fill(b.grads[1], grad, n, 2);
+    int64_t step = 0;
+    auto worker_step = [&] {
+        const zb_worker_step s{++step, 1.0f, unsigned(step & 1), nullptr, 0};
+        const auto t0 = std::chrono::steady_clock::now();
+        if (zb_worker_submit(w, &s) != ZB_OK || zb_worker_wait(w, 600000, nullptr) != ZB_OK)
+            die("step");
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    worker_step(); // both gradient buffers read once: every shared page is now resident
+    worker_step();
+    const size_t first_rss = both_rss(pid);
+    zb_worker_memory mem;
+    zb_worker_memory_usage(w, &mem);
+
+    // The in-process reference: the same kernel, threads pinned to the same CPUs.
+    const size_t gsize = grad == ZB_DTYPE_FP32 ? 4 : 2;
+    std::vector<float> param(n, 0.1f), m(n), v(n), snapshot(stale ? n : 0);
+    std::vector<uint16_t> copied(copy != ZB_DTYPE_NONE ? n : 0);
+    std::vector<char> grads(2 * n * gsize);
+    fill(grads.data(), grad, n, 1);
+    fill(grads.data() + n * gsize, grad, n, 2);
+#pragma omp parallel num_threads(threads)
+    {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpus[size_t(omp_get_thread_num()) % cpus.size()], &one);
+        sched_setaffinity(0, sizeof one, &one);
+    }
+    zf::AdamHyper hyper;
+    hyper.weight_decay = 1e-2f;
+    zf::AdamTensor tensor;
+    tensor.param = param.data();
+    tensor.exp_avg = m.data();
+    tensor.exp_avg_sq = v.data();
+    tensor.copy_out = copied.empty() ? nullptr : copied.data();
+    tensor.stale = snapshot.empty() ? nullptr : snapshot.data();
+    tensor.n = n;
+    tensor.hyper = &hyper;
+    const zf::CopyType ct = copy == ZB_DTYPE_BF16   ? zf::CopyType::bf16
+                            : copy == ZB_DTYPE_FP16 ? zf::CopyType::f16
+                                                    : zf::CopyType::none;
+    const zf::GradType gt = grad == ZB_DTYPE_FP32   ? zf::GradType::f32
+                            : grad == ZB_DTYPE_BF16 ? zf::GradType::bf16
+                                                    : zf::GradType::f16;
+    int64_t local_step = 0;
+    auto local = [&] {
+        hyper.step = ++local_step;
+        tensor.grad = grads.data() + size_t(local_step & 1) * n * gsize;
+        const zf::AdamBatch batch{gt, ct, &tensor, 1};
+        const auto t0 = std::chrono::steady_clock::now();
+        zf::adam_step(batch, threads);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    local();
+    local();
+    std::vector<double> tw, tl;
+    for (int i = 0; i < iterations; ++i) {
+        tw.push_back(worker_step());
+        tl.push_back(local());
+    }
+    sched_setaffinity(0, sizeof allowed, &allowed);
+    const size_t end_worker_rss =
+        status_bytes(("/proc/" + std::to_string(pid) + "/status").c_str(), "VmRSS");
+    zb_worker_memory end;
+    zb_worker_memory_usage(w, &end);
+    zb_worker_destroy(w);
+
+    const double ratio = median(tw) / median(tl);
+    const double bpp = double(first_rss - base_rss) / double(n);
+    const char *gname = grad == ZB_DTYPE_FP32 ? "fp32" : grad == ZB_DTYPE_BF16 ? "bf16" : "fp16";
+    const char *cname = copy == ZB_DTYPE_NONE ? "none" : copy == ZB_DTYPE_BF16 ? "bf16" : "fp16";
+    const long growth = long(end_worker_rss) - long(mem.worker_rss);
+    if (json) {
+        std::printf("{\"elements\": %zu, \"grad\": \"%s\", \"copy\": \"%s\", \"stale\": %s, "
+                    "\"threads\": %d, \"isa\": \"%s\", "
+                    "\"iterations\": %d, \"worker_step_s\": %.6f, \"inprocess_step_s\": %.6f, "
+                    "\"overhead_ratio\": %.4f, \"bytes_per_param\": %.3f, "
+                    "\"bytes_per_param_layout\": %.3f, \"worker_rss\": %zu, "
+                    "\"trainer_rss_anon\": %zu, \"worker_rss_growth\": %ld}\n",
+                    n, gname, cname, stale ? "true" : "false", threads,
+                    zf::isa_name(zf::active_isa()), iterations, median(tw), median(tl), ratio, bpp,
+                    mem.bytes_per_param, mem.worker_rss, mem.trainer_rss_anon, growth);
+    } else {
+        std::printf("Adam step, %zu elements, %s gradients, copy-out %s, stale %s, %d threads on "
+                    "CPUs %s, ISA %s\n",
+                    n, gname, cname, stale ? "yes" : "no", threads, list.c_str(),
+                    zf::isa_name(zf::active_isa()));
+        std::printf("  through the worker: %.3f ms   in-process: %.3f ms   ratio %.4f (median of "
+                    "%d, alternated)\n",
+                    median(tw) * 1e3, median(tl) * 1e3, ratio, iterations);
+        std::printf("  bytes/param: %.3f measured (RSS of both processes), %.3f by layout; worker "
+                    "RSS grew %ld bytes after the first steps\n",
+                    bpp, mem.bytes_per_param, growth);
+    }
+    return 0;
+}
