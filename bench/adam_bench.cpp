@@ -3,12 +3,14 @@
 #include "adam.hpp"
 #include "roofline.hpp"
 
+#include "affinity.hpp"
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <omp.h>
+
 #include <sched.h>
 #include <string>
 #include <vector>
@@ -140,14 +142,12 @@ int bench_adam(int argc, char **argv) {
     Options o;
     if (const int rc = parse(argc, argv, o)) return rc;
 
-    cpu_set_t allowed;
-    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
+    Affinity affinity;
+    if (!read_affinity(affinity)) {
         std::perror("zenflow-bench adam: sched_getaffinity");
         return 1;
     }
-    std::vector<int> cpus;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-        if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+    const std::vector<int> &cpus = affinity.cpus;
     if (o.threads > static_cast<int>(cpus.size())) {
         std::fprintf(stderr, "zenflow-bench adam: --threads %d but only %zu CPUs in the affinity\n",
                      o.threads, cpus.size());

@@ -4,11 +4,13 @@
 // path an idle worker takes).
 #include <zenbind/worker.h>
 
+#include "affinity.hpp"
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
 #include <sched.h>
 #include <string>
 #include <vector>
@@ -70,11 +72,12 @@ int bench_ipc(int argc, char **argv) {
             return 2;
         }
     }
-    cpu_set_t allowed;
-    sched_getaffinity(0, sizeof allowed, &allowed);
-    std::vector<int> cpus;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-        if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+    Affinity affinity;
+    if (!read_affinity(affinity)) {
+        std::perror("zenflow-bench: sched_getaffinity");
+        return 1;
+    }
+    const std::vector<int> &cpus = affinity.cpus;
     if (cpus.size() < 2) {
         std::fprintf(stderr, "zenflow-bench ipc: needs two CPUs, this process may use %zu\n",
                      cpus.size());
@@ -89,7 +92,7 @@ int bench_ipc(int argc, char **argv) {
     const unsigned spin_us = 50; // zb_worker_attr_init's default
     const Stats spin = measure(wcpu, spin_us, iterations);
     const Stats sleep = measure(wcpu, 0, std::max(iterations / 10, 10L));
-    sched_setaffinity(0, sizeof allowed, &allowed);
+    sched_setaffinity(0, sizeof affinity.mask, &affinity.mask);
     if (json) {
         std::printf("{\"iterations\": %ld, \"trainer_cpu\": %d, \"worker_cpu\": %d, "
                     "\"spin_us\": %u, \"p50_us\": %.3f, \"p99_us\": %.3f, \"min_us\": %.3f, "

@@ -6,12 +6,14 @@
 
 #include <zenbind/worker.h>
 
+#include "affinity.hpp"
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <omp.h>
+
 #include <sched.h>
 #include <string>
 #include <vector>
@@ -106,11 +108,12 @@ int bench_worker(int argc, char **argv) {
                              "[--json]\n");
         return 2;
     }
-    cpu_set_t allowed;
-    sched_getaffinity(0, sizeof allowed, &allowed);
-    std::vector<int> cpus;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-        if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+    Affinity affinity;
+    if (!read_affinity(affinity)) {
+        std::perror("zenflow-bench: sched_getaffinity");
+        return 1;
+    }
+    const std::vector<int> &cpus = affinity.cpus;
     if (threads <= 0) threads = static_cast<int>(cpus.size());
     std::string list;
     for (int t = 0; t < threads; ++t)
@@ -200,7 +203,7 @@ int bench_worker(int argc, char **argv) {
         tw.push_back(worker_step());
         tl.push_back(local());
     }
-    sched_setaffinity(0, sizeof allowed, &allowed);
+    sched_setaffinity(0, sizeof affinity.mask, &affinity.mask);
     const size_t end_worker_rss =
         status_bytes(("/proc/" + std::to_string(pid) + "/status").c_str(), "VmRSS");
     zb_worker_memory end;

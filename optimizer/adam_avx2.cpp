@@ -41,15 +41,6 @@ inline __m128i to_bf16(__m256 p) {
     return _mm256_castsi256_si128(packed);
 }
 
-struct Ptrs {
-    float *param;
-    const void *grad;
-    float *m;
-    float *v;
-    void *copy;
-    float *stale;
-};
-
 // Returns the lanes whose scaled gradient is not finite.
 template <GradType G, CopyType C> inline unsigned body(const Ptrs &t, const Consts &c, size_t i) {
     __m256 g = _mm256_mul_ps(load_grad<G>(t.grad, i), _mm256_set1_ps(c.grad_scale));
@@ -89,25 +80,9 @@ uint64_t run(const AdamTensor &t, const Consts &c, size_t lo, size_t hi) {
     size_t i = lo;
     for (; i + W <= hi; i += W)
         bad += static_cast<uint64_t>(__builtin_popcount(body<G, C>(ptrs, c, i)));
-    const size_t r = hi - i;
-    if (r == 0) return bad;
-    constexpr size_t gsize = G == GradType::f32 ? 4 : 2;
-    alignas(64) float p[W] = {}, m[W] = {}, v[W] = {}, s[W];
-    alignas(64) unsigned char g[W * 4] = {};
-    alignas(64) uint16_t cp[W];
-    memcpy(p, t.param + i, r * 4);
-    memcpy(m, t.exp_avg + i, r * 4);
-    memcpy(v, t.exp_avg_sq + i, r * 4);
-    memcpy(g, static_cast<const unsigned char *>(t.grad) + i * gsize, r * gsize);
-    const unsigned lanes = (1u << r) - 1;
-    bad += static_cast<uint64_t>(
-        __builtin_popcount(body<G, C>(Ptrs{p, g, m, v, cp, t.stale ? s : nullptr}, c, 0) & lanes));
-    memcpy(t.param + i, p, r * 4);
-    memcpy(t.exp_avg + i, m, r * 4);
-    memcpy(t.exp_avg_sq + i, v, r * 4);
-    if constexpr (C != CopyType::none) memcpy(static_cast<uint16_t *>(t.copy_out) + i, cp, r * 2);
-    if (t.stale) memcpy(t.stale + i, s, r * 4);
-    return bad;
+    return bad + padded_tail<W, G, C>(t, c, i, hi, [](const Ptrs &ptr, const Consts &k, size_t at) {
+               return body<G, C>(ptr, k, at);
+           });
 }
 
 } // namespace

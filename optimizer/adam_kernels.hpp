@@ -15,6 +15,8 @@
 
 #include "adam.hpp"
 
+#include <cstring>
+
 namespace zf::detail {
 
 // Per-tensor constants, computed once per call in double and rounded to float.
@@ -41,6 +43,42 @@ uint64_t range_avx2(const AdamTensor &t, const Consts &c, GradType g, CopyType c
                     size_t hi);
 uint64_t range_avx512(const AdamTensor &t, const Consts &c, GradType g, CopyType cp, size_t lo,
                       size_t hi);
+
+// One tensor's streams as the vector bodies take them (a tail passes padded copies instead).
+struct Ptrs {
+    float *param;
+    const void *grad;
+    float *m;
+    float *v;
+    void *copy;
+    float *stale;
+};
+
+// The last hi - i < W elements of a tensor: copied into zero-padded W-wide buffers, run through the
+// same vector body as every other element (so they take the same arithmetic and give the same
+// bits), and copied back. body(ptrs, c, 0) returns the mask of lanes with non-finite gradients.
+template <size_t W, GradType G, CopyType C, class Body>
+uint64_t padded_tail(const AdamTensor &t, const Consts &c, size_t i, size_t hi, Body &&body) {
+    const size_t r = hi - i;
+    if (r == 0) return 0;
+    constexpr size_t gsize = G == GradType::f32 ? 4 : 2;
+    alignas(64) float p[W] = {}, m[W] = {}, v[W] = {}, s[W];
+    alignas(64) unsigned char g[W * 4] = {};
+    alignas(64) uint16_t cp[W];
+    std::memcpy(p, t.param + i, r * 4);
+    std::memcpy(m, t.exp_avg + i, r * 4);
+    std::memcpy(v, t.exp_avg_sq + i, r * 4);
+    std::memcpy(g, static_cast<const unsigned char *>(t.grad) + i * gsize, r * gsize);
+    const unsigned lanes = (1u << r) - 1;
+    const unsigned bad = body(Ptrs{p, g, m, v, cp, t.stale ? s : nullptr}, c, 0) & lanes;
+    std::memcpy(t.param + i, p, r * 4);
+    std::memcpy(t.exp_avg + i, m, r * 4);
+    std::memcpy(t.exp_avg_sq + i, v, r * 4);
+    if constexpr (C != CopyType::none)
+        std::memcpy(static_cast<uint16_t *>(t.copy_out) + i, cp, r * 2);
+    if (t.stale) std::memcpy(t.stale + i, s, r * 4);
+    return static_cast<uint64_t>(__builtin_popcount(bad));
+}
 
 // Turns the run-time element types into the kernel instantiation run.operator()<G, C>(): the
 // one place every ISA's entry point maps (grad, copy) to template arguments.
