@@ -78,6 +78,13 @@ uint64_t run(const AdamTensor &t, const Consts &c, size_t lo, size_t hi) {
     const Ptrs ptrs{t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.copy_out, t.stale};
     uint64_t bad = 0;
     size_t i = lo;
+    for (; i + 4 * W <= hi; i += 4 * W) {
+        prefetch32<G>(ptrs, i);
+        unsigned b = 0;
+        for (size_t k = 0; k < 4; ++k)
+            b |= body<G, C>(ptrs, c, i + k * W) << (k * W);
+        bad += static_cast<uint64_t>(__builtin_popcount(b));
+    }
     for (; i + W <= hi; i += W)
         bad += static_cast<uint64_t>(__builtin_popcount(body<G, C>(ptrs, c, i)));
     return bad + padded_tail<W, G, C>(t, c, i, hi, [](const Ptrs &ptr, const Consts &k, size_t at) {

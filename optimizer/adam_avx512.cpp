@@ -11,7 +11,6 @@ namespace zf::detail {
 namespace {
 
 constexpr size_t W = 16;
-constexpr size_t kAhead = 2048;
 
 template <GradType G> inline __m512 load_grad(const void *grad, size_t i) {
     if constexpr (G == GradType::f32) {
@@ -76,18 +75,8 @@ uint64_t run(const AdamTensor &t, const Consts &c, size_t lo, size_t hi) {
     const Ptrs ptrs{t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.copy_out, t.stale};
     uint64_t bad = 0;
     size_t i = lo;
-    // Two vectors per iteration, with the fp32 streams prefetched into L2 kAhead elements ahead:
-    // the hardware prefetcher stops at 4 KiB pages, and the long sqrt and division chains keep
-    // the out-of-order window from reaching far enough ahead on its own (measured +2% at 2
-    // threads).
     for (; i + 2 * W <= hi; i += 2 * W) {
-        const float *const streams[3] = {t.param, t.exp_avg, t.exp_avg_sq};
-        for (const float *s : streams) {
-            // Addresses only: a prefetch past the end of a buffer does not fault.
-            const uintptr_t ahead = reinterpret_cast<uintptr_t>(s + i) + 4 * kAhead;
-            _mm_prefetch(reinterpret_cast<const char *>(ahead), _MM_HINT_T1);
-            _mm_prefetch(reinterpret_cast<const char *>(ahead + 4 * W), _MM_HINT_T1);
-        }
+        prefetch32<G>(ptrs, i);
         const unsigned a = body<G, C>(ptrs, c, i), b = body<G, C>(ptrs, c, i + W);
         bad += static_cast<uint64_t>(__builtin_popcount(a | (b << W)));
     }

@@ -54,6 +54,32 @@ struct Ptrs {
     float *stale;
 };
 
+// Software prefetch for the 32 elements at i + kPrefetchAhead of every stream a kernel reads
+// (param, both moments and the gradient), into L1. Without it the long sqrt and division chains
+// fill the out-of-order window and one thread falls short of the memory roof: N = 100M fp32, one
+// thread, alternated in one run: no prefetch 0.97-0.99 of the roofline, the fp32 streams into L2
+// 2048 elements ahead 0.85-0.90, every stream into L1 512 elements ahead 1.01-1.03. The vector
+// bodies call it once per 32 elements; a prefetch past the end of a buffer does not fault.
+constexpr size_t kPrefetchAhead = 512;
+
+template <GradType G>
+[[gnu::always_inline]] static inline void prefetch32(const Ptrs &t, size_t i) {
+    // Integer addresses: the prefetched ones may lie past the end of a buffer.
+    const auto line = [](const void *base, size_t byte) {
+        __builtin_prefetch(reinterpret_cast<const void *>(reinterpret_cast<uintptr_t>(base) + byte),
+                           0, 3);
+    };
+    const size_t f32 = 4 * (i + kPrefetchAhead);
+    const float *const streams[3] = {t.param, t.m, t.v};
+    for (const float *s : streams) {
+        line(s, f32);
+        line(s, f32 + 64);
+    }
+    constexpr size_t gsize = G == GradType::f32 ? 4 : 2;
+    line(t.grad, gsize * (i + kPrefetchAhead));
+    if constexpr (gsize == 4) line(t.grad, f32 + 64);
+}
+
 // The last hi - i < W elements of a tensor: copied into zero-padded W-wide buffers, run through the
 // same vector body as every other element (so they take the same arithmetic and give the same
 // bits), and copied back. body(ptrs, c, 0) returns the mask of lanes with non-finite gradients.
