@@ -7,10 +7,10 @@
 
 namespace zf::bench {
 
-// Runs the pass over elements [lo, hi) of `t` with vector code of `isa`. Values are written back
-// unchanged (they are combined with `zero`, which the caller passes as 0 at run time), so the
-// kernel's next step sees the same data.
+// Runs the pass over elements [lo, hi) of `t` with vector loads and stores of `isa`'s width.
+// Values are written back unchanged, so the kernel's next step sees the same data. With
+// `prefetch` it also reads ahead as the kernels do.
 void stream_pass(const AdamTensor &t, GradType g, CopyType c, size_t lo, size_t hi, Isa isa,
-                 uint32_t zero);
+                 bool prefetch);
 
 } // namespace zf::bench
