@@ -5,7 +5,6 @@
 
 #include <zenbind/zenbind.h>
 
-#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -26,6 +25,10 @@ namespace {
 
 namespace shm = zb::shm;
 
+// One parameter group. Each thread updates its adam_slice of every group, so a thread's share of a
+// group's moments is the share it zeroed (first touch) when the group was added: NUMA-local on
+// every node of the optimizer's CPUs, whatever groups come before or after. (One kernel call over
+// the concatenation of several groups would move the slice boundaries whenever a group is added.)
 struct Group {
     char *base = nullptr;
     size_t size = 0;
@@ -33,19 +36,16 @@ struct Group {
     size_t stride = 0;
     size_t numel = 0;
     AdamHyper hyper;
-    size_t batch = 0; // which (grad, copy) batch holds its tensor
-    size_t slot = 0;
+    AdamTensor tensor;
+    GradType grad = GradType::f32;
+    CopyType copy = CopyType::none;
 };
-
-// Groups of one (gradient type, copy type) pair run in one kernel call; 3 x 3 pairs.
-constexpr size_t kBatches = 9;
 
 struct Team {
     shm::Control &ctl;
     int sock;
     int parent;
-    std::vector<Group> groups;
-    std::array<std::vector<AdamTensor>, kBatches> tensors;
+    std::vector<Group> groups; // capacity reserved: no reallocation, pointers stay valid
     shm::Command job = shm::Command::none;
     uint32_t seq = 0; // the request being served
     std::atomic<uint64_t> nonfinite{0};
@@ -58,20 +58,16 @@ struct Team {
     }
 };
 
-size_t batch_of(shm::Dtype grad, shm::Dtype copy) {
-    const size_t g = static_cast<size_t>(grad) - 1;
-    const size_t c = copy == shm::Dtype::none ? 0 : static_cast<size_t>(copy) - 1;
-    return g * 3 + c;
+GradType grad_type(shm::Dtype grad) {
+    return grad == shm::Dtype::bf16  ? GradType::bf16
+           : grad == shm::Dtype::f16 ? GradType::f16
+                                     : GradType::f32;
 }
 
-GradType grad_type(size_t batch) {
-    static constexpr GradType t[] = {GradType::f32, GradType::bf16, GradType::f16};
-    return t[batch / 3];
-}
-
-CopyType copy_type(size_t batch) {
-    static constexpr CopyType t[] = {CopyType::none, CopyType::bf16, CopyType::f16};
-    return t[batch % 3];
+CopyType copy_type(shm::Dtype copy) {
+    return copy == shm::Dtype::bf16  ? CopyType::bf16
+           : copy == shm::Dtype::f16 ? CopyType::f16
+                                     : CopyType::none;
 }
 
 void prefer_nodes(void *p, size_t len, const shm::Control &ctl) {
@@ -143,19 +139,16 @@ bool add_group(Team &t) {
     }
     prefer_nodes(m, 8 * g.stride, t.ctl);
     g.moments = static_cast<float *>(m);
-    g.batch = batch_of(d.grad, d.copy);
-    auto &list = t.tensors[g.batch];
-    g.slot = list.size();
-    AdamTensor tensor;
+    g.grad = grad_type(d.grad);
+    g.copy = copy_type(d.copy);
+    AdamTensor &tensor = t.groups.emplace_back(g).tensor;
     tensor.param = reinterpret_cast<float *>(g.base + d.off_params);
     tensor.exp_avg = g.moments;
     tensor.exp_avg_sq = g.moments + g.stride;
     tensor.copy_out = d.off_copy ? g.base + d.off_copy : nullptr;
     tensor.stale = d.off_stale ? reinterpret_cast<float *>(g.base + d.off_stale) : nullptr;
     tensor.n = n;
-    list.push_back(tensor); // capacity reserved: no reallocation, pointers stay valid
-    t.groups.push_back(g);
-    list.back().hyper = &t.groups.back().hyper;
+    tensor.hyper = &t.groups.back().hyper;
     return true;
 }
 
@@ -178,7 +171,7 @@ bool prepare_step(Team &t) {
         g.hyper.bias_correction = d.hyper.bias_correction != 0;
         g.hyper.step = ctl.step;
         g.hyper.grad_scale = ctl.grad_scale;
-        t.tensors[g.batch][g.slot].grad = g.base + d.off_grads[ctl.grad_buffer & 1];
+        g.tensor.grad = g.base + d.off_grads[ctl.grad_buffer & 1];
     }
     t.nonfinite.store(0, std::memory_order_relaxed);
     return true;
@@ -199,7 +192,8 @@ shm::Command next_command(Team &t) {
 }
 
 void zero_slice(const Group &g, int thread, int threads) {
-    const size_t lo = g.numel * thread / threads, hi = g.numel * (thread + 1) / threads;
+    size_t lo, hi;
+    adam_slice(g.numel, thread, threads, lo, hi);
     std::memset(g.moments + lo, 0, 4 * (hi - lo));
     std::memset(g.moments + g.stride + lo, 0, 4 * (hi - lo));
 }
@@ -207,10 +201,8 @@ void zero_slice(const Group &g, int thread, int threads) {
 } // namespace
 
 int run_team(shm::Control &ctl, int socket_fd, int parent_pidfd) {
-    Team t{ctl, socket_fd, parent_pidfd, {}, {}, shm::Command::none, 0, {0}, {}};
+    Team t{ctl, socket_fd, parent_pidfd, {}, shm::Command::none, 0, {0}, {}};
     t.groups.reserve(shm::kMaxGroups);
-    for (auto &list : t.tensors)
-        list.reserve(shm::kMaxGroups);
     const int threads = static_cast<int>(ctl.nthreads);
     if (threads < 1 || ctl.nthreads > shm::kMaxThreads) {
         ctl.status = ZB_EINVAL;
@@ -274,12 +266,8 @@ int run_team(shm::Control &ctl, int socket_fd, int parent_pidfd) {
             if (job == shm::Command::exit) break;
             if (job == shm::Command::step) {
                 uint64_t bad = 0;
-                for (size_t b = 0; b < kBatches; ++b) {
-                    if (t.tensors[b].empty()) continue;
-                    const AdamBatch batch{grad_type(b), copy_type(b), t.tensors[b].data(),
-                                          t.tensors[b].size()};
-                    bad += adam_step_in_team(batch);
-                }
+                for (const Group &g : t.groups)
+                    bad += adam_step_in_team(AdamBatch{g.grad, g.copy, &g.tensor, 1});
                 t.nonfinite.fetch_add(bad, std::memory_order_relaxed);
             } else {
                 zero_slice(t.groups.back(), me, threads);

@@ -1,7 +1,7 @@
 // The worker's results are bit for bit those of the in-process kernel: several steps over groups
 // of every gradient and copy-out type, per-group hyperparameters that change between steps, a
-// gradient scale and alternating gradient buffers. The worker runs two pinned threads over batched
-// groups; the reference runs each group alone on one thread.
+// gradient scale and alternating gradient buffers. The worker splits every group between two pinned
+// threads; the reference runs each group alone on one thread.
 #include "adam.hpp"
 
 #include <zenbind/worker.h>
