@@ -32,6 +32,9 @@ constexpr double kWithinBest = 0.95; // "within 5% of the best"
 constexpr std::streamsize kMaxFileBytes = 1 << 20;
 constexpr unsigned kMaxCounts = 4096;
 constexpr unsigned kMaxNode = ZB_CPULIST_MAX_ID;
+// Throughputs a profile may hold, in GB/s: every one of them survives save() (three decimals)
+// and load() unchanged in meaning, so a saved profile always loads back.
+constexpr double kMinGbps = 0.001, kMaxGbps = 1e6;
 
 unsigned saturation_of(const std::vector<double> &gbps) {
     const double best = *std::max_element(gbps.begin(), gbps.end());
@@ -45,8 +48,9 @@ void check_gbps(const std::vector<double> &gbps, const std::string &where) {
         zb::fail(ZB_EINVAL,
                  where + ": expected 1 to " + std::to_string(kMaxCounts) + " throughput figures");
     for (double g : gbps)
-        if (!std::isfinite(g) || g <= 0)
-            zb::fail(ZB_EINVAL, where + ": throughput figures must be positive numbers");
+        if (!(g >= kMinGbps && g <= kMaxGbps))
+            zb::fail(ZB_EINVAL,
+                     where + ": throughput figures must be between 0.001 and 1000000 GB/s");
 }
 
 unsigned parse_uint(const std::string &word, unsigned max, const std::string &where) {

@@ -61,13 +61,15 @@ static void save_then_load_round_trips(void **state) {
 static void bad_files_are_refused_with_the_line(void **state) {
     (void)state;
     static const char *bad[] = {
-        "",                                                 /* empty */
-        "zenbind-profile 2\n",                              /* unknown version */
-        "zenbind-profile 1\nnode 0 saturate 1\n",           /* missing gbps */
-        "zenbind-profile 1\nnode 0 saturate 3 gbps 1,2\n",  /* saturate > counts */
-        "zenbind-profile 1\nnode 0 saturate 0 gbps 1\n",    /* saturate 0 */
-        "zenbind-profile 1\nnode 0 saturate 1 gbps 1,-2\n", /* negative */
-        "zenbind-profile 1\nnode x saturate 1 gbps 1\n",    /* node not a number */
+        "",                                                    /* empty */
+        "zenbind-profile 2\n",                                 /* unknown version */
+        "zenbind-profile 1\nnode 0 saturate 1\n",              /* missing gbps */
+        "zenbind-profile 1\nnode 0 saturate 3 gbps 1,2\n",     /* saturate > counts */
+        "zenbind-profile 1\nnode 0 saturate 0 gbps 1\n",       /* saturate 0 */
+        "zenbind-profile 1\nnode 0 saturate 1 gbps 1,-2\n",    /* negative */
+        "zenbind-profile 1\nnode 0 saturate 1 gbps 0.0001\n",  /* would save as 0.000 */
+        "zenbind-profile 1\nnode 0 saturate 1 gbps 2000000\n", /* above 10^6 GB/s */
+        "zenbind-profile 1\nnode x saturate 1 gbps 1\n",       /* node not a number */
         "zenbind-profile 1\nnode 0 saturate 1 gbps 1\nnode 0 saturate 1 gbps 1\n", /* twice */
         "zenbind-profile 1\nnode 0 saturate 1 gbps 1 extra\n",  /* trailing junk */
         "zenbind-profile 1\nnode 99999999 saturate 1 gbps 1\n", /* node out of range */
