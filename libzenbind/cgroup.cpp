@@ -7,9 +7,9 @@
 #include "cbuf.hpp"
 #include "cpulist.hpp"
 #include "error.hpp"
+#include "text_file.hpp"
 
 #include <cerrno>
-#include <fcntl.h>
 #include <optional>
 #include <sched.h>
 #include <string>
@@ -24,33 +24,8 @@ namespace {
 // Far above any real /proc/PID/mountinfo or cgroup file, low enough to bound a hostile one.
 constexpr size_t max_file = 16u << 20;
 
-// The file's contents, or nothing if it (or a directory on its path) does not exist.
 std::optional<std::string> read_file(const std::string &path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT || errno == ENOTDIR) return std::nullopt;
-        fail_errno("cannot open " + path);
-    }
-    std::string data;
-    char chunk[8192];
-    for (;;) {
-        const ssize_t n = ::read(fd, chunk, sizeof chunk);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            const int err = errno;
-            ::close(fd);
-            errno = err;
-            fail_errno("cannot read " + path);
-        }
-        if (n == 0) break;
-        data.append(chunk, static_cast<size_t>(n));
-        if (data.size() > max_file) {
-            ::close(fd);
-            fail(ZB_ESYS, path + " is larger than " + std::to_string(max_file) + " bytes");
-        }
-    }
-    ::close(fd);
-    return data;
+    return read_text_file(path, max_file);
 }
 
 std::string require_file(const std::string &path) {

@@ -172,6 +172,10 @@ Split split_cores(unsigned k, const zb_options &o, unsigned task, Warnings &warn
     if (o.train_cores) train = o.train_cores;
     if (o.train_fraction > 0) train = static_cast<unsigned>(std::lround(o.train_fraction * k));
     if (train_given && o.opt_cores) {
+        if (train == 0)
+            zb::fail(ZB_EIMPOSSIBLE, "task " + std::to_string(task) + " has " + std::to_string(k) +
+                                         " cores: train= leaves it no training core (with opt= "
+                                         "given, the rest is not handed to training)");
         if (train + o.opt_cores > k)
             zb::fail(ZB_EIMPOSSIBLE, "task " + std::to_string(task) + " has " + std::to_string(k) +
                                          " cores, fewer than the " + std::to_string(train) +

@@ -5,12 +5,12 @@
 // comment line. Parsing is strict and bounded: the profile= key comes from users.
 #include "bitmap.hpp"
 #include "error.hpp"
+#include "text_file.hpp"
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -29,7 +29,7 @@ struct zb_profile {
 namespace {
 
 constexpr double kWithinBest = 0.95; // "within 5% of the best"
-constexpr std::streamsize kMaxFileBytes = 1 << 20;
+constexpr size_t kMaxFileBytes = 1 << 20;
 constexpr unsigned kMaxCounts = 4096;
 constexpr unsigned kMaxNode = ZB_CPULIST_MAX_ID;
 // Throughputs a profile may hold, in GB/s: every one of them survives save() (three decimals)
@@ -97,15 +97,14 @@ zb_profile::Node parse_node_line(const std::string &line, const std::string &whe
 
 void load(const char *path, zb_profile &profile) {
     if (!path || path[0] != '/') zb::fail(ZB_EINVAL, "profile path must be absolute");
-    std::ifstream file(path);
-    if (!file) zb::fail_errno(std::string("cannot open profile ") + path);
-    std::string text(static_cast<size_t>(kMaxFileBytes) + 1, '\0');
-    file.read(text.data(), kMaxFileBytes + 1);
-    text.resize(static_cast<size_t>(file.gcount()));
-    if (static_cast<std::streamsize>(text.size()) > kMaxFileBytes)
-        zb::fail(ZB_EINVAL, std::string("profile ") + path + " is larger than 1 MiB");
+    // Profiles are read by slurmstepd for the user who names them: read_text_file refuses FIFOs.
+    const std::optional<std::string> text = zb::read_text_file(path, kMaxFileBytes);
+    if (!text) {
+        errno = ENOENT;
+        zb::fail_errno(std::string("cannot open profile ") + path);
+    }
 
-    std::istringstream lines(text);
+    std::istringstream lines(*text);
     std::string line;
     unsigned lineno = 0;
     bool header = false;

@@ -181,6 +181,10 @@ static void train_and_opt_options(void **state) {
     assert_int_equal(p.status, ZB_EIMPOSSIBLE);
     assert_non_null(strstr(zb_last_error(), "8 cores"));
     release(&p);
+    p = plan_for(seed, "0-7", 1, "train=0.05,opt=1"); /* 0.05 x 8 rounds to no training core */
+    assert_int_equal(p.status, ZB_EIMPOSSIBLE);
+    assert_non_null(strstr(zb_last_error(), "no training core"));
+    release(&p);
 }
 
 static void numa_strict_and_ignore(void **state) {

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -84,6 +85,18 @@ static void bad_files_are_refused_with_the_line(void **state) {
     }
     zb_profile_t *p = NULL;
     assert_int_equal(zb_profile_load("relative/path", &p), ZB_EINVAL);
+    /* A FIFO (or a device) is refused at once: slurmstepd must not block opening it. */
+    char fifo[] = "/tmp/zb_profile_fifo.XXXXXX";
+    assert_non_null(mkdtemp(fifo));
+    char fifo_path[64];
+    snprintf(fifo_path, sizeof fifo_path, "%s/p", fifo);
+    assert_int_equal(mkfifo(fifo_path, 0600), 0);
+    assert_int_equal(zb_profile_load(fifo_path, &p), ZB_EINVAL);
+    assert_non_null(strstr(zb_last_error(), "is not a regular file"));
+    assert_null(p);
+    unlink(fifo_path);
+    rmdir(fifo);
+    assert_int_equal(zb_profile_load("/dev/zero", &p), ZB_EINVAL);
     assert_int_equal(zb_profile_load("/nonexistent/zenbind.profile", &p), ZB_ESYS);
     assert_non_null(strstr(zb_last_error(), "/nonexistent/zenbind.profile"));
 }
