@@ -202,7 +202,7 @@ class CpusetReader {
             why_none_ = "cpuset is not enabled in " + controllers;
             return std::nullopt;
         }
-        return walk(*where, levels_up, {"cpuset.cpus.effective"});
+        return walk_v2(*where, levels_up);
     }
 
     const std::string &why_none() const { return why_none_; }
@@ -213,36 +213,69 @@ class CpusetReader {
         return has_token(controllers, "cpuset", ' ');
     }
 
-    // Reads the first non-empty `names` file from `levels_up` above the cgroup upwards, never
-    // above the mount's root: an empty or absent cpuset means the parent's applies.
-    Found walk(const Located &where, unsigned levels_up, const std::vector<std::string> &names) {
+    // The directory `depth` levels below the mount's root, for a cgroup of `where`.
+    std::string dir_at(const Located &where, size_t depth) const {
+        std::string dir = root_ + where.point;
+        for (size_t i = 0; i < depth; ++i)
+            dir += "/" + where.below[i];
+        return dir;
+    }
+
+    // The depth `levels_up` above the cgroup, never above the mount's root.
+    size_t start_depth(const Located &where, unsigned levels_up) const {
         if (levels_up > where.below.size())
             fail(ZB_EINVAL, "levels_up=" + std::to_string(levels_up) +
                                 " climbs above the cgroup mount " + root_ + where.point +
                                 " (the cgroup is " + std::to_string(where.below.size()) +
                                 " level(s) below it)");
-        const auto dir_at = [&](size_t depth) {
-            std::string dir = root_ + where.point;
-            for (size_t i = 0; i < depth; ++i)
-                dir += "/" + where.below[i];
-            return dir;
-        };
-        const size_t start = where.below.size() - levels_up;
+        return where.below.size() - levels_up;
+    }
+
+    Found found_in(const std::string &file, const std::string &text) const {
+        Found found;
+        parse_cpulist(text, found.set, "cpu list in " + file);
+        found.source = file;
+        return found;
+    }
+
+    static bool blank(const std::string &text) { return text.empty() || text == "\n"; }
+
+    // v1: the first non-empty `names` file from the start level upwards: an empty or absent
+    // cpuset means the parent's applies.
+    Found walk(const Located &where, unsigned levels_up, const std::vector<std::string> &names) {
+        const size_t start = start_depth(where, levels_up);
         for (size_t depth = start;; --depth) {
             for (const std::string &name : names) {
-                const std::string file = dir_at(depth) + "/" + name;
+                const std::string file = dir_at(where, depth) + "/" + name;
                 const auto text = read_file(file);
                 if (!text) continue;
-                if (text->empty() || *text == "\n") break;
-                Found found;
-                parse_cpulist(*text, found.set, "cpu list in " + file);
-                found.source = file;
-                return found;
+                if (blank(*text)) break;
+                return found_in(file, *text);
             }
             if (depth == 0) break;
         }
-        fail(ZB_ESYS, "no non-empty " + names.front() + " in " + dir_at(start) +
-                          " or its ancestors up to the mount " + dir_at(0));
+        fail(ZB_ESYS, "no non-empty " + names.front() + " in " + dir_at(where, start) +
+                          " or its ancestors up to the mount " + dir_at(where, 0));
+    }
+
+    // v2: the kernel fills cpuset.cpus.effective at every level, so it cannot tell which cgroup
+    // confines the process. The set is the effective one of the nearest level that configures
+    // cpuset.cpus (every level below inherits it), or of the mount's root when none does; that
+    // level is the source, so a caller sees whether a Slurm step's cgroup confines the process
+    // or nothing does (Slurm enables the controller without ConstrainCores, leaving it empty).
+    Found walk_v2(const Located &where, unsigned levels_up) {
+        const size_t start = start_depth(where, levels_up);
+        size_t depth = start;
+        for (; depth > 0; --depth) {
+            const auto cpus = read_file(dir_at(where, depth) + "/cpuset.cpus");
+            if (cpus && !blank(*cpus)) break;
+        }
+        const std::string file = dir_at(where, depth) + "/cpuset.cpus.effective";
+        const auto text = read_file(file);
+        if (!text || blank(*text))
+            fail(ZB_ESYS, "no non-empty cpuset.cpus.effective in " + dir_at(where, depth) +
+                              ", the cgroup that confines " + dir_at(where, start));
+        return found_in(file, *text);
     }
 
     std::string root_;

@@ -95,13 +95,15 @@ std::string node_name(spank_t sp) {
     return name;
 }
 
-// An impossible plan fails the task (onerror=fail) or leaves it as Slurm bound it (warn).
-int failed(const State &s, const TaskInfo &task, const std::string &error) {
+// An impossible plan fails the task (onerror=fail) or leaves it as Slurm bound it, without the
+// ZENFLOW_* variables (warn).
+int failed(spank_t sp, const State &s, const TaskInfo &task, const std::string &error) {
     const std::string who = task.host + " task " + std::to_string(task.local_id) + ": ";
     if (s.resolved.options.fail_on_error) {
         tell_user(who + "error: " + error);
         return -1;
     }
+    clear_env(sp);
     tell_user(who + "warning: " + error + "; task left as Slurm bound it");
     return 0;
 }
@@ -172,18 +174,18 @@ ZB_SPANK_EXPORT int slurm_spank_task_init(spank_t sp, int, char **) {
             spank_get_item(sp, S_TASK_GLOBAL_ID, &task.global_id) != ESPANK_SUCCESS ||
             spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
             spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS || local_id < 0)
-            return failed(s, task, "Slurm did not describe the task");
+            return failed(sp, s, task, "Slurm did not describe the task");
         task.local_id = static_cast<unsigned>(local_id);
-        if (!s.setup_error.empty()) return failed(s, task, s.setup_error);
+        if (!s.setup_error.empty()) return failed(sp, s, task, s.setup_error);
 
         std::unique_ptr<hwloc_bitmap_s, void (*)(hwloc_bitmap_t)> cpus(hwloc_bitmap_alloc(),
                                                                        hwloc_bitmap_free);
         std::string error;
-        if (!cpus) return failed(s, task, "out of memory");
+        if (!cpus) return failed(sp, s, task, "out of memory");
         if (!step_cpus(sp, s.topology, job_id, step_id, cpus.get(), task.step_cpus_source, error))
-            return failed(s, task, error);
+            return failed(sp, s, task, error);
         if (!bind_task(sp, s.topology, s.profile, cpus.get(), s.resolved.options, task, error))
-            return failed(s, task, error);
+            return failed(sp, s, task, error);
         return 0;
     });
 }

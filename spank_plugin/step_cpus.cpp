@@ -29,9 +29,11 @@ bool alloc_cores(spank_t sp, const zb_topology_t *topology, hwloc_bitmap_t out,
 
 bool step_cpus(spank_t sp, const zb_topology_t *topology, uint32_t job_id, uint32_t step_id,
                hwloc_bitmap_t out, std::string &source, std::string &error) {
-    // The task's cpuset cgroup, as libzenbind finds it; it is the step's when its directory is
-    // .../job_J/step_S (22.05 on cgroup v1 puts tasks there) or .../job_J/step_S/user/task_T
-    // (cgroup v2, where the task inherits the step's effective cpuset: read the step above).
+    // The cgroup that confines the task, as libzenbind finds it (on v2, the nearest level that
+    // configures cpuset.cpus): the step's when it is .../job_J/step_S (or a task_T below it,
+    // whose own set is its share: then read the step above it). Anything else (no cpuset
+    // controller, or cgroup v2 without ConstrainCores, where only the node's root confines) is
+    // not the step's, however many CPUs it lists.
     char file[4096];
     const std::string step = "/job_" + std::to_string(job_id) + "/" + step_dir_name(step_id) + "/";
     if (zb_cgroup_cpuset(nullptr, 0, 0, out, file, sizeof file) == ZB_OK &&

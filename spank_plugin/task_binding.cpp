@@ -12,6 +12,12 @@ namespace {
 
 using PlanPtr = std::unique_ptr<zb_plan_t, void (*)(zb_plan_t *)>;
 
+// What a bound task finds in its environment (zenflow_bind(8), ENVIRONMENT), in this order.
+constexpr const char *kVariables[] = {
+    "OMP_NUM_THREADS",  "ZENFLOW_TRAIN_CPUS", "ZENFLOW_OPT_CPUS",  "ZENFLOW_OPT_THREADS",
+    "ZENFLOW_OPT_MEMS", "ZENFLOW_TASK_CPUS",  "ZENFLOW_STEP_CPUS", "ZENFLOW_BIND_OPTIONS"};
+constexpr size_t kVariableCount = sizeof kVariables / sizeof *kVariables;
+
 bool set_affinity(hwloc_const_bitmap_t cpus, std::string &error) {
     const int last = hwloc_bitmap_last(cpus);
     if (last < 0 || last > ZB_CPULIST_MAX_ID) {
@@ -38,14 +44,6 @@ bool set_affinity(hwloc_const_bitmap_t cpus, std::string &error) {
     return true;
 }
 
-bool set_env(spank_t sp, const char *name, const std::string &value, std::string &error) {
-    if (spank_setenv(sp, name, value.c_str(), 1) != ESPANK_SUCCESS) {
-        error = std::string("cannot set ") + name + " in the task's environment";
-        return false;
-    }
-    return true;
-}
-
 std::string threads(unsigned n) {
     return std::to_string(n) + (n == 1 ? " thread" : " threads");
 }
@@ -66,6 +64,11 @@ std::string cpulist(hwloc_const_bitmap_t set) {
     zb_cpulist_format(set, big.data(), big.size());
     big.resize(static_cast<size_t>(n));
     return big;
+}
+
+void clear_env(spank_t sp) {
+    for (const char *name : kVariables)
+        if (std::strncmp(name, "ZENFLOW_", 8) == 0) spank_unsetenv(sp, name);
 }
 
 void tell_user(const std::string &line) {
@@ -110,19 +113,24 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
                 zb_last_error();
         return false;
     }
-    if (!set_affinity(share.train_cpus, error)) return false;
-
+    // The environment first and the affinity last: a failure on the way (onerror=warn) leaves
+    // the task as Slurm bound it once clear_env() has run.
     const std::string train = cpulist(share.train_cpus), opt = cpulist(share.opt_cpus),
                       mems = cpulist(share.opt_mems), nodes = cpulist(share.nodes);
-    if (!set_env(sp, "OMP_NUM_THREADS", std::to_string(share.train_threads), error) ||
-        !set_env(sp, "ZENFLOW_TRAIN_CPUS", train, error) ||
-        !set_env(sp, "ZENFLOW_OPT_CPUS", opt, error) ||
-        !set_env(sp, "ZENFLOW_OPT_THREADS", std::to_string(share.opt_threads), error) ||
-        !set_env(sp, "ZENFLOW_OPT_MEMS", mems, error) ||
-        !set_env(sp, "ZENFLOW_TASK_CPUS", cpulist(share.cpus), error) ||
-        !set_env(sp, "ZENFLOW_STEP_CPUS", cpulist(step_cpus), error) ||
-        !set_env(sp, "ZENFLOW_BIND_OPTIONS", options_text(options), error))
-        return false;
+    const std::string values[kVariableCount] = {std::to_string(share.train_threads),
+                                                train,
+                                                opt,
+                                                std::to_string(share.opt_threads),
+                                                mems,
+                                                cpulist(share.cpus),
+                                                cpulist(step_cpus),
+                                                options_text(options)};
+    for (size_t i = 0; i < kVariableCount; ++i)
+        if (spank_setenv(sp, kVariables[i], values[i].c_str(), 1) != ESPANK_SUCCESS) {
+            error = std::string("cannot set ") + kVariables[i] + " in the task's environment";
+            return false;
+        }
+    if (!set_affinity(share.train_cpus, error)) return false;
 
     if (options.verbose)
         tell_user(task.host + " task " + std::to_string(task.local_id) + " (rank " +

@@ -84,7 +84,8 @@ hwloc_const_cpuset_t zb_topology_cpuset(const zb_topology_t *topology);
 /* The cpuset of the cgroup of process `pid` (0: the caller), found from <fsroot>/proc/PID/cgroup
  * and <fsroot>/proc/PID/mountinfo, for cgroup v1 (cpuset controller) and v2. `levels_up` reads
  * that many ancestors up (1: the parent, e.g. a Slurm step above its task_N cgroup). Reads the
- * effective set; walks further up while a level is empty. `fsroot` NULL or "" means "/". The
+ * effective set of the level that confines the process: v1, the nearest non-empty one; v2, the
+ * nearest that configures cpuset.cpus, else the mount's root. `fsroot` NULL or "" means "/". The
  * file read is written to `source` (may be NULL). ZB_ESYS when there is no cpuset controller. */
 zb_status zb_cgroup_cpuset(const char *fsroot, pid_t pid, unsigned levels_up, hwloc_cpuset_t out,
                            char *source, size_t source_len);

@@ -76,17 +76,17 @@ class ClusterCase(unittest.TestCase):
     def setUp(self):
         self.plugstack("")
 
-    def run_cmd(self, *cmd, check=True):
-        p = subprocess.run(list(cmd), env=self.env, capture_output=True, text=True,
+    def run_cmd(self, *cmd, check=True, env=None):
+        p = subprocess.run(list(cmd), env=env or self.env, capture_output=True, text=True,
                            timeout=STEP_TIMEOUT)
         if check and p.returncode != 0:
             self.fail(f"{' '.join(cmd)} exited {p.returncode}\nstdout:\n{p.stdout}\n"
                       f"stderr:\n{p.stderr}")
         return p
 
-    def tasks(self, *srun_args, check=True):
+    def tasks(self, *srun_args, check=True, env=None):
         """Runs REPORT in every task; returns ({task id: Task}, completed process)."""
-        p = self.run_cmd("srun", "-l", *srun_args, "bash", "-c", REPORT, check=check)
+        p = self.run_cmd("srun", "-l", *srun_args, "bash", "-c", REPORT, check=check, env=env)
         tasks = {}
         for line in p.stdout.splitlines():
             m = re.match(r"\s*(\d+): env=(.*)", line)
@@ -274,9 +274,14 @@ class PluginOnSlurm(ClusterCase):
         self.plugstack(None)
         plain, _ = self.tasks("-n1", "-c2")
         self.plugstack("onerror=warn")
-        tasks, p = self.tasks("-n1", "-c2", "--zenflow-bind=train=2,opt=2")
+        # Variables inherited from a bound batch step must not survive into a task left unbound
+        # (the worker would pin itself to them); the user's OMP_NUM_THREADS stays.
+        inherited = dict(self.env, ZENFLOW_TRAIN_CPUS="0", ZENFLOW_OPT_CPUS="1",
+                         ZENFLOW_OPT_MEMS="0", OMP_NUM_THREADS="7")
+        tasks, p = self.tasks("-n1", "-c2", "--zenflow-bind=train=2,opt=2", env=inherited)
         self.assertEqual(tasks[0].affinity, plain[0].affinity, "left as Slurm bound it")
-        self.assertEqual(tasks[0].train, "unset")
+        self.assertEqual((tasks[0].train, tasks[0].opt, tasks[0].mems), ("unset",) * 3)
+        self.assertEqual(tasks[0].omp, "7")
         self.assertIn("warning", p.stderr)
 
     def test_profile_sets_optimizer_cores_and_a_missing_one_is_reported(self):

@@ -174,10 +174,18 @@ static void slurm_v2_tree(const char *controllers) {
         "25 22 0:23 / /sys/fs/cgroup rw,nosuid,nodev shared:4 - cgroup2 cgroup2 rw,nsdelegate\n");
     put("sys/fs/cgroup/cgroup.controllers", controllers);
     put("sys/fs/cgroup/cpuset.cpus.effective", "0-63\n");
+    /* task/cgroup with ConstrainCores=yes writes cpuset.cpus at the job and the step */
+    put("sys/fs/cgroup/system.slice/cpuset.cpus", "");
+    put("sys/fs/cgroup/system.slice/cpuset.cpus.effective", "0-63\n");
+    put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/cpuset.cpus", "0-31\n");
     put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/cpuset.cpus.effective", "0-31\n");
+    put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0/cpuset.cpus", "0-15,32-47\n");
     put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0/cpuset.cpus.effective",
         "0-15,32-47\n");
-    /* cpuset is not enabled below the step: user/ and task_0/ have no cpuset files */
+    /* user/ configures nothing; cpuset is not enabled in task_0/, which has no cpuset files */
+    put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0/user/cpuset.cpus", "\n");
+    put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0/user/cpuset.cpus.effective",
+        "0-15,32-47\n");
     put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0/user/task_0/cgroup.procs", "");
 }
 
@@ -190,21 +198,35 @@ static void test_v2(void **state) {
     expect_cpuset(0, 2, "0-15,32-47", V2STEP "cpuset.cpus.effective");
     expect_cpuset(0, 3, "0-31",
                   "sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/cpuset.cpus.effective");
+    expect_cpuset(0, 5, "0-63", "sys/fs/cgroup/cpuset.cpus.effective");
     expect_cpuset(0, 6, "0-63", "sys/fs/cgroup/cpuset.cpus.effective");
     expect_failure(0, 7, ZB_EINVAL);
-    /* no cpuset file anywhere up to the mount */
+    /* the configured level without its effective file */
     char path[1024];
-    const char *files[] = {
-        V2STEP "cpuset.cpus.effective",
-        "sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/cpuset.cpus.effective",
-        "sys/fs/cgroup/cpuset.cpus.effective"};
-    for (int i = 0; i < 3; ++i) {
-        snprintf(path, sizeof path, "%s/%s", root, files[i]);
-        assert_int_equal(unlink(path), 0);
-    }
+    snprintf(path, sizeof path, "%s/%s", root, V2STEP "cpuset.cpus.effective");
+    assert_int_equal(unlink(path), 0);
     const char *msg = expect_failure(0, 0, ZB_ESYS);
     assert_non_null(strstr(msg, "no non-empty cpuset.cpus.effective in "));
-    assert_non_null(strstr(msg, "/step_0/user/task_0 or its ancestors up to the mount "));
+    assert_non_null(strstr(msg, "/step_0, the cgroup that confines "));
+}
+
+/* Slurm on cgroup v2 enables the cpuset controller for every job and step, but writes their
+ * cpuset.cpus only under task/cgroup with ConstrainCores=yes. Without it every level's effective
+ * set is the whole node's: the source must then be the mount's root, never the step, so that the
+ * plugin does not take the node for the step's CPUs. */
+static void test_v2_step_not_constrained(void **state) {
+    (void)state;
+    slurm_v2_tree("cpuset cpu io memory pids\n");
+    put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/cpuset.cpus", "");
+    put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/cpuset.cpus.effective", "0-63\n");
+    put(V2STEP "cpuset.cpus", "\n");
+    put(V2STEP "cpuset.cpus.effective", "0-63\n");
+    put(V2STEP "user/cpuset.cpus.effective", "0-63\n");
+    expect_cpuset(0, 0, "0-63", "sys/fs/cgroup/cpuset.cpus.effective");
+    /* an admin's AllowedCPUs= on system.slice confines it there, still not at the step */
+    put("sys/fs/cgroup/system.slice/cpuset.cpus", "2-61\n");
+    put("sys/fs/cgroup/system.slice/cpuset.cpus.effective", "2-61\n");
+    expect_cpuset(0, 0, "2-61", "sys/fs/cgroup/system.slice/cpuset.cpus.effective");
 }
 
 static void test_v2_without_cpuset(void **state) {
@@ -242,6 +264,7 @@ static void test_hybrid_v2_cpuset(void **state) {
     put("proc/self/cgroup", "5:memory:/a\n2:cpu,cpuacct:/a\n0::/job/step\n");
     put("proc/self/mountinfo", hybrid_mountinfo);
     put("sys/fs/cgroup/unified/cgroup.controllers", "cpuset\n");
+    put("sys/fs/cgroup/unified/job/step/cpuset.cpus", "3,5\n");
     put("sys/fs/cgroup/unified/job/step/cpuset.cpus.effective", "3,5\n");
     put("sys/fs/cgroup/cpuset/job/step/cpuset.effective_cpus", "1\n");
     expect_cpuset(0, 0, "3,5", "sys/fs/cgroup/unified/job/step/cpuset.cpus.effective");
@@ -285,6 +308,7 @@ static void test_escaped_mount_point(void **state) {
     put("proc/self/cgroup", "0::/a\n");
     put("proc/self/mountinfo", "60 1 0:50 / /mnt/cg\\040v2\\134x rw - cgroup2 cgroup2 rw\n");
     put("mnt/cg v2\\x/cgroup.controllers", "cpu cpuset\n");
+    put("mnt/cg v2\\x/a/cpuset.cpus", "0-15,32-47\n");
     put("mnt/cg v2\\x/a/cpuset.cpus.effective", "0-15,32-47\n");
     expect_cpuset(0, 0, "0-15,32-47", "mnt/cg v2\\x/a/cpuset.cpus.effective");
 }
@@ -294,6 +318,7 @@ static void test_pid_and_fsroot(void **state) {
     put("proc/4242/cgroup", "0::/j\n");
     put("proc/4242/mountinfo", "25 22 0:23 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
     put("sys/fs/cgroup/cgroup.controllers", "cpuset\n");
+    put("sys/fs/cgroup/j/cpuset.cpus", "7\n");
     put("sys/fs/cgroup/j/cpuset.cpus.effective", "7\n");
     expect_cpuset(4242, 0, "7", "sys/fs/cgroup/j/cpuset.cpus.effective");
     /* trailing slashes on fsroot change nothing */
@@ -388,6 +413,7 @@ int main(void) {
         T(test_v1_fallback_and_empty_levels),
         T(test_v1_noprefix),
         T(test_v2),
+        T(test_v2_step_not_constrained),
         T(test_v2_without_cpuset),
         T(test_hybrid_v1_wins),
         T(test_hybrid_v2_cpuset),
