@@ -8,6 +8,7 @@
 #include <numaif.h>
 #include <string>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -46,6 +47,11 @@ Segment::Segment(const char *what, size_t size, const std::vector<int> &nodes) :
     fd_ = memfd_create(what, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd_ < 0) fail_errno(std::string("memfd_create for the ") + what);
     try {
+        // Past RLIMIT_FSIZE, ftruncate would raise SIGXFSZ, which kills the caller by default.
+        rlimit fsize{};
+        if (getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY &&
+            size > fsize.rlim_cur)
+            fail_reserve(what, size, EFBIG);
         if (ftruncate(fd_, static_cast<off_t>(size)) != 0) fail_reserve(what, size, errno);
         base_ = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
         if (base_ == MAP_FAILED) {

@@ -129,7 +129,20 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
         send_fd(w.sock, seg.fd(), g);
         w.ctl->command = shm::Command::add_group;
         w.ctl->ngroups = g;
-        w.run_command();
+        try {
+            w.run_command();
+        } catch (const zb::Error &e) {
+            // The worker may still finish the registration the trainer now forgets: both sides
+            // would disagree on the groups from then on. A worker that late is stopped instead.
+            if (e.status() != ZB_ETIMEDOUT) throw;
+            const std::string why =
+                "the optimizer worker did not register group " + std::to_string(g) + " (" +
+                std::to_string(n) +
+                " parameters) within control_timeout_ms=" + std::to_string(w.control_timeout_ms) +
+                " and was stopped; spawn a new one with a longer timeout";
+            w.stop(why);
+            fail(ZB_ETIMEDOUT, why);
+        }
         w.groups.push_back(std::move(seg));
         w.numel += n;
         w.param_bytes += 4 * n;
@@ -195,7 +208,10 @@ zb_status zb_worker_wait(zb_worker_t *worker, int timeout_ms, uint64_t *nonfinit
     return zb::guard([&] {
         zb_worker &w = handle(worker, "zb_worker_wait");
         if (timeout_ms < 0) fail(ZB_EINVAL, "zb_worker_wait: timeout_ms must be >= 0");
-        if (!w.in_flight && !w.reaped) fail(ZB_EINVAL, "zb_worker_wait: no step in flight");
+        if (!w.in_flight) {
+            w.check_alive(); // a dead worker is ZB_EDEAD, not "nothing to wait for"
+            fail(ZB_EINVAL, "zb_worker_wait: no step in flight");
+        }
         try {
             w.wait_response(int64_t(timeout_ms) * 1'000'000);
         } catch (const zb::Error &e) {

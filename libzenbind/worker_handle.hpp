@@ -40,6 +40,8 @@ struct zb_worker {
     void wait_response(int64_t timeout_ns);
     // publish_request + wait_response(control_timeout_ms).
     void run_command();
+    // SIGKILLs the worker through its pidfd and reaps it; later calls give ZB_EDEAD with `why`.
+    void stop(const std::string &why);
 };
 
 namespace zb::worker {

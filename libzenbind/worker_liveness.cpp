@@ -2,6 +2,7 @@
 // so a zero-timeout poll between bounded futex sleeps notices a death within one sleep slice.
 #include "error.hpp"
 #include "shm_futex.hpp"
+#include "shm_process.hpp"
 #include "worker_handle.hpp"
 
 #include <algorithm>
@@ -97,4 +98,15 @@ void zb_worker::wait_response(int64_t timeout_ns) {
 void zb_worker::run_command() {
     publish_request();
     wait_response(static_cast<int64_t>(control_timeout_ms) * 1'000'000);
+}
+
+void zb_worker::stop(const std::string &why) {
+    if (!reaped) {
+        zb::shm::pidfd_send_signal(pidfd, SIGKILL);
+        siginfo_t info{};
+        waitid(P_PIDFD, static_cast<id_t>(pidfd), &info, WEXITED); // ECHILD if reaped elsewhere
+    }
+    reaped = true;
+    in_flight = false;
+    death = why;
 }

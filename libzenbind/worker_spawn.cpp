@@ -32,6 +32,8 @@ namespace {
 using zb::fail;
 namespace shm = zb::shm;
 
+constexpr unsigned kMaxSpinUs = 50'000;
+
 const char *env_or(const char *given, const char *name) {
     if (given && given[0]) return given;
     const char *v = std::getenv(name);
@@ -118,8 +120,10 @@ std::vector<std::string> worker_environment(unsigned threads) {
     bool wait_policy = false;
     for (char **e = environ; *e; ++e) {
         const std::string kv = *e;
+        // The team is exactly `threads` threads, each pinned by the worker itself.
         if (kv.rfind("OMP_NUM_THREADS=", 0) == 0 || kv.rfind("OMP_PLACES=", 0) == 0 ||
-            kv.rfind("OMP_PROC_BIND=", 0) == 0 || kv.rfind("OMP_DYNAMIC=", 0) == 0)
+            kv.rfind("OMP_PROC_BIND=", 0) == 0 || kv.rfind("OMP_DYNAMIC=", 0) == 0 ||
+            kv.rfind("OMP_THREAD_LIMIT=", 0) == 0)
             continue;
         wait_policy |= kv.rfind("OMP_WAIT_POLICY=", 0) == 0;
         env.push_back(kv);
@@ -225,11 +229,7 @@ void await_ready(zb_worker &w, const std::string &path) {
 
 zb_worker::~zb_worker() {
     // In a forked child of the trainer, only this copy of the handle goes; the worker stays.
-    if (pid > 0 && !reaped && ctl && ctl->trainer_pid == getpid()) {
-        kill(pid, SIGKILL);
-        siginfo_t info{};
-        waitid(P_PIDFD, static_cast<id_t>(pidfd), &info, WEXITED);
-    }
+    if (pid > 0 && !reaped && ctl && ctl->trainer_pid == getpid()) stop("destroyed");
     if (pidfd >= 0) close(pidfd);
     if (sock >= 0) close(sock);
 }
@@ -255,7 +255,17 @@ zb_status zb_worker_spawn(const zb_worker_attr *attr, zb_worker_t **out) {
             if (!memchr(a.path, 0, sizeof a.path) || !memchr(a.cpus, 0, sizeof a.cpus) ||
                 !memchr(a.mems, 0, sizeof a.mems))
                 fail(ZB_EINVAL, "zb_worker_spawn: attr.path, cpus or mems is not NUL-terminated");
-            if (!a.control_timeout_ms) a.control_timeout_ms = 60000;
+            zb_worker_attr defaults;
+            zb_worker_attr_init(&defaults);
+            for (auto [field, fallback] : {std::pair{&a.worker_spin_us, defaults.worker_spin_us},
+                                           {&a.wait_spin_us, defaults.wait_spin_us},
+                                           {&a.control_timeout_ms, defaults.control_timeout_ms}})
+                if (*field == 0) *field = fallback;
+            // The worker checks that its trainer lives only between spins.
+            if (a.worker_spin_us > kMaxSpinUs || a.wait_spin_us > kMaxSpinUs)
+                fail(ZB_EINVAL,
+                     "zb_worker_spawn: worker_spin_us and wait_spin_us must be at most " +
+                         std::to_string(kMaxSpinUs) + " (50 ms)");
         }
         const auto cpus = resolve_cpus(a);
         const unsigned threads = resolve_threads(a, cpus.size());

@@ -37,6 +37,7 @@ struct Group {
     size_t numel = 0;
     AdamHyper hyper;
     AdamTensor tensor;
+    const void *grads[2] = {}; // validated once: the step never re-reads offsets from the segment
     GradType grad = GradType::f32;
     CopyType copy = CopyType::none;
 };
@@ -71,15 +72,41 @@ CopyType copy_type(shm::Dtype copy) {
 }
 
 void prefer_nodes(void *p, size_t len, const shm::Control &ctl) {
-    if (ctl.nmems == 0) return;
-    unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {};
+    constexpr int kMaskBits = 1024;
+    const uint32_t nmems = ctl.nmems < shm::kMaxNodes ? ctl.nmems : shm::kMaxNodes;
+    if (nmems == 0 || ctl.mems[0] < 0 || ctl.mems[0] >= kMaskBits) return;
+    unsigned long mask[kMaskBits / (8 * sizeof(unsigned long))] = {};
     const unsigned long bits = 8 * sizeof(unsigned long);
-    for (uint32_t i = 0; i < ctl.nmems; ++i)
-        mask[ctl.mems[i] / bits] |= 1UL << (ctl.mems[i] % bits);
-    if (ctl.nmems > 1 && mbind(p, len, MPOL_PREFERRED_MANY, mask, 1024, 0) == 0) return;
+    for (uint32_t i = 0; i < nmems; ++i)
+        if (ctl.mems[i] >= 0 && ctl.mems[i] < kMaskBits)
+            mask[ctl.mems[i] / bits] |= 1UL << (ctl.mems[i] % bits);
+    if (nmems > 1 && mbind(p, len, MPOL_PREFERRED_MANY, mask, kMaskBits, 0) == 0) return;
     unsigned long first[1024 / (8 * sizeof(unsigned long))] = {};
     first[ctl.mems[0] / bits] |= 1UL << (ctl.mems[0] % bits);
-    mbind(p, len, MPOL_PREFERRED, first, 1024, 0); // placement is an optimisation: best effort
+    mbind(p, len, MPOL_PREFERRED, first, kMaskBits, 0); // placement is an optimisation only
+}
+
+// [off, off + bytes) lies inside a segment of `size` bytes, 64-byte aligned (a vector's width).
+bool fits(uint64_t off, uint64_t bytes, uint64_t size) {
+    return off % 64 == 0 && off <= size && bytes <= size - off;
+}
+
+// The group's descriptor as the trainer wrote it must describe its segment exactly: the worker
+// writes through every offset, so nothing is taken on trust (sizes cannot overflow: n is at most
+// a quarter of the segment's size).
+bool describes(const shm::GroupDesc &d, uint64_t segment_size) {
+    const uint64_t n = d.numel, size = d.segment_size;
+    const bool grad_ok =
+        d.grad == shm::Dtype::f32 || d.grad == shm::Dtype::bf16 || d.grad == shm::Dtype::f16;
+    const bool copy_ok =
+        d.copy == shm::Dtype::none || d.copy == shm::Dtype::bf16 || d.copy == shm::Dtype::f16;
+    if (size != segment_size || n == 0 || n > size / 4 || !grad_ok || !copy_ok || d.stale > 1)
+        return false;
+    const uint64_t g = shm::dtype_size(d.grad);
+    return fits(d.off_params, 4 * n, size) && fits(d.off_grads[0], g * n, size) &&
+           fits(d.off_grads[1], g * n, size) &&
+           (d.copy == shm::Dtype::none ? d.off_copy == 0 : fits(d.off_copy, 2 * n, size)) &&
+           (d.stale ? fits(d.off_stale, 4 * n, size) : d.off_stale == 0);
 }
 
 // Master only: receive and map the group's segment, reserve its moments. The team then zeroes
@@ -101,16 +128,12 @@ bool add_group(Team &t) {
     }
     int fd;
     std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-    const shm::GroupDesc d = t.ctl.groups[index];
     struct stat st {};
+    const bool known = index < shm::kMaxGroups && index == t.ctl.ngroups &&
+                       index == t.groups.size() && fstat(fd, &st) == 0 && st.st_size > 0;
+    const shm::GroupDesc d = known ? t.ctl.groups[index] : shm::GroupDesc{};
     const size_t n = d.numel;
-    const bool sane = index == t.ctl.ngroups && index == t.groups.size() && fstat(fd, &st) == 0 &&
-                      static_cast<uint64_t>(st.st_size) == d.segment_size && n > 0 &&
-                      d.off_grads[1] + shm::dtype_size(d.grad) * n <= d.segment_size &&
-                      (!d.off_copy || d.off_copy + 2 * n <= d.segment_size) &&
-                      (!d.off_stale || d.off_stale + 4 * n <= d.segment_size) &&
-                      d.grad != shm::Dtype::none;
-    if (!sane) {
+    if (!known || !describes(d, static_cast<uint64_t>(st.st_size))) {
         close(fd);
         t.answer(ZB_EINTERNAL, "the group's descriptor does not match its shared memory");
         return false;
@@ -149,6 +172,8 @@ bool add_group(Team &t) {
     tensor.stale = d.off_stale ? reinterpret_cast<float *>(g.base + d.off_stale) : nullptr;
     tensor.n = n;
     tensor.hyper = &t.groups.back().hyper;
+    t.groups.back().grads[0] = g.base + d.off_grads[0];
+    t.groups.back().grads[1] = g.base + d.off_grads[1];
     return true;
 }
 
@@ -171,7 +196,7 @@ bool prepare_step(Team &t) {
         g.hyper.bias_correction = d.hyper.bias_correction != 0;
         g.hyper.step = ctl.step;
         g.hyper.grad_scale = ctl.grad_scale;
-        g.tensor.grad = g.base + d.off_grads[ctl.grad_buffer & 1];
+        g.tensor.grad = g.grads[ctl.grad_buffer & 1];
     }
     t.nonfinite.store(0, std::memory_order_relaxed);
     return true;
@@ -227,7 +252,15 @@ int run_team(shm::Control &ctl, int socket_fd, int parent_pidfd) {
 #pragma omp barrier
 #pragma omp master
         {
-            if (omp_get_num_threads() != threads || pin_failures.load()) {
+            if (omp_get_num_threads() != threads) {
+                ctl.status = ZB_EINVAL;
+                std::snprintf(ctl.message, sizeof ctl.message,
+                              "OpenMP gave the worker %d of the %d threads asked for (a thread "
+                              "limit in its environment?)",
+                              omp_get_num_threads(), threads);
+                t.job = shm::Command::exit;
+                shm::publish(ctl.ready, ctl.trainer_sleeping, 2);
+            } else if (pin_failures.load()) {
                 ctl.status = ZB_EINVAL;
                 std::snprintf(ctl.message, sizeof ctl.message,
                               "%d of %d threads could not pin themselves to their CPU "

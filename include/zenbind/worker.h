@@ -56,11 +56,12 @@ typedef struct zb_worker_attr {
      * node spills to others instead of killing the job. */
     char mems[256];
     /* Busy-wait before sleeping on a futex, in microseconds: the worker's wait for a command and
-     * zb_worker_wait's wait for a result. Default 50 each; longer trades CPU for latency. */
+     * zb_worker_wait's wait for a result. Default 50 each, at most 50000 (the worker checks that
+     * its trainer lives between spins); longer trades CPU for latency. */
     unsigned worker_spin_us;
     unsigned wait_spin_us;
     /* Bound on spawn and group registration (which allocates and zeroes the moments), in ms.
-     * Default 60000. */
+     * Default 60000. A registration past it stops the worker (ZB_ETIMEDOUT, then ZB_EDEAD). */
     unsigned control_timeout_ms;
 } zb_worker_attr;
 

@@ -3,6 +3,7 @@
 Run with Debian's /usr/bin/python3, ZENFLOW_BIND_LIB pointing at libzenbind.so, ZENFLOW_OPTIMIZER
 at zenflow-optimizer and contrib/python on PYTHONPATH (CMake's zb_python_test does this)."""
 
+import gc
 import os
 import signal
 import time
@@ -109,6 +110,19 @@ class Behaviour(unittest.TestCase):
             self.assertLess(time.monotonic() - t0, 1.0)
             self.assertEqual(ctx.exception.status, "EDEAD")
             self.assertIn("signal 9", str(ctx.exception))
+
+    def test_views_keep_the_worker_alive(self):
+        # No reference to the Worker or the Group is left, only the numpy view: the memory must
+        # stay mapped (it used to be unmapped by the collector, and writing crashed).
+        def params_only():
+            return Worker(threads=1).add_group(1 << 16).params
+
+        p = params_only()
+        gc.collect()
+        p[:] = 1.0
+        self.assertEqual(float(p.sum()), float(1 << 16))
+        del p
+        gc.collect()
 
     def test_memory_report(self):
         with Worker(threads=1) as w:

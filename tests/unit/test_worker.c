@@ -97,6 +97,10 @@ static void test_bad_arguments(void **state) {
     zb_worker_attr_init(&attr);
     strcpy(attr.path, "/nonexistent/zenflow-optimizer");
     expect_status(zb_worker_spawn(&attr, &w), ZB_EINVAL, "/nonexistent/zenflow-optimizer");
+    zb_worker_attr_init(&attr);
+    attr.worker_spin_us = 50001; /* the worker would not check its trainer for that long */
+    expect_status(zb_worker_spawn(&attr, &w), ZB_EINVAL, "at most 50000");
+    assert_null(w);
 
     w = spawn_threads(1);
     zb_group_attr g;
@@ -320,7 +324,54 @@ static void test_worker_killed_mid_step(void **state) {
     expect_status(st, ZB_EDEAD, "killed by signal 9");
     assert_true(took < 1.0);
     expect_status(zb_worker_submit(w, &s), ZB_EDEAD, "signal 9");
+    expect_status(zb_worker_wait(w, 0, NULL), ZB_EDEAD, "signal 9"); /* not OK, not EINVAL */
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* A registration that runs past control_timeout_ms (here: a stopped worker) stops the worker, so
+ * that the two sides never disagree on the groups; every later call says why. */
+static void test_registration_timeout_stops_worker(void **state) {
+    (void)state;
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = 1;
+    attr.control_timeout_ms = 1500;
+    zb_worker_t *w = NULL;
+    assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+    pid_t pid;
+    zb_worker_pid(w, &pid);
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    zb_group_attr g;
+    memset(&g, 0, sizeof g);
+    g.numel = 1000;
+    g.grad = ZB_DTYPE_FP32;
+    zb_adam_hyper_init(&g.hyper);
+    unsigned id;
+    expect_status(zb_worker_group_add(w, &g, &id), ZB_ETIMEDOUT, "was stopped");
+    assert_int_equal(kill(pid, 0), -1); /* reaped: no such process */
+    zb_worker_step s = {1, 1.0f, 0, NULL, 0};
+    expect_status(zb_worker_submit(w, &s), ZB_EDEAD, "did not register group 0");
+    expect_status(zb_worker_group_add(w, &g, &id), ZB_EDEAD, "longer timeout");
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* A trainer that ignores SIGCHLD has its children reaped by the kernel: destroying a worker that
+ * already died must neither hang nor fail. */
+static void test_destroy_with_sigchld_ignored(void **state) {
+    (void)state;
+    struct sigaction ign = {0}, old;
+    ign.sa_handler = SIG_IGN;
+    assert_int_equal(sigaction(SIGCHLD, &ign, &old), 0);
+    zb_worker_t *w = spawn_threads(1);
+    pid_t pid;
+    zb_worker_pid(w, &pid);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    while (kill(pid, 0) == 0)
+        usleep(1000);
+    const double t0 = now_s();
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+    assert_true(now_s() - t0 < 1.0);
+    assert_int_equal(sigaction(SIGCHLD, &old, NULL), 0);
 }
 
 /* A trainer killed with -9 leaves no worker behind: we are the subreaper, so the orphaned worker
@@ -333,6 +384,7 @@ static void test_trainer_death(void **state) {
     pid_t trainer = fork();
     assert_true(trainer >= 0);
     if (trainer == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test run */
         close(fds[0]);
         zb_worker_attr attr;
         zb_worker_attr_init(&attr);
@@ -372,7 +424,7 @@ static void test_reservation_failure(void **state) {
     pid_t child = fork();
     assert_true(child >= 0);
     if (child == 0) {
-        signal(SIGXFSZ, SIG_IGN);
+        /* SIGXFSZ keeps its default action (kill): the library must never raise it. */
         struct rlimit lim;
         getrlimit(RLIMIT_FSIZE, &lim);
         lim.rlim_cur = 4096; /* the soft limit only: raised again below */
@@ -532,6 +584,16 @@ static void test_environment_defaults(void **state) {
     assert_int_equal(n, 1);
     zb_worker_destroy(w);
 
+    /* The trainer's OpenMP thread limit is not the worker's; spin fields at 0 keep defaults. */
+    setenv("OMP_THREAD_LIMIT", "1", 1);
+    attr.threads = 2;
+    attr.worker_spin_us = attr.wait_spin_us = 0;
+    assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+    assert_int_equal(step(w, 1, 0), ZB_OK);
+    zb_worker_destroy(w);
+    unsetenv("OMP_THREAD_LIMIT");
+    attr.threads = 1;
+
     strcpy(attr.cpus, "0-");
     expect_status(zb_worker_spawn(&attr, &w), ZB_EINVAL, "attr.cpus");
     setenv("ZENFLOW_OPT_CPUS", "zero", 1);
@@ -595,6 +657,8 @@ int main(void) {
         cmocka_unit_test(test_double_buffer_and_outputs),
         cmocka_unit_test(test_wait_timeout),
         cmocka_unit_test(test_worker_killed_mid_step),
+        cmocka_unit_test(test_registration_timeout_stops_worker),
+        cmocka_unit_test(test_destroy_with_sigchld_ignored),
         cmocka_unit_test(test_trainer_death),
         cmocka_unit_test(test_reservation_failure),
         cmocka_unit_test(test_worker_refuses_other_version),

@@ -122,11 +122,14 @@ def _hyper(lr, betas, eps, weight_decay, adamw, bias_correction=True):
     return _Hyper(lr, betas[0], betas[1], eps, weight_decay, int(adamw), int(bias_correction))
 
 
-def _array(address, dtype, count):
-    """A numpy array over shared memory (no copy); bf16 has no numpy type and shows as int16."""
+def _array(address, dtype, count, owner):
+    """A numpy array over shared memory (no copy); bf16 has no numpy type and shows as int16.
+    The array keeps `owner` (the Worker) alive through its base buffer, so the memory stays
+    mapped as long as any view of it exists, until an explicit close()."""
     np_type = {"fp32": np.float32, "fp16": np.float16, "bf16": np.int16}[dtype]
     size = count * np.dtype(np_type).itemsize
     buf = (ctypes.c_char * size).from_address(address)
+    buf._owner = owner
     return np.frombuffer(buf, dtype=np_type, count=count)
 
 
@@ -149,10 +152,11 @@ class Group:
         self.numel = b.numel
         self.grad_dtype = _NAMES[b.grad]
         self.copy_dtype = _NAMES.get(b.copy)
-        self.params = _array(b.params, "fp32", b.numel)
-        self.grads = [_array(b.grads[k], self.grad_dtype, b.numel) for k in (0, 1)]
-        self.copy_out = _array(b.copy_out, self.copy_dtype, b.numel) if b.copy_out else None
-        self.stale = _array(b.stale, "fp32", b.numel) if b.stale else None
+        self.params = _array(b.params, "fp32", b.numel, worker)
+        self.grads = [_array(b.grads[k], self.grad_dtype, b.numel, worker) for k in (0, 1)]
+        self.copy_out = (_array(b.copy_out, self.copy_dtype, b.numel, worker)
+                         if b.copy_out else None)
+        self.stale = _array(b.stale, "fp32", b.numel, worker) if b.stale else None
 
     @staticmethod
     def torch_view(array):
