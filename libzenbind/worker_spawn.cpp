@@ -255,12 +255,7 @@ zb_status zb_worker_spawn(const zb_worker_attr *attr, zb_worker_t **out) {
             if (!memchr(a.path, 0, sizeof a.path) || !memchr(a.cpus, 0, sizeof a.cpus) ||
                 !memchr(a.mems, 0, sizeof a.mems))
                 fail(ZB_EINVAL, "zb_worker_spawn: attr.path, cpus or mems is not NUL-terminated");
-            zb_worker_attr defaults;
-            zb_worker_attr_init(&defaults);
-            for (auto [field, fallback] : {std::pair{&a.worker_spin_us, defaults.worker_spin_us},
-                                           {&a.wait_spin_us, defaults.wait_spin_us},
-                                           {&a.control_timeout_ms, defaults.control_timeout_ms}})
-                if (*field == 0) *field = fallback;
+            if (!a.control_timeout_ms) a.control_timeout_ms = 60000;
             // The worker checks that its trainer lives only between spins.
             if (a.worker_spin_us > kMaxSpinUs || a.wait_spin_us > kMaxSpinUs)
                 fail(ZB_EINVAL,

@@ -41,7 +41,7 @@ typedef enum zb_dtype {
 #define ZB_WORKER_MAX_NODES 64
 
 /* How to spawn the worker. zb_worker_attr_init() fills the defaults; fields left at 0 / NULL /
- * "" keep them. */
+ * "" keep them, except the spins, where 0 means no spinning. */
 typedef struct zb_worker_attr {
     /* Executable; "" means $ZENFLOW_OPTIMIZER, else <libexecdir>/zenflow-bind/zenflow-optimizer. */
     char path[4096];
@@ -56,8 +56,8 @@ typedef struct zb_worker_attr {
      * node spills to others instead of killing the job. */
     char mems[256];
     /* Busy-wait before sleeping on a futex, in microseconds: the worker's wait for a command and
-     * zb_worker_wait's wait for a result. Default 50 each, at most 50000 (the worker checks that
-     * its trainer lives between spins); longer trades CPU for latency. */
+     * zb_worker_wait's wait for a result. Default 50 each, 0 for none, at most 50000 (the worker
+     * checks that its trainer lives between spins); longer trades CPU for latency. */
     unsigned worker_spin_us;
     unsigned wait_spin_us;
     /* Bound on spawn and group registration (which allocates and zeroes the moments), in ms.

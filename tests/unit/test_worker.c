@@ -584,7 +584,7 @@ static void test_environment_defaults(void **state) {
     assert_int_equal(n, 1);
     zb_worker_destroy(w);
 
-    /* The trainer's OpenMP thread limit is not the worker's; spin fields at 0 keep defaults. */
+    /* The trainer's OpenMP thread limit is not the worker's; spinning may be off. */
     setenv("OMP_THREAD_LIMIT", "1", 1);
     attr.threads = 2;
     attr.worker_spin_us = attr.wait_spin_us = 0;
