@@ -29,12 +29,7 @@ std::optional<std::string> read_file(const std::string &path) {
 }
 
 std::string require_file(const std::string &path) {
-    auto data = read_file(path);
-    if (!data) {
-        errno = ENOENT;
-        fail_errno("cannot open " + path);
-    }
-    return std::move(*data);
+    return require_text_file(path, max_file);
 }
 
 std::vector<std::string_view> split(std::string_view s, char sep) {

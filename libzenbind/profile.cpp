@@ -97,14 +97,8 @@ zb_profile::Node parse_node_line(const std::string &line, const std::string &whe
 
 void load(const char *path, zb_profile &profile) {
     if (!path || path[0] != '/') zb::fail(ZB_EINVAL, "profile path must be absolute");
-    // Profiles are read by slurmstepd for the user who names them: read_text_file refuses FIFOs.
-    const std::optional<std::string> text = zb::read_text_file(path, kMaxFileBytes);
-    if (!text) {
-        errno = ENOENT;
-        zb::fail_errno(std::string("cannot open profile ") + path);
-    }
-
-    std::istringstream lines(*text);
+    // Profiles are read by slurmstepd for the user who names them: the reader refuses FIFOs.
+    std::istringstream lines(zb::require_text_file(path, kMaxFileBytes));
     std::string line;
     unsigned lineno = 0;
     bool header = false;

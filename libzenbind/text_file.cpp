@@ -40,4 +40,13 @@ std::optional<std::string> read_text_file(const std::string &path, size_t limit)
     return data;
 }
 
+std::string require_text_file(const std::string &path, size_t limit) {
+    auto data = read_text_file(path, limit);
+    if (!data) {
+        errno = ENOENT;
+        fail_errno("cannot open " + path);
+    }
+    return std::move(*data);
+}
+
 } // namespace zb

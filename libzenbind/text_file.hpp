@@ -13,4 +13,7 @@ namespace zb {
 // block the caller (slurmstepd reads the profile a user names).
 std::optional<std::string> read_text_file(const std::string &path, size_t limit);
 
+// The same for a file that must exist: a missing one fails like any other error (ZB_ESYS).
+std::string require_text_file(const std::string &path, size_t limit);
+
 } // namespace zb

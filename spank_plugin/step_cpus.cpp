@@ -47,7 +47,8 @@ bool step_cpus(spank_t sp, const zb_topology_t *topology, uint32_t job_id, uint3
         }
         source = file;
     } else {
-        // No cpuset cgroup for the step (task/affinity alone): what Slurm says the step owns.
+        // No cgroup confines the step (task/affinity alone, or cgroup v2 without ConstrainCores):
+        // what Slurm says the step owns.
         if (!alloc_cores(sp, topology, out, error)) return false;
         source = "S_STEP_ALLOC_CORES";
     }
