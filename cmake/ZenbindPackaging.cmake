@@ -21,6 +21,8 @@ if(ZB_BUILD_PLUGIN)
         "slurm-client (>= ${CMAKE_MATCH_1}), slurm-client (<< ${CMAKE_MATCH_1}.99)")
   endif()
 endif()
+# The Python package (dist-packages/zenflow_bind) imports numpy; torch is the user's own.
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "python3, python3-numpy")
 set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
 "${PROJECT_DESCRIPTION}
  A Slurm SPANK plugin (srun --zenflow-bind) that splits each step's cgroup

@@ -26,6 +26,7 @@ expect "usr/bin/zenbind" "zenbind CLI"
 expect "usr/bin/zenflow-bench" "benchmark tool"
 expect "usr/libexec/zenflow-bind/zenflow-optimizer" "optimizer worker"
 expect "usr/lib/$multiarch/slurm-wlm/zenflow_bind.so" "SPANK plugin in Slurm's PluginDir"
+expect "usr/lib/python3/dist-packages/zenflow_bind/__init__.py" "Python package where python3 imports it"
 for page in man1/zenbind.1 man1/zenflow-bench.1 man1/zenflow-optimizer.1 man3/libzenbind.3 man8/zenflow_bind.8; do
   expect "usr/share/man/$page*" "man page $page"
 done
