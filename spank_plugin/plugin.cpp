@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 
@@ -80,10 +81,18 @@ int on_option(int, const char *optarg, int remote) noexcept {
 
 char opt_name[] = "zenflow-bind";
 char opt_arginfo[] = "OPTS";
-char opt_usage[] = "Bind each task's training and optimizer CPUs for ZenFlow. OPTS is a comma "
-                   "list of on|off, train=N|F, opt=N, smt=idle|train|opt, "
-                   "numa=prefer|strict|ignore, profile=PATH, verbose, batch (zenflow_bind(8))";
+// Filled from libzenbind's key table before the option is registered.
+char opt_usage[1024];
 spank_option option = {opt_name, opt_arginfo, opt_usage, 2, 0, on_option};
+
+void fill_usage() {
+    char keys[768];
+    if (zb_options_usage(ZB_SCOPE_USER, keys, sizeof keys) < 0) keys[0] = '\0';
+    std::snprintf(opt_usage, sizeof opt_usage,
+                  "Bind each task's training and optimizer CPUs for ZenFlow. OPTS is a comma "
+                  "list of %s (zenflow_bind(8))",
+                  keys);
+}
 
 // Slurm's name for this node (several slurmd may share a host), else the short host name.
 std::string node_name(spank_t sp) {
@@ -124,6 +133,7 @@ ZB_SPANK_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av) {
             slurm_error("zenflow_bind: refusing to load: %s", error.c_str());
             return -1;
         }
+        fill_usage();
         if (spank_option_register(sp, &option) != ESPANK_SUCCESS) {
             slurm_error("zenflow_bind: cannot register --%s", opt_name);
             return -1;

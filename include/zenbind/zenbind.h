@@ -169,6 +169,13 @@ void zb_options_init(zb_options *options);
 zb_status zb_options_parse(zb_options *options, const char *text, zb_scope scope);
 /* Canonical text of `options` (every key that differs from zb_options_init), like snprintf. */
 int zb_options_format(const zb_options *options, char *buf, size_t len);
+/* The keys `scope` accepts with their values ("on|off, train=N|F, opt=N, ..."), like snprintf. */
+int zb_options_usage(zb_scope scope, char *buf, size_t len);
+/* The admin override check (override=deny): the first user key that the user set (bits of
+ * `user_set`) and the admin set too, whose value in `merged` differs from the admin's; NULL if
+ * none. Every user key is checked; admin-only keys never are. */
+const char *zb_options_overridden(const zb_options *admin, const zb_options *merged,
+                                  unsigned user_set);
 
 /* ---- planner ------------------------------------------------------------------------------ */
 
