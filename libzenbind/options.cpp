@@ -164,6 +164,7 @@ std::string format_enum(int value, const char *key, const char *const names[], i
 }
 
 const char *const smt_names[] = {"idle", "train", "opt"};
+const char *const mode_names[] = {"split", "offload"};
 const char *const numa_names[] = {"prefer", "strict", "ignore"};
 
 std::string format_profile(const zb_options &o) {
@@ -232,6 +233,18 @@ const Key keys[] = {
      [](const zb_options &o) { return std::string(o.verbose ? "verbose" : ""); }, ZB_SAME(verbose)},
     {"batch", ZB_SET_BATCH, false, false, "batch", "batch", ZB_FLAG(batch, ZB_SET_BATCH),
      [](const zb_options &o) { return std::string(o.batch ? "batch" : ""); }, ZB_SAME(batch)},
+    {"mode", ZB_SET_MODE, false, true, "mode=split|offload", "split, offload",
+     [](zb_options &o, std::string_view v) {
+         if (v == "split")
+             o.mode = ZB_MODE_SPLIT;
+         else if (v == "offload")
+             o.mode = ZB_MODE_OFFLOAD;
+         else
+             bad_value("mode", v, "split, offload");
+         o.set |= ZB_SET_MODE;
+     },
+     [](const zb_options &o) { return format_enum(enum_bits(o.mode), "mode", mode_names, 2); },
+     ZB_SAME(mode)},
     {"default", ZB_SET_DEFAULT, true, true, "default=on|off", "on, off",
      [](zb_options &o, std::string_view v) {
          apply_switch(o.default_on, ZB_SET_DEFAULT, o, "default", v, "on", "off");

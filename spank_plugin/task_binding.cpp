@@ -90,7 +90,9 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
                hwloc_const_bitmap_t step_cpus, const zb_options &given, const TaskInfo &task,
                std::string &error) {
     zb_options options = given;
-    if (profile && zb_profile_apply(profile, topology, step_cpus, task.ntasks, &options) != ZB_OK) {
+    // A profile sizes the optimizer worker's share; offload has none.
+    if (profile && options.mode != ZB_MODE_OFFLOAD &&
+        zb_profile_apply(profile, topology, step_cpus, task.ntasks, &options) != ZB_OK) {
         error = std::string("cannot apply profile=") + options.profile + ": " + zb_last_error();
         return false;
     }
@@ -125,14 +127,27 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
                                                 cpulist(share.cpus),
                                                 cpulist(step_cpus),
                                                 options_text(options)};
-    for (size_t i = 0; i < kVariableCount; ++i)
+    // mode=offload has no optimizer worker: the ZENFLOW_OPT_* variables stay unset.
+    const bool offload = options.mode == ZB_MODE_OFFLOAD;
+    for (size_t i = 0; i < kVariableCount; ++i) {
+        if (offload && std::strncmp(kVariables[i], "ZENFLOW_OPT_", 12) == 0) {
+            spank_unsetenv(sp, kVariables[i]);
+            continue;
+        }
         if (spank_setenv(sp, kVariables[i], values[i].c_str(), 1) != ESPANK_SUCCESS) {
             error = std::string("cannot set ") + kVariables[i] + " in the task's environment";
             return false;
         }
+    }
     if (!set_affinity(share.train_cpus, error)) return false;
 
-    if (options.verbose)
+    if (options.verbose && offload)
+        tell_user(task.host + " task " + std::to_string(task.local_id) + " (rank " +
+                  std::to_string(task.global_id) + "): offload " + train + " (" +
+                  threads(share.train_threads) +
+                  ", training and optimizer in-process), NUMA node " + nodes + ", step CPUs " +
+                  cpulist(step_cpus) + " from " + task.step_cpus_source);
+    else if (options.verbose)
         tell_user(task.host + " task " + std::to_string(task.local_id) + " (rank " +
                   std::to_string(task.global_id) + "): train " + train + " (" +
                   threads(share.train_threads) + "), optimizer " + opt + " (" +

@@ -114,6 +114,12 @@ typedef enum zb_numa {
 /* Where a string of options comes from: admin keys are accepted only from plugstack.conf. */
 typedef enum zb_scope { ZB_SCOPE_USER = 0, ZB_SCOPE_ADMIN = 1 } zb_scope;
 
+/* What a task's share is for (mode=). */
+typedef enum zb_mode {
+    ZB_MODE_SPLIT = 0, /* training + an optimizer worker on CPUs of its own (default) */
+    ZB_MODE_OFFLOAD    /* the whole share trains; the optimizer runs inside the training process */
+} zb_mode;
+
 /* Bits of zb_options.set: which keys a parse has set explicitly. */
 enum {
     ZB_SET_ENABLED = 1u << 0,
@@ -126,7 +132,8 @@ enum {
     ZB_SET_BATCH = 1u << 7,
     ZB_SET_DEFAULT = 1u << 8,
     ZB_SET_OVERRIDE = 1u << 9,
-    ZB_SET_ONERROR = 1u << 10
+    ZB_SET_ONERROR = 1u << 10,
+    ZB_SET_MODE = 1u << 11
 };
 
 #define ZB_PROFILE_PATH_MAX 4096
@@ -142,6 +149,8 @@ enum {
  *     profile=PATH      a tuning profile written by `zenbind tune` (absolute path)
  *     verbose           print each task's binding to stderr
  *     batch             bind the batch step (the sbatch script) too
+ *     mode=split|offload  training + optimizer worker (split, default), or the whole share for a
+ *                       training process that runs its optimizer itself (offload)
  *   admin keys (ZB_SCOPE_ADMIN only):
  *     default=on|off    bind every step without the option (on) or only on request (off, default)
  *     override=allow|deny  may users change the admin's values (allow, default)
@@ -161,6 +170,7 @@ typedef struct zb_options {
     int allow_override;                /* admin */
     int fail_on_error;                 /* admin */
     unsigned set;                      /* ZB_SET_* bits set by parses */
+    zb_mode mode;
 } zb_options;
 
 void zb_options_init(zb_options *options);

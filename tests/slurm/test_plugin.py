@@ -194,10 +194,23 @@ class PluginOnSlurm(ClusterCase):
         self.assertIn("bogus", p.stderr)
 
     def test_hostile_option_is_refused(self):
-        p = self.run_cmd("srun", "-n1", "--zenflow-bind=" + "train=1," * 2000, "true",
-                         check=False)
+        # Valid items all the way: only the length bound can refuse it.
+        value = ",".join(["train=1"] * 1200)
+        self.assertGreater(len(value), 8192)
+        p = self.run_cmd("srun", "-n1", "--zenflow-bind=" + value, "true", check=False)
         self.assertNotEqual(p.returncode, 0)
-        self.assertIn("zenflow-bind", p.stderr)
+        self.assertIn("longer than 8192 bytes", p.stderr)
+
+    def test_offload_mode_binds_the_whole_share(self):
+        tasks, p = self.tasks("-n1", "-c2", "--zenflow-bind=mode=offload,verbose")
+        t = tasks[0]
+        self.assertEqual(len(t.affinity), 2, "the task runs on its whole share")
+        self.assertEqual(cpus(t.train), t.affinity)
+        self.assertEqual(t.omp, "2", "one OpenMP thread per core of the share")
+        self.assertEqual((t.opt, t.opt_threads, t.mems), ("unset",) * 3,
+                         "no optimizer worker: no ZENFLOW_OPT_* variable")
+        self.assertIn("mode=offload", t.options)
+        self.assertRegex(p.stderr, r"zenflow-bind: \S+ task 0 \(rank 0\): offload ")
 
     def sbatch_and_wait(self, option, script_body):
         out = os.path.join(self.dir, "batch.out")

@@ -128,6 +128,11 @@ static void test_every_key(void **state) {
     assert_int_equal(o.numa, ZB_NUMA_IGNORE);
     assert_int_equal(o.set, ZB_SET_NUMA);
 
+    assert_int_equal(parsed("mode=split", ZB_SCOPE_USER).mode, ZB_MODE_SPLIT);
+    o = parsed("mode=offload", ZB_SCOPE_USER);
+    assert_int_equal(o.mode, ZB_MODE_OFFLOAD);
+    assert_int_equal(o.set, ZB_SET_MODE);
+
     o = parsed("profile=/etc/zenflow/a100.prof", ZB_SCOPE_USER);
     assert_string_equal(o.profile, "/etc/zenflow/a100.prof");
     assert_int_equal(o.set, ZB_SET_PROFILE);
@@ -216,10 +221,12 @@ static void test_messages(void **state) {
     (void)state;
     assert_string_equal(rejected("trian=2", ZB_SCOPE_USER),
                         "unknown key 'trian' (accepted keys: on, off, train=, opt=, smt=, numa=, "
-                        "profile=, verbose, batch)");
+                        "profile=, verbose, batch, mode=)");
     assert_string_equal(rejected("trian", ZB_SCOPE_ADMIN),
                         "unknown key 'trian' (accepted keys: on, off, train=, opt=, smt=, numa=, "
-                        "profile=, verbose, batch, default=, override=, onerror=)");
+                        "profile=, verbose, batch, mode=, default=, override=, onerror=)");
+    assert_string_equal(rejected("mode=inproc", ZB_SCOPE_USER),
+                        "bad value 'inproc' for mode= (accepted: split, offload)");
     assert_string_equal(rejected("smt=x", ZB_SCOPE_USER),
                         "bad value 'x' for smt= (accepted: idle, train, opt)");
     assert_string_equal(rejected("numa=loose", ZB_SCOPE_USER),
@@ -333,6 +340,7 @@ static void test_format_round_trip(void **state) {
                            "train=0.000000000000000000000000000001",
                            "opt=3,smt=opt,numa=ignore",
                            "smt=train,numa=strict,profile=/p/q.prof,verbose,batch",
+                           "mode=offload",
                            "default=on,override=deny,onerror=fail,off",
                            "default=off,override=allow,onerror=warn,on",
                            "train=0.7,opt=1,smt=idle,numa=prefer"};
@@ -404,6 +412,7 @@ static void test_overridden(void **state) {
         {"numa=strict", "numa=ignore", "numa"},
         {"profile=/a", "profile=/b", "profile"},
         {"off", "on", "on"},
+        {"mode=offload", "mode=split", "mode"},
     };
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; ++i) {
         const zb_options admin = parsed(pairs[i][0], ZB_SCOPE_ADMIN);
