@@ -1,6 +1,7 @@
 // zenflow_bind.so: the Slurm glue. Options come in from plugstack.conf and --zenflow-bind,
 // affinity and environment go out at task launch; parsing, topology and planning are
 // libzenbind's. No exception leaves a callback and nothing here blocks.
+#include "cpu_bind.hpp"
 #include "policy.hpp"
 #include "step_cpus.hpp"
 #include "task_binding.hpp"
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -25,6 +27,9 @@ ZB_SPANK_EXPORT extern const unsigned int spank_plugin_version = 1;
 namespace {
 
 using namespace zbspank;
+
+// Set by srun in the step's environment when the user's --cpu-bind wins over default=on.
+constexpr const char *kDeferVariable = "ZENFLOW_BIND_DEFERRED";
 
 // User strings are parsed in root's slurmstepd: anything longer than this is refused unread.
 constexpr size_t max_option_bytes = 8192;
@@ -142,6 +147,39 @@ ZB_SPANK_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av) {
     });
 }
 
+// In srun, after its options and before any task starts: --cpu-bind is decided here (cpu_bind.hpp),
+// since srun sets SLURM_CPU_BIND_TYPE in its environment only when the user gave one.
+ZB_SPANK_EXPORT int slurm_spank_local_user_init(spank_t, int, char **) {
+    return guarded("local_user_init", [&] {
+        State &s = state();
+        Resolved resolved;
+        std::string error;
+        if (!resolve(s.admin, s.user_given ? s.user_text.c_str() : nullptr, resolved, error))
+            return 0; // reported by on_option already
+        if (!resolved.enabled) return 0;
+        const CpuBindDecision d = decide_cpu_bind(std::getenv("SLURM_CPU_BIND_TYPE"),
+                                                  std::getenv("SLURM_CPU_BIND_LIST"), s.user_given);
+        switch (d.action) {
+        case CpuBindAction::none:
+            return 0;
+        case CpuBindAction::refuse:
+            slurm_error("--zenflow-bind: %s", d.message.c_str());
+            return -1;
+        case CpuBindAction::defer:
+            // srun hands its own environment to the tasks (spank_setenv is for slurmstepd).
+            if (setenv(kDeferVariable, "cpu-bind", 1) != 0) {
+                slurm_error("--zenflow-bind: cannot pass the --cpu-bind decision to the tasks");
+                return -1;
+            }
+            [[fallthrough]];
+        case CpuBindAction::refine:
+            tell_user(d.message);
+            return 0;
+        }
+        return 0;
+    });
+}
+
 ZB_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int, char **) {
     return guarded("user_init", [&] {
         State &s = state();
@@ -154,6 +192,11 @@ ZB_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int, char **) {
             return -1;
         }
         if (!s.resolved.enabled) return 0;
+        char deferred[32] = {};
+        if (spank_getenv(sp, kDeferVariable, deferred, sizeof deferred) == ESPANK_SUCCESS) {
+            spank_unsetenv(sp, kDeferVariable);
+            return 0; // srun left this step to the user's --cpu-bind
+        }
         const bool batch_like = step_id == SLURM_BATCH_SCRIPT || step_id == SLURM_INTERACTIVE_STEP;
         if (batch_like && !s.resolved.options.batch) return 0;
         s.active = true;
@@ -186,6 +229,10 @@ ZB_SPANK_EXPORT int slurm_spank_task_init(spank_t sp, int, char **) {
             spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS || local_id < 0)
             return failed(sp, s, task, "Slurm did not describe the task");
         task.local_id = static_cast<unsigned>(local_id);
+        char cpu_bind_verbose[16] = {};
+        task.slurm_verbose = spank_getenv(sp, "SLURM_CPU_BIND_VERBOSE", cpu_bind_verbose,
+                                          sizeof cpu_bind_verbose) == ESPANK_SUCCESS &&
+                             std::strcmp(cpu_bind_verbose, "verbose") == 0;
         if (!s.setup_error.empty()) return failed(sp, s, task, s.setup_error);
 
         std::unique_ptr<hwloc_bitmap_s, void (*)(hwloc_bitmap_t)> cpus(hwloc_bitmap_alloc(),

@@ -141,18 +141,20 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
     }
     if (!set_affinity(share.train_cpus, error)) return false;
 
-    if (options.verbose && offload)
-        tell_user(task.host + " task " + std::to_string(task.local_id) + " (rank " +
-                  std::to_string(task.global_id) + "): offload " + train + " (" +
-                  threads(share.train_threads) +
-                  ", training and optimizer in-process), NUMA node " + nodes + ", step CPUs " +
-                  cpulist(step_cpus) + " from " + task.step_cpus_source);
-    else if (options.verbose)
-        tell_user(task.host + " task " + std::to_string(task.local_id) + " (rank " +
-                  std::to_string(task.global_id) + "): train " + train + " (" +
-                  threads(share.train_threads) + "), optimizer " + opt + " (" +
-                  threads(share.opt_threads) + ", memory on node " + mems + "), NUMA node " +
-                  nodes + ", step CPUs " + cpulist(step_cpus) + " from " + task.step_cpus_source);
+    // After Slurm's own --cpu-bind=verbose line, say that its mask is no longer the task's.
+    if (!options.verbose && !task.slurm_verbose) return true;
+    const std::string who = task.host + " task " + std::to_string(task.local_id) + " (rank " +
+                            std::to_string(task.global_id) + "): ";
+    const std::string where = ", NUMA node " + nodes + ", step CPUs " + cpulist(step_cpus) +
+                              " from " + task.step_cpus_source +
+                              (task.slurm_verbose ? "; replaces the --cpu-bind mask above" : "");
+    if (offload)
+        tell_user(who + "offload " + train + " (" + threads(share.train_threads) +
+                  ", training and optimizer in-process)" + where);
+    else
+        tell_user(who + "train " + train + " (" + threads(share.train_threads) + "), optimizer " +
+                  opt + " (" + threads(share.opt_threads) + ", memory on node " + mems + ")" +
+                  where);
     return true;
 }
 

@@ -17,6 +17,7 @@ struct TaskInfo {
     uint32_t global_id; // its rank in the step
     std::string host;
     std::string step_cpus_source; // for the verbose line
+    bool slurm_verbose = false;   // --cpu-bind=verbose: Slurm printed a mask this replaces
 };
 
 // `profile` (may be null) sets the optimizer core count unless the options fix the split.

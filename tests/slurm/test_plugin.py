@@ -212,6 +212,43 @@ class PluginOnSlurm(ClusterCase):
         self.assertIn("mode=offload", t.options)
         self.assertRegex(p.stderr, r"zenflow-bind: \S+ task 0 \(rank 0\): offload ")
 
+    # ---- srun --cpu-bind ---------------------------------------------------------------------
+
+    def test_cpu_bind_choosing_cpus_is_refused_before_any_task(self):
+        marker = os.path.join(self.dir, "ran")
+        for bind in ("map_cpu:1", "none", "rank"):
+            p = self.run_cmd("srun", "-n1", "-c2", f"--cpu-bind={bind}", "--zenflow-bind",
+                             "touch", marker, check=False)
+            self.assertNotEqual(p.returncode, 0, bind)
+            self.assertIn(f"--cpu-bind={bind}", p.stderr)
+            self.assertIn("give only one of them", p.stderr)
+            self.assertFalse(os.path.exists(marker), f"--cpu-bind={bind}: a task ran")
+
+    def test_cpu_bind_granularity_is_refined_and_said(self):
+        tasks, p = self.tasks("-n1", "-c2", "--cpu-bind=cores", "--zenflow-bind")
+        t = tasks[0]
+        self.assertEqual(len(cpus(t.train)), 1)
+        self.assertEqual(t.affinity, cpus(t.train), "zenflow-bind's binding, not Slurm's")
+        self.assertIn("--cpu-bind=cores: each task is bound by zenflow-bind", p.stderr)
+
+    def test_cpu_bind_verbose_is_told_the_mask_was_replaced(self):
+        tasks, p = self.tasks("-n1", "-c2", "--cpu-bind=verbose", "--zenflow-bind")
+        line = [l for l in p.stderr.splitlines() if "replaces the --cpu-bind mask above" in l]
+        self.assertEqual(len(line), 1, p.stderr)
+        self.assertIn(f"train {tasks[0].train} ", line[0])
+
+    def test_cpu_bind_wins_over_the_sites_default(self):
+        self.plugstack(None)
+        slurm_only, _ = self.tasks("-n1", "-c2", "--cpu-bind=map_cpu:1")
+        self.plugstack("default=on")
+        tasks, p = self.tasks("-n1", "-c2", "--cpu-bind=map_cpu:1")
+        t = tasks[0]
+        self.assertEqual(t.affinity, slurm_only[0].affinity, "Slurm's binding is kept")
+        self.assertEqual((t.omp, t.train, t.opt), ("unset",) * 3)
+        self.assertIn("keeps Slurm's binding", p.stderr)
+        plain, _ = self.tasks("-n1", "-c2")  # and default=on still binds without --cpu-bind
+        self.assertNotEqual(plain[0].train, "unset")
+
     def sbatch_and_wait(self, option, script_body):
         out = os.path.join(self.dir, "batch.out")
         script = os.path.join(self.dir, "job.sh")
