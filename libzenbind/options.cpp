@@ -2,8 +2,8 @@
 // hostile (slurmstepd parses it as root), so every length is bounded and every number is read
 // by hand with its range checked before it can overflow.
 #include "cbuf.hpp"
-#include "cpulist.hpp"
 #include "error.hpp"
+#include "quote.hpp"
 
 #include <charconv>
 #include <cstring>

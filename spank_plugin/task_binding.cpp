@@ -71,21 +71,6 @@ void clear_env(spank_t sp) {
         if (std::strncmp(name, "ZENFLOW_", 8) == 0) spank_unsetenv(sp, name);
 }
 
-void tell_user(const std::string &line) {
-    const std::string text = "zenflow-bind: " + line + "\n";
-    size_t done = 0;
-    while (done < text.size()) {
-        const ssize_t n = write(STDERR_FILENO, text.data() + done, text.size() - done);
-        if (n > 0) {
-            done += static_cast<size_t>(n);
-        } else if (n < 0 && errno == EINTR) {
-            continue;
-        } else {
-            return; // nobody listens; never block or fail the task over a message
-        }
-    }
-}
-
 bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *profile,
                hwloc_const_bitmap_t step_cpus, const zb_options &given, const TaskInfo &task,
                std::string &error) {

@@ -26,6 +26,16 @@ expect "usr/bin/zenbind" "zenbind CLI"
 expect "usr/bin/zenflow-bench" "benchmark tool"
 expect "usr/libexec/zenflow-bind/zenflow-optimizer" "optimizer worker"
 expect "usr/lib/$multiarch/slurm-wlm/zenflow_bind.so" "SPANK plugin in Slurm's PluginDir"
+expect "usr/lib/$multiarch/zenflow-bind/zenflow_bind_binder.so" "the plugin's binder, loaded per binding step"
+# Every srun, sbatch, salloc and slurmstepd loads the plugin: it may need the C library (and the
+# dynamic loader) and nothing else; libzenbind and hwloc come with the binder, per binding step.
+plugin_so="$root/usr/lib/$multiarch/slurm-wlm/zenflow_bind.so"
+if [ -f "$plugin_so" ]; then
+  extra=$(readelf -d "$plugin_so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' |
+    grep -vxE 'libc\.so\.6|libm\.so\.6|ld-linux-x86-64\.so\.2' | tr '\n' ' ' || true)
+  if [ -z "$extra" ]; then echo "ok   the plugin needs only the C library"
+  else echo "FAIL the plugin loads more than the C library: $extra"; fail=1; fi
+fi
 expect "usr/lib/python3/dist-packages/zenflow_bind/__init__.py" "Python package where python3 imports it"
 for page in man1/zenbind.1 man1/zenflow-bench.1 man1/zenflow-optimizer.1 man3/libzenbind.3 man8/zenflow_bind.8; do
   expect "usr/share/man/$page*" "man page $page"

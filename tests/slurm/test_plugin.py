@@ -314,6 +314,41 @@ class PluginOnSlurm(ClusterCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("frobnicate", p.stderr)
 
+    # ---- what loading the plugin costs ------------------------------------------------------
+
+    def test_only_binding_steps_load_libzenbind(self):
+        # The step's slurmstepd is the task's parent: what it has mapped is what Slurm loaded.
+        show = "grep -oE '(libzenbind|zenflow_bind_binder|libhwloc)[^ ]*' /proc/$PPID/maps | sort -u"
+        plain = self.run_cmd("srun", "-n1", "bash", "-c", show).stdout
+        self.assertNotIn("libzenbind", plain, "a job without --zenflow-bind loads no libzenbind")
+        self.assertNotIn("zenflow_bind_binder", plain)
+        bound = self.run_cmd("srun", "-n1", "-c2", "--zenflow-bind", "bash", "-c", show).stdout
+        self.assertIn("zenflow_bind_binder.so", bound)
+        self.assertIn("libzenbind", bound)
+
+    def test_missing_binder_follows_onerror(self):
+        installed = os.path.join(os.environ.get("ZB_TEST_BINDER_DIR", "/nonexistent"),
+                                 "zenflow_bind_binder.so")
+        if os.path.exists(installed):
+            self.skipTest(f"an installed binder ({installed}) would be found")
+        alone = os.path.join(self.dir, "alone")
+        os.makedirs(alone, exist_ok=True)
+        shutil.copy(PLUGIN, alone)
+        with open(os.path.join(alone, "zenflow_bind_binder.so"), "w") as f:
+            f.write("not an ELF object\n")
+        plugin = os.path.join(alone, os.path.basename(PLUGIN))
+        subprocess.run([CLUSTER, "plugstack", self.dir, "--plugin", plugin, "--plugin-args",
+                        "onerror=warn"], check=True, timeout=30)
+        tasks, p = self.tasks("-n1", "-c2", "--zenflow-bind")
+        self.assertEqual(tasks[0].train, "unset", "the task runs as Slurm bound it")
+        self.assertIn("cannot load zenflow_bind_binder.so", p.stderr)
+        subprocess.run([CLUSTER, "plugstack", self.dir, "--plugin", plugin, "--plugin-args",
+                        "onerror=fail"], check=True, timeout=30)
+        tasks, p = self.tasks("-n1", "-c2", "--zenflow-bind", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertNotIn(0, tasks, "onerror=fail: the task must not run")
+        self.assertIn("cannot load zenflow_bind_binder.so", p.stderr)
+
     def test_onerror_fail_and_warn(self):
         # Two training plus two optimizer cores cannot fit in two.
         self.plugstack("onerror=fail")
