@@ -312,7 +312,7 @@ zb_status zb_cgroup_cpuset(const char *fsroot, pid_t pid, unsigned levels_up, hw
         zb::CpusetReader reader(fsroot, pid);
         auto found = reader.read(levels_up);
         if (!found)
-            zb::fail(ZB_ESYS,
+            zb::fail(ZB_ENOENT,
                      "no cpuset controller for " +
                          (pid == 0 ? std::string("this process") : "pid " + std::to_string(pid)) +
                          ": " + reader.why_none());

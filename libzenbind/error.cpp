@@ -56,6 +56,8 @@ const char *zb_status_name(zb_status status) {
         return "EVERSION";
     case ZB_EINTERNAL:
         return "EINTERNAL";
+    case ZB_ENOENT:
+        return "ENOENT";
     }
     return "EUNKNOWN";
 }

@@ -39,7 +39,8 @@ typedef enum zb_status {
     ZB_ETIMEDOUT = -6,   /* a bounded wait ran out */
     ZB_EDEAD = -7,       /* the peer process (worker or trainer) died */
     ZB_EVERSION = -8,    /* shared-memory layout or protocol version mismatch */
-    ZB_EINTERNAL = -9    /* a bug: please report the message */
+    ZB_EINTERNAL = -9,   /* a bug: please report the message */
+    ZB_ENOENT = -10      /* not present, which is not a failure: e.g. no cpuset controller */
 } zb_status;
 
 /* Message describing the last failure in the calling thread ("" if none). Valid until the next
@@ -86,7 +87,8 @@ hwloc_const_cpuset_t zb_topology_cpuset(const zb_topology_t *topology);
  * that many ancestors up (1: the parent, e.g. a Slurm step above its task_N cgroup). Reads the
  * effective set of the level that confines the process: v1, the nearest non-empty one; v2, the
  * nearest that configures cpuset.cpus, else the mount's root. `fsroot` NULL or "" means "/". The
- * file read is written to `source` (may be NULL). ZB_ESYS when there is no cpuset controller. */
+ * file read is written to `source` (may be NULL). ZB_ENOENT when there is no cpuset controller;
+ * ZB_ESYS when a file that should be there cannot be read. */
 zb_status zb_cgroup_cpuset(const char *fsroot, pid_t pid, unsigned levels_up, hwloc_cpuset_t out,
                            char *source, size_t source_len);
 
