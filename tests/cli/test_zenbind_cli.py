@@ -37,6 +37,22 @@ class Plan(unittest.TestCase):
                     "nodes", "cores"):
             self.assertIn(key, t1)
 
+    def test_gnu_style_arguments(self):
+        joined = plan("--tasks=2", f"--synthetic={SEED}", "--options=train=0.75")
+        split = plan("--tasks", "2", "--synthetic", SEED, "--options", "train=0.75")
+        self.assertEqual(joined, split)
+        self.assertEqual(joined["tasks"][0]["train_threads"], 12)
+        for command in ("plan", "show", "tune"):
+            r = run(command, "--help")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertTrue(r.stdout.startswith(f"zenbind {command}"), r.stdout)
+
+    def test_offload_mode(self):
+        p = plan("--tasks", "2", "--synthetic", SEED, "--options", "mode=offload")
+        t0 = p["tasks"][0]
+        self.assertEqual((t0["train_cpus"], t0["opt_cpus"]), ("0-15,32-47", ""))
+        self.assertEqual((t0["train_threads"], t0["opt_threads"]), (16, 0))
+
     def test_sparse_slurm_mask(self):
         p = plan("--tasks", "2", "--synthetic", SEED, "--cpuset", "0,4-11,21-26,30-46")
         self.assertEqual(p["allowed"], "0,4-11,21-26,30-46")
