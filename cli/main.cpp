@@ -24,7 +24,7 @@ const Command commands[] = {
      "  What each of N local tasks gets: training and optimizer CPUs, thread counts, NUMA\n"
      "  nodes. Default: this machine and this process's allowed CPUs."},
     {"show", cli::cmd_show,
-     "zenbind show\n"
+     "zenbind show [--json]\n"
      "  This process's allowed CPUs, the cgroup file they came from, and the topology by NUMA\n"
      "  node."},
     {"tune", zb_cli_tune,
