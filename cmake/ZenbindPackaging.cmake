@@ -80,13 +80,9 @@ administrator uncomments one line of the plugstack.conf.d snippet.")
 # (slurmd) both come with slurm-wlm-basic-plugins, so the pin is on it: it holds on a login node,
 # a compute node and a workstation alike.
 if(ZB_BUILD_PLUGIN)
-  execute_process(COMMAND dpkg-query -W -f=\${Version} libslurm-dev
-                  OUTPUT_VARIABLE zb_slurm_deb_version ERROR_QUIET)
-  set(zb_slurm_pin "")
-  if(zb_slurm_deb_version MATCHES "^([0-9]+\\.[0-9]+)")
-    set(zb_r ${CMAKE_MATCH_1})
-    set(zb_slurm_pin ", slurm-wlm-basic-plugins (>= ${zb_r}), slurm-wlm-basic-plugins (<< ${zb_r}.99)")
-  endif()
+  # The release series of the spank.h the plugin was built against (22.05 for 22.05.8).
+  set(zb_r ${ZB_SLURM_SERIES})
+  set(zb_slurm_pin ", slurm-wlm-basic-plugins (>= ${zb_r}), slurm-wlm-basic-plugins (<< ${zb_r}.99)")
   set(CPACK_DEBIAN_SLURM_PACKAGE_DEPENDS "libzenbind0 ${zb_same}${zb_slurm_pin}")
   set(CPACK_DEBIAN_SLURM_PACKAGE_RECOMMENDS "zenflow-bind ${zb_same}")
   # The snippet is the admin's to edit (enabling the plugin is uncommenting a line): a conffile,
@@ -107,6 +103,44 @@ zenflow_bind.torch.AdamW is a torch.optim.Optimizer whose step runs in the
 zenflow-optimizer worker on the CPUs srun --zenflow-bind planned, with torch's
 state dict format; zenflow_bind.deepspeed makes DeepSpeed ZenFlow use the
 plugin's plan. Worker and Group expose the worker's shared memory to numpy.")
+
+# `cpack -G RPM` makes the same split for RHEL-family sites, from a build configured with their
+# layout (tests/package/test_rpm.sh): -DCMAKE_INSTALL_LIBDIR=lib64
+# -DZB_SLURM_PLUGINDIR=/usr/lib64/slurm -DZB_PYTHON_DIR=lib/python3.X/site-packages.
+set(CPACK_RPM_COMPONENT_INSTALL ON)
+set(CPACK_RPM_PACKAGE_LICENSE "none chosen yet")
+set(CPACK_RPM_PACKAGE_GROUP "System Environment/Base")
+set(CPACK_RPM_FILE_NAME RPM-DEFAULT)
+set(CPACK_RPM_PACKAGE_AUTOREQ ON)
+set(CPACK_RPM_LIB_PACKAGE_NAME libzenbind)
+set(CPACK_RPM_DEV_PACKAGE_NAME libzenbind-devel)
+set(CPACK_RPM_DEV_PACKAGE_REQUIRES "libzenbind = ${PROJECT_VERSION}, hwloc-devel")
+set(CPACK_RPM_TOOLS_PACKAGE_NAME zenflow-bind)
+set(CPACK_RPM_TOOLS_PACKAGE_REQUIRES "libzenbind = ${PROJECT_VERSION}")
+set(CPACK_RPM_SLURM_PACKAGE_NAME zenflow-bind-slurm)
+set(CPACK_RPM_PYTHON_PACKAGE_NAME python3-zenflow-bind)
+set(CPACK_RPM_PYTHON_PACKAGE_ARCHITECTURE noarch)
+set(CPACK_RPM_PYTHON_PACKAGE_REQUIRES
+    "python3, python3-numpy, libzenbind = ${PROJECT_VERSION}, zenflow-bind = ${PROJECT_VERSION}")
+foreach(comp LIB DEV TOOLS SLURM PYTHON)
+  string(REGEX REPLACE "\n.*" "" zb_summary "${CPACK_DEBIAN_${comp}_DESCRIPTION}")
+  string(REGEX REPLACE "^[^\n]*\n" "" zb_long "${CPACK_DEBIAN_${comp}_DESCRIPTION}")
+  set(CPACK_RPM_${comp}_PACKAGE_SUMMARY "${zb_summary}")
+  set(CPACK_RPM_${comp}_PACKAGE_DESCRIPTION "${zb_long}")
+endforeach()
+if(ZB_BUILD_PLUGIN)
+  # RHEL-family Slurm ships srun, slurmstepd and the plugins in the "slurm" package.
+  set(CPACK_RPM_SLURM_PACKAGE_REQUIRES
+      "libzenbind = ${PROJECT_VERSION}, slurm >= ${zb_r}, slurm < ${zb_r}.99")
+  # The snippet is the admin's: an upgrade keeps an edited one.
+  set(CPACK_RPM_SLURM_USER_FILELIST
+      "%config(noreplace) ${CMAKE_INSTALL_FULL_SYSCONFDIR}/slurm/plugstack.conf.d/zenflow-bind.conf")
+endif()
+# Directories other packages own.
+set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
+    ${CMAKE_INSTALL_FULL_SYSCONFDIR}/slurm ${CMAKE_INSTALL_FULL_SYSCONFDIR}/slurm/plugstack.conf.d
+    /usr/lib64/slurm /usr/libexec /usr/share/doc /usr/share/man /usr/share/man/man1
+    /usr/share/man/man3 /usr/share/man/man8 /usr/lib/python3 /usr/lib64/pkgconfig /usr/lib64/cmake)
 
 # Each package carries the copyright file and the changelog Debian policy asks for.
 set(zb_changelog ${CMAKE_BINARY_DIR}/cpack-doc/changelog.gz)
