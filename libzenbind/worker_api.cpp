@@ -1,19 +1,21 @@
 // The per-step API of the worker: parameter groups, submit/wait, memory and thread reports. Every
 // entry point validates its arguments before touching shared memory.
 #include "error.hpp"
-#include "shm_futex.hpp"
 #include "worker_handle.hpp"
 
+#include <zbproto/fd_passing.hpp>
+#include <zbproto/group.hpp>
+
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <sys/socket.h>
 #include <unistd.h>
 
 namespace {
 
 using zb::fail;
-namespace shm = zb::shm;
+namespace proto = zb::proto;
 
 zb_worker &handle(zb_worker *w, const char *fn) {
     if (!w) fail(ZB_EINVAL, std::string(fn) + ": worker is NULL");
@@ -43,33 +45,23 @@ int raw(const zb_dtype &field) {
     return v;
 }
 
-shm::Hyper to_shm(const zb_adam_hyper &h) {
-    return shm::Hyper{h.lr,
-                      h.beta1,
-                      h.beta2,
-                      h.eps,
-                      h.weight_decay,
-                      static_cast<uint32_t>(h.adamw),
-                      static_cast<uint32_t>(h.bias_correction),
-                      0};
+proto::Hyper to_shm(const zb_adam_hyper &h) {
+    return proto::Hyper{h.lr,
+                        h.beta1,
+                        h.beta2,
+                        h.eps,
+                        h.weight_decay,
+                        static_cast<uint32_t>(h.adamw),
+                        static_cast<uint32_t>(h.bias_correction),
+                        0};
 }
 
-// Sends the group's memfd to the worker; it is queued before the command is published.
-void send_fd(int sock, int fd, uint32_t group) {
-    char control[CMSG_SPACE(sizeof(int))] = {};
-    iovec iov{&group, sizeof group};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    if (sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof group))
-        zb::fail_errno("sending the group's shared memory to the worker");
+// Queues a segment's fd for the worker; the caller publishes the command that takes it next.
+void send_segment(int sock, int fd, uint32_t tag, const char *what) {
+    if (const int err = proto::send_fd(sock, fd, tag)) {
+        errno = err;
+        zb::fail_errno(std::string("sending the ") + what + " to the worker");
+    }
 }
 
 } // namespace
@@ -87,9 +79,9 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
         if (!attr || !group) fail(ZB_EINVAL, "zb_worker_group_add: attr or group is NULL");
         w.check_alive();
         if (w.in_flight) fail(ZB_EINVAL, "zb_worker_group_add: a step is in flight; wait first");
-        if (w.groups.size() >= shm::kMaxGroups)
+        if (w.groups.size() >= proto::kMaxGroups)
             fail(ZB_EINVAL,
-                 "zb_worker_group_add: at most " + std::to_string(shm::kMaxGroups) + " groups");
+                 "zb_worker_group_add: at most " + std::to_string(proto::kMaxGroups) + " groups");
         if (attr->numel == 0 || attr->numel > (size_t(1) << 40))
             fail(ZB_EINVAL, "zb_worker_group_add: numel must be from 1 to 2^40");
         const int grad = raw(attr->grad), copy = raw(attr->copy_out);
@@ -103,51 +95,21 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
 
         const auto g = static_cast<uint32_t>(w.groups.size());
         const size_t n = attr->numel;
-        shm::GroupDesc d{};
-        d.numel = n;
-        d.grad = static_cast<shm::Dtype>(grad);
-        d.copy = static_cast<shm::Dtype>(copy);
-        d.stale = static_cast<uint32_t>(attr->stale);
+        proto::GroupDesc d = proto::lay_out_group(n, static_cast<proto::Dtype>(grad),
+                                                  static_cast<proto::Dtype>(copy), attr->stale);
         d.hyper = to_shm(attr->hyper);
-        // Each buffer starts on a page so that the kernels see aligned vectors.
-        size_t off = shm::page_round(4 * n);
-        for (auto &o : d.off_grads) {
-            o = off;
-            off += shm::page_round(shm::dtype_size(d.grad) * n);
-        }
-        if (d.copy != shm::Dtype::none) {
-            d.off_copy = off;
-            off += shm::page_round(2 * n);
-        }
-        if (d.stale) {
-            d.off_stale = off;
-            off += shm::page_round(4 * n);
-        }
-        d.segment_size = off;
-        shm::Segment seg("zenflow parameter group", off, w.mems);
+        zb::shm::Segment seg("zenflow parameter group", d.segment_size, w.mems);
         w.ctl->groups[g] = d;
-        send_fd(w.sock, seg.fd(), g);
-        w.ctl->command = shm::Command::add_group;
+        send_segment(w.sock, seg.fd(), g, "group's shared memory");
+        w.ctl->command = proto::Command::add_group;
         w.ctl->ngroups = g;
-        try {
-            w.run_command();
-        } catch (const zb::Error &e) {
-            // The worker may still finish the registration the trainer now forgets: both sides
-            // would disagree on the groups from then on. A worker that late is stopped instead.
-            if (e.status() != ZB_ETIMEDOUT) throw;
-            const std::string why =
-                "the optimizer worker did not register group " + std::to_string(g) + " (" +
-                std::to_string(n) +
-                " parameters) within control_timeout_ms=" + std::to_string(w.control_timeout_ms) +
-                " and was stopped; spawn a new one with a longer timeout";
-            w.stop(why);
-            fail(ZB_ETIMEDOUT, why);
-        }
+        w.run_state_command("register group " + std::to_string(g) + " (" + std::to_string(n) +
+                            " parameters)");
         w.groups.push_back(std::move(seg));
         w.numel += n;
         w.param_bytes += 4 * n;
-        w.grad_bytes += 2 * shm::dtype_size(d.grad) * n;
-        w.copy_bytes += shm::dtype_size(d.copy) * n;
+        w.grad_bytes += 2 * proto::dtype_size(d.grad) * n;
+        w.copy_bytes += proto::dtype_size(d.copy) * n;
         w.stale_bytes += d.stale ? 4 * n : 0;
         *group = g;
     });
@@ -160,7 +122,7 @@ zb_status zb_worker_group_buffers(zb_worker_t *worker, unsigned group, zb_group_
         if (group >= w.groups.size())
             fail(ZB_EINVAL, "zb_worker_group_buffers: unknown group " + std::to_string(group) +
                                 " (" + std::to_string(w.groups.size()) + " registered)");
-        const shm::GroupDesc &d = w.ctl->groups[group];
+        const proto::GroupDesc &d = w.ctl->groups[group];
         char *base = static_cast<char *>(w.groups[group].base());
         out->numel = d.numel;
         out->params = reinterpret_cast<float *>(base + d.off_params);
@@ -194,7 +156,7 @@ zb_status zb_worker_submit(zb_worker_t *worker, const zb_worker_step *step) {
             for (size_t g = 0; g < ngroups; ++g)
                 w.ctl->groups[g].hyper = to_shm(step->hypers[g]);
         }
-        w.ctl->command = shm::Command::step;
+        w.ctl->command = proto::Command::step;
         w.ctl->ngroups = static_cast<uint32_t>(ngroups);
         w.ctl->step = step->step;
         w.ctl->grad_scale = step->grad_scale;

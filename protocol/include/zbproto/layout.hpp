@@ -1,5 +1,5 @@
 // The shared-memory layout between libzenbind (the trainer side) and zenflow-optimizer (the
-// worker). Both sides compile this file; the header's magic, version and sizes let each side refuse
+// worker). Both sides link this module; the header's magic, version and sizes let each side refuse
 // a peer built from another version instead of corrupting memory. Any change to a struct below
 // must bump kVersion.
 //
@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace zb::shm {
+namespace zb::proto {
 
 inline constexpr uint64_t kMagic = 0x314d5357464e455aULL; // "ZENFWSM1" little-endian
 inline constexpr uint32_t kVersion = 1;
@@ -21,8 +21,16 @@ inline constexpr uint32_t kMaxThreads = 1024;
 inline constexpr uint32_t kMaxNodes = 64;
 inline constexpr uint32_t kMessageSize = 512;
 
-// Exit code of a worker that refused the header (and printed why on stderr).
-inline constexpr int kExitVersion = 78;
+// The worker's exit codes. The trainer tells a layout refusal from any other death by the code.
+enum class Exit : int {
+    ok = 0,
+    failure = 1, // could not start its team (the reason is in the control block)
+    usage = 2,   // started by hand with arguments
+    version = 78 // refused the control block's header (and said why on stderr); EX_CONFIG
+};
+
+// Control::ready, written by the worker once, when its team is pinned or could not be.
+enum class Ready : uint32_t { starting = 0, ready = 1, failed = 2 };
 
 // Worker protocol over the inherited fds: the control memfd is fd 3, the socket fd 4.
 inline constexpr int kControlFd = 3;
@@ -33,6 +41,11 @@ enum class Dtype : uint32_t { none = 0, f32 = 1, bf16 = 2, f16 = 3 };
 
 inline constexpr size_t dtype_size(Dtype d) {
     return d == Dtype::f32 ? 4 : (d == Dtype::none ? 0 : 2);
+}
+
+inline constexpr size_t kPage = 4096;
+inline constexpr size_t page_round(size_t n) {
+    return (n + kPage - 1) / kPage * kPage;
 }
 
 // Fixed first fields: magic and version stay at offsets 0 and 8 in every future version, so any
@@ -75,7 +88,7 @@ struct alignas(64) Control {
     int32_t cpus[kMaxThreads]; // thread i pins itself to cpus[i]
     int32_t mems[kMaxNodes];
 
-    // Written by the worker once its team is pinned.
+    // Written by the worker once its team is pinned: a Ready.
     alignas(64) uint32_t ready;
     int32_t tids[kMaxThreads];
     int32_t thread_cpus[kMaxThreads];
@@ -111,4 +124,4 @@ inline std::atomic_ref<uint32_t> atomic(uint32_t &word) {
     return std::atomic_ref<uint32_t>(word);
 }
 
-} // namespace zb::shm
+} // namespace zb::proto
