@@ -145,7 +145,7 @@ int bench_worker(int argc, char **argv) {
     fill(b.grads[1], grad, n, 2);
     int64_t step = 0;
     auto worker_step = [&] {
-        const zb_worker_step s{++step, 1.0f, unsigned(step & 1), nullptr, 0};
+        const zb_worker_step s{++step, 1.0f, unsigned(step & 1), nullptr, 0, 0, 0.0f};
         const auto t0 = std::chrono::steady_clock::now();
         if (zb_worker_submit(w, &s) != ZB_OK || zb_worker_wait(w, 600000, nullptr) != ZB_OK)
             die("step");

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <unistd.h>
 
@@ -16,6 +17,9 @@ namespace {
 
 using zb::fail;
 namespace proto = zb::proto;
+
+static_assert(ZB_STEP_SKIP_NONFINITE == proto::kStepSkipNonfinite &&
+              ZB_STEP_GRAD_NORM == proto::kStepGradNorm);
 
 zb_worker &handle(zb_worker *w, const char *fn) {
     if (!w) fail(ZB_EINVAL, std::string(fn) + ": worker is NULL");
@@ -54,6 +58,17 @@ proto::Hyper to_shm(const zb_adam_hyper &h) {
                         static_cast<uint32_t>(h.adamw),
                         static_cast<uint32_t>(h.bias_correction),
                         0};
+}
+
+// The checks common to reading and writing a group's state.
+zb_worker &state_handle(zb_worker *worker, unsigned group, const char *fn) {
+    zb_worker &w = handle(worker, fn);
+    w.check_alive();
+    if (w.in_flight) fail(ZB_EINVAL, std::string(fn) + ": a step is in flight; wait first");
+    if (group >= w.groups.size())
+        fail(ZB_EINVAL, std::string(fn) + ": unknown group " + std::to_string(group) + " (" +
+                            std::to_string(w.groups.size()) + " registered)");
+    return w;
 }
 
 // Queues a segment's fd for the worker; the caller publishes the command that takes it next.
@@ -142,7 +157,11 @@ zb_status zb_worker_submit(zb_worker_t *worker, const zb_worker_step *step) {
         w.check_alive();
         if (w.in_flight)
             fail(ZB_EINVAL, "zb_worker_submit: a step is already in flight; call zb_worker_wait");
-        if (step->step < 1) fail(ZB_EINVAL, "zb_worker_submit: step must be >= 1");
+        if (step->step < 0) fail(ZB_EINVAL, "zb_worker_submit: step must be >= 0");
+        if (step->flags & ~(ZB_STEP_SKIP_NONFINITE | ZB_STEP_GRAD_NORM))
+            fail(ZB_EINVAL, "zb_worker_submit: unknown flags " + std::to_string(step->flags));
+        if (!std::isfinite(step->max_grad_norm) || step->max_grad_norm < 0)
+            fail(ZB_EINVAL, "zb_worker_submit: max_grad_norm must be finite and >= 0");
         if (step->grad_buffer > 1) fail(ZB_EINVAL, "zb_worker_submit: grad_buffer must be 0 or 1");
         if (!std::isfinite(step->grad_scale))
             fail(ZB_EINVAL, "zb_worker_submit: grad_scale must be finite");
@@ -161,12 +180,14 @@ zb_status zb_worker_submit(zb_worker_t *worker, const zb_worker_step *step) {
         w.ctl->step = step->step;
         w.ctl->grad_scale = step->grad_scale;
         w.ctl->grad_buffer = step->grad_buffer;
+        w.ctl->flags = step->flags;
+        w.ctl->max_grad_norm = step->max_grad_norm;
         w.publish_request();
         w.in_flight = true;
     });
 }
 
-zb_status zb_worker_wait(zb_worker_t *worker, int timeout_ms, uint64_t *nonfinite) {
+zb_status zb_worker_wait_result(zb_worker_t *worker, int timeout_ms, zb_worker_result *out) {
     return zb::guard([&] {
         zb_worker &w = handle(worker, "zb_worker_wait");
         if (timeout_ms < 0) fail(ZB_EINVAL, "zb_worker_wait: timeout_ms must be >= 0");
@@ -182,7 +203,62 @@ zb_status zb_worker_wait(zb_worker_t *worker, int timeout_ms, uint64_t *nonfinit
         }
         w.in_flight = false;
         w.last_step_ns = w.ctl->step_ns;
-        if (nonfinite) *nonfinite = w.ctl->nonfinite;
+        if (out)
+            *out = zb_worker_result{w.ctl->nonfinite, w.ctl->grad_norm, w.ctl->skipped ? 1 : 0,
+                                    static_cast<double>(w.ctl->step_ns) * 1e-9};
+    });
+}
+
+zb_status zb_worker_wait(zb_worker_t *worker, int timeout_ms, uint64_t *nonfinite) {
+    zb_worker_result r{};
+    const zb_status st = zb_worker_wait_result(worker, timeout_ms, &r);
+    if (st == ZB_OK && nonfinite) *nonfinite = r.nonfinite;
+    return st;
+}
+
+zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *exp_avg,
+                                    float *exp_avg_sq, int64_t *step) {
+    return zb::guard([&] {
+        zb_worker &w = state_handle(worker, group, "zb_worker_group_get_state");
+        const size_t n = w.ctl->groups[group].numel;
+        const proto::TransferLayout t = proto::transfer_layout(n);
+        std::optional<zb::shm::Segment> seg;
+        if (exp_avg || exp_avg_sq) {
+            seg.emplace("zenflow optimizer state", t.size, w.mems);
+            send_segment(w.sock, seg->fd(), group, "optimizer state's shared memory");
+        }
+        w.ctl->command = proto::Command::get_state;
+        w.ctl->ngroups = group;
+        w.ctl->transfer = seg ? 1 : 0;
+        w.run_state_command("return the optimizer state of group " + std::to_string(group));
+        const char *base = seg ? static_cast<const char *>(seg->base()) : nullptr;
+        if (exp_avg) std::memcpy(exp_avg, base, 4 * n);
+        if (exp_avg_sq) std::memcpy(exp_avg_sq, base + t.exp_avg_sq, 4 * n);
+        if (step) *step = w.ctl->state_step;
+    });
+}
+
+zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const float *exp_avg,
+                                    const float *exp_avg_sq, int64_t step) {
+    return zb::guard([&] {
+        zb_worker &w = state_handle(worker, group, "zb_worker_group_set_state");
+        if (step < 0) fail(ZB_EINVAL, "zb_worker_group_set_state: step must be >= 0");
+        const size_t n = w.ctl->groups[group].numel;
+        const proto::TransferLayout t = proto::transfer_layout(n);
+        // A fresh segment reads as zeros: the moments left NULL need no writing.
+        std::optional<zb::shm::Segment> seg;
+        if (exp_avg || exp_avg_sq) {
+            seg.emplace("zenflow optimizer state", t.size, w.mems);
+            char *base = static_cast<char *>(seg->base());
+            if (exp_avg) std::memcpy(base, exp_avg, 4 * n);
+            if (exp_avg_sq) std::memcpy(base + t.exp_avg_sq, exp_avg_sq, 4 * n);
+            send_segment(w.sock, seg->fd(), group, "optimizer state's shared memory");
+        }
+        w.ctl->command = proto::Command::set_state;
+        w.ctl->ngroups = group;
+        w.ctl->step = step;
+        w.ctl->transfer = seg ? 1 : 0;
+        w.run_state_command("set the optimizer state of group " + std::to_string(group));
     });
 }
 

@@ -1,6 +1,7 @@
 #include "worker_team.hpp"
 
 #include "adam.hpp"
+#include "grad_stats.hpp"
 
 #include <zbproto/fd_passing.hpp>
 #include <zbproto/futex.hpp>
@@ -11,6 +12,8 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <omp.h>
@@ -42,11 +45,13 @@ struct Group {
     const void *grads[2] = {}; // validated once: the step never re-reads offsets from the segment
     GradType grad = GradType::f32;
     CopyType copy = CopyType::none;
+    int64_t steps = 0;      // steps applied: the next step with number 0 is steps + 1
+    size_t first_block = 0; // its gradient-statistics blocks in Team::blocks
 };
 
 // What the whole team does once the master has taken a command. Commands the master answers on
 // its own (errors, empty steps) never wake the team.
-enum class Work { answered, step, zero_moments, exit };
+enum class Work { answered, step, zero_moments, state_out, state_in, exit };
 
 struct Team {
     proto::Control &ctl;
@@ -57,6 +62,15 @@ struct Team {
     uint32_t seq = 0; // the request being served
     std::atomic<uint64_t> nonfinite{0};
     std::chrono::steady_clock::time_point step_start;
+    // The step's pre-pass: whether it runs, one result per block of every group (sized at
+    // registration), and whether it found the step must be skipped.
+    bool stats = false;
+    bool skip = false;
+    GradStats found;
+    std::vector<GradStats> blocks;
+    // A state command's group and its mapped transfer segment (null: none was sent).
+    size_t state_group = 0;
+    char *transfer = nullptr;
 
     void answer(zb_status status, const char *message) {
         ctl.status = status;
@@ -123,6 +137,8 @@ Work add_group(Team &t) {
     g.moments = static_cast<float *>(m);
     g.grad = grad_type(d.grad);
     g.copy = copy_type(d.copy);
+    g.first_block = t.blocks.size();
+    t.blocks.resize(t.blocks.size() + grad_stats_blocks(n));
     Group &added = t.groups.emplace_back(g);
     AdamTensor &tensor = added.tensor;
     tensor.param = reinterpret_cast<float *>(g.base + d.off_params);
@@ -143,7 +159,13 @@ Work prepare_step(Team &t) {
     if (t.groups.empty()) { // a round trip with nothing to update
         t.ctl.nonfinite = 0;
         t.ctl.step_ns = 0;
+        t.ctl.grad_norm = 0;
+        t.ctl.skipped = 0;
         t.answer(ZB_OK, "");
+        return Work::answered;
+    }
+    if (ctl.step < 0) {
+        t.answer(ZB_EINVAL, "negative step number");
         return Work::answered;
     }
     if (ctl.ngroups != t.groups.size()) {
@@ -160,12 +182,60 @@ Work prepare_step(Team &t) {
         g.hyper.weight_decay = d.hyper.weight_decay;
         g.hyper.adamw = d.hyper.adamw != 0;
         g.hyper.bias_correction = d.hyper.bias_correction != 0;
-        g.hyper.step = ctl.step;
+        if (ctl.step == 0 && g.steps == INT64_MAX) {
+            t.answer(ZB_EINVAL, ("group " + std::to_string(i) +
+                                 "'s step count is INT64_MAX: step 0 would overflow it")
+                                    .c_str());
+            return Work::answered;
+        }
+        g.hyper.step = ctl.step ? ctl.step : g.steps + 1;
         g.hyper.grad_scale = ctl.grad_scale;
         g.tensor.grad = g.grads[ctl.grad_buffer & 1];
     }
     t.nonfinite.store(0, std::memory_order_relaxed);
+    t.stats = (ctl.flags & (proto::kStepSkipNonfinite | proto::kStepGradNorm)) != 0 ||
+              ctl.max_grad_norm > 0;
+    t.skip = false;
     return Work::step;
+}
+
+// Master only: receive and map a state command's transfer segment, if one was sent.
+Work take_state(Team &t, Work work) {
+    const uint32_t index = t.ctl.ngroups;
+    uint32_t tag = 0;
+    const int fd = t.ctl.transfer ? proto::receive_fd(t.sock, tag) : -1;
+    if (t.ctl.transfer && fd < 0) {
+        t.answer(ZB_EINTERNAL, "no shared-memory fd arrived with the optimizer state");
+        return Work::answered;
+    }
+    struct stat st {};
+    const bool known = index < t.groups.size() && (fd < 0 || tag == index);
+    const uint64_t size = known ? proto::transfer_layout(t.groups[index].numel).size : 0;
+    if (!known || (fd >= 0 && (fstat(fd, &st) != 0 || uint64_t(st.st_size) != size))) {
+        if (fd >= 0) close(fd);
+        t.answer(ZB_EINTERNAL, "the optimizer state's group or segment does not match");
+        return Work::answered;
+    }
+    if (work == Work::state_in && t.ctl.step < 0) {
+        if (fd >= 0) close(fd);
+        t.answer(ZB_EINVAL, "negative step count");
+        return Work::answered;
+    }
+    t.state_group = index;
+    t.transfer = nullptr;
+    if (fd >= 0) {
+        void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        const int map_err = errno;
+        close(fd);
+        if (p == MAP_FAILED) {
+            t.answer(
+                ZB_ENOMEM,
+                (std::string("cannot map the optimizer state: ") + std::strerror(map_err)).c_str());
+            return Work::answered;
+        }
+        t.transfer = static_cast<char *>(p);
+    }
+    return work;
 }
 
 // Master only: the command's own part, and what the team does next.
@@ -177,6 +247,10 @@ Work serve(Team &t, proto::Command command) {
         return prepare_step(t);
     case proto::Command::add_group:
         return add_group(t);
+    case proto::Command::get_state:
+        return take_state(t, Work::state_out);
+    case proto::Command::set_state:
+        return take_state(t, Work::state_in);
     case proto::Command::none:
         break;
     }
@@ -205,6 +279,77 @@ void zero_slice(const Group &g, int thread, int threads) {
     std::memset(g.moments + g.stride + lo, 0, 4 * (hi - lo));
 }
 
+// This thread's share of a state transfer: the slice it updates, so the moments it writes stay on
+// its node.
+void copy_state(const Group &g, char *transfer, bool out, int thread, int threads) {
+    size_t lo, hi;
+    adam_slice(g.numel, thread, threads, lo, hi);
+    float *m = g.moments, *v = g.moments + g.stride;
+    float *tm = reinterpret_cast<float *>(transfer);
+    float *tv = reinterpret_cast<float *>(transfer + proto::transfer_layout(g.numel).exp_avg_sq);
+    if (out) {
+        std::memcpy(tm + lo, m + lo, 4 * (hi - lo));
+        std::memcpy(tv + lo, v + lo, 4 * (hi - lo));
+    } else {
+        std::memcpy(m + lo, tm + lo, 4 * (hi - lo));
+        std::memcpy(v + lo, tv + lo, 4 * (hi - lo));
+    }
+}
+
+// This thread's blocks of the step's pre-pass over every group's gradients.
+void grad_stats_in_team(Team &t, int thread, int threads) {
+    size_t lo, hi;
+    grad_stats_share(t.blocks.size(), thread, threads, lo, hi);
+    const float scale = t.ctl.grad_scale;
+    for (const Group &g : t.groups) {
+        const size_t first = g.first_block, end = first + grad_stats_blocks(g.numel);
+        for (size_t b = lo > first ? lo : first; b < hi && b < end; ++b) {
+            const size_t from = (b - first) * kGradStatsBlock;
+            const size_t to = from + kGradStatsBlock < g.numel ? from + kGradStatsBlock : g.numel;
+            t.blocks[b] = grad_block_stats(g.tensor.grad, g.grad, from, to, scale);
+        }
+    }
+}
+
+// Master only, after the pre-pass: skip the step, or fold the clip coefficient into the scale
+// the update pass multiplies by.
+void decide_step(Team &t) {
+    const proto::Control &ctl = t.ctl;
+    t.found = grad_stats_sum(t.blocks.data(), t.blocks.size());
+    t.skip = (ctl.flags & proto::kStepSkipNonfinite) && t.found.nonfinite > 0;
+    if (t.skip || !(ctl.max_grad_norm > 0)) return;
+    const double q = double(ctl.max_grad_norm) / (std::sqrt(t.found.sum_squares) + 1e-6);
+    // As torch clamps: a NaN norm gives a NaN coefficient, an infinite one 0.
+    const float coefficient = static_cast<float>(q >= 1.0 ? 1.0 : q);
+    for (Group &g : t.groups)
+        g.hyper.grad_scale = ctl.grad_scale * coefficient;
+}
+
+// Master only, once the team is done: record what the work changed and answer.
+void finish(Team &t, Work work) {
+    proto::Control &ctl = t.ctl;
+    if (work == Work::step) {
+        ctl.nonfinite = t.stats ? t.found.nonfinite : t.nonfinite.load(std::memory_order_relaxed);
+        ctl.grad_norm = t.stats ? std::sqrt(t.found.sum_squares) : 0.0;
+        ctl.skipped = t.skip ? 1 : 0;
+        if (!t.skip)
+            for (Group &g : t.groups)
+                g.steps = g.hyper.step;
+        ctl.step_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::steady_clock::now() - t.step_start)
+                                                .count());
+    } else if (work == Work::state_out || work == Work::state_in) {
+        Group &g = t.groups[t.state_group];
+        if (work == Work::state_out)
+            ctl.state_step = g.steps;
+        else
+            g.steps = ctl.step;
+        if (t.transfer) munmap(t.transfer, proto::transfer_layout(g.numel).size);
+        t.transfer = nullptr;
+    }
+    t.answer(ZB_OK, "");
+}
+
 void publish_ready(proto::Control &ctl, proto::Ready ready) {
     proto::publish(ctl.ready, ctl.trainer_sleeping, static_cast<uint32_t>(ready));
 }
@@ -230,7 +375,8 @@ std::string team_problem(int threads, int pin_failures) {
 } // namespace
 
 proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
-    Team t{ctl, socket_fd, parent_pidfd, {}, Work::answered, 0, {0}, {}};
+    Team t{ctl,   socket_fd, parent_pidfd, {}, Work::answered, 0, {0}, {}, false,
+           false, {},        {},           0,  nullptr};
     t.groups.reserve(proto::kMaxGroups);
     const int threads = static_cast<int>(ctl.nthreads);
     if (threads < 1 || ctl.nthreads > proto::kMaxThreads) {
@@ -282,6 +428,14 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
             if (work == Work::exit) break;
             switch (work) {
             case Work::step: {
+                if (t.stats) {
+                    grad_stats_in_team(t, me, threads);
+#pragma omp barrier
+#pragma omp master
+                    decide_step(t);
+#pragma omp barrier
+                }
+                if (t.skip) break;
                 uint64_t bad = 0;
                 for (const Group &g : t.groups)
                     bad += adam_step_in_team(AdamBatch{g.grad, g.copy, &g.tensor, 1});
@@ -291,22 +445,22 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
             case Work::zero_moments:
                 zero_slice(t.groups.back(), me, threads);
                 break;
+            case Work::state_out:
+            case Work::state_in: {
+                const Group &g = t.groups[t.state_group];
+                if (t.transfer)
+                    copy_state(g, t.transfer, work == Work::state_out, me, threads);
+                else if (work == Work::state_in)
+                    zero_slice(g, me, threads);
+                break;
+            }
             case Work::answered:
             case Work::exit:
                 break;
             }
 #pragma omp barrier
 #pragma omp master
-            {
-                if (work == Work::step) {
-                    ctl.nonfinite = t.nonfinite.load(std::memory_order_relaxed);
-                    ctl.step_ns =
-                        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                  std::chrono::steady_clock::now() - t.step_start)
-                                                  .count());
-                }
-                t.answer(ZB_OK, "");
-            }
+            finish(t, work);
         }
     }
     return proto::Exit::ok;

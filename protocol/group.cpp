@@ -72,4 +72,9 @@ const char *group_fits(const GroupDesc &d, uint64_t segment_size) {
     return nullptr;
 }
 
+TransferLayout transfer_layout(uint64_t numel) {
+    const uint64_t half = page_round(4 * numel);
+    return TransferLayout{half, 2 * half};
+}
+
 } // namespace zb::proto

@@ -58,6 +58,9 @@ void test_every_layout_fits(void **) {
                     }
                     // Packed: nothing but page rounding between the buffers.
                     assert_int_equal(d.segment_size, total);
+                    const proto::TransferLayout t = proto::transfer_layout(n);
+                    assert_true(t.exp_avg_sq >= 4 * n && t.exp_avg_sq % proto::kPage == 0);
+                    assert_int_equal(t.size, t.exp_avg_sq + proto::page_round(4 * n));
                     // The segment must be exactly the descriptor's size.
                     assert_non_null(proto::group_fits(d, d.segment_size + proto::kPage));
                     assert_non_null(proto::group_fits(d, d.segment_size - 1));

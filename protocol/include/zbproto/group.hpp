@@ -20,4 +20,12 @@ GroupDesc lay_out_group(uint64_t numel, Dtype grad, Dtype copy, bool stale);
 // buffers overlapping; absent buffers have offset 0.
 const char *group_fits(const GroupDesc &d, uint64_t segment_size);
 
+// A transfer segment carries one group's Adam moments between the trainer and the worker (they
+// live only in the worker): exp_avg at offset 0, exp_avg_sq at exp_avg_sq, numel floats each.
+struct TransferLayout {
+    uint64_t exp_avg_sq;
+    uint64_t size;
+};
+TransferLayout transfer_layout(uint64_t numel);
+
 } // namespace zb::proto

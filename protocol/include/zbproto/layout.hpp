@@ -15,7 +15,7 @@
 namespace zb::proto {
 
 inline constexpr uint64_t kMagic = 0x314d5357464e455aULL; // "ZENFWSM1" little-endian
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;
 inline constexpr uint32_t kMaxGroups = 256;
 inline constexpr uint32_t kMaxThreads = 1024;
 inline constexpr uint32_t kMaxNodes = 64;
@@ -36,7 +36,18 @@ enum class Ready : uint32_t { starting = 0, ready = 1, failed = 2 };
 inline constexpr int kControlFd = 3;
 inline constexpr int kSocketFd = 4;
 
-enum class Command : uint32_t { none = 0, step = 1, add_group = 2, exit = 3 };
+enum class Command : uint32_t {
+    none = 0,
+    step = 1,
+    add_group = 2,
+    exit = 3,
+    get_state = 4, // a group's moments out through a transfer segment, and its step count
+    set_state = 5  // and in
+};
+
+// Control::flags of a step; the same bits as ZB_STEP_* of <zenbind/worker.h>.
+inline constexpr uint32_t kStepSkipNonfinite = 0x1;
+inline constexpr uint32_t kStepGradNorm = 0x2;
 enum class Dtype : uint32_t { none = 0, f32 = 1, bf16 = 2, f16 = 3 };
 
 inline constexpr size_t dtype_size(Dtype d) {
@@ -97,18 +108,23 @@ struct alignas(64) Control {
     alignas(64) uint32_t req_seq;
     uint32_t worker_sleeping; // the worker sleeps on req_seq: wake it
     Command command;
-    uint32_t ngroups; // groups the step covers / index of the group being added
-    int64_t step;
+    uint32_t ngroups; // groups the step covers / index of the group being added, read or written
+    int64_t step;     // a step's number (0: each group's count + 1) / the step count set_state sets
     float grad_scale;
     uint32_t grad_buffer;
+    uint32_t flags; // kStep* of a step
+    float max_grad_norm;
+    uint32_t transfer; // get_state/set_state: 1 if a transfer segment was sent with the command
 
     // Response: result and message, then done_seq = req_seq (release).
     alignas(64) uint32_t done_seq;
     uint32_t trainer_sleeping;
-    int32_t status; // a zb_status
-    uint32_t pad;
+    int32_t status;   // a zb_status
+    uint32_t skipped; // the step found a non-finite gradient under kStepSkipNonfinite
     uint64_t nonfinite;
-    uint64_t step_ns; // the worker's own time for the step: request taken to answer
+    uint64_t step_ns;   // the worker's own time for the step: request taken to answer
+    double grad_norm;   // of the scaled gradients, when the step computed it; else 0
+    int64_t state_step; // get_state: the group's step count
     char message[kMessageSize];
 
     alignas(64) GroupDesc groups[kMaxGroups];
