@@ -5,75 +5,89 @@
 namespace zf {
 namespace {
 
-// Lanes of independent partial sums: element i of a block goes to lane i % kLanes, and the lanes
-// are added in one fixed order, so a vectorised and a scalar build of this loop give the same
-// bits (no reassociation is allowed without -ffast-math).
+// Eight lanes of partial sums: element i of a block goes to lane i % 8, and the lanes are added in
+// one fixed order at the end. The vector types below are element-wise IEEE operations (and
+// -ffp-contract=off forbids fusing them), so every ISA the compiler lowers them to gives the same
+// bits as eight scalar lanes. grad_block_stats is cloned for AVX-512, AVX2 and the x86-64
+// baseline, picked at load time; everything it calls is inlined into each clone.
+#define ZF_INLINE [[gnu::always_inline]] inline
 constexpr size_t kLanes = 8;
+typedef float F8 __attribute__((vector_size(32)));
+typedef double D4 __attribute__((vector_size(32)));
+typedef uint32_t U8 __attribute__((vector_size(32)));
+typedef int32_t I8 __attribute__((vector_size(32)));
+typedef uint16_t H8 __attribute__((vector_size(16)));
 
-float from_bits(uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
+template <class V> ZF_INLINE V load(const void *p) {
+    V v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
 }
 
-uint32_t to_bits(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return u;
+template <class To, class From> ZF_INLINE To bits(From v) {
+    static_assert(sizeof(To) == sizeof(From));
+    To t;
+    std::memcpy(&t, &v, sizeof t);
+    return t;
 }
 
-// Branch-free and without denormal arithmetic (slow on x86): normals by rebiasing the exponent
-// in the integer domain, subnormals as an exact integer times 2^-24, inf/NaN by forcing the
-// exponent to all ones.
-float half_to_float(uint16_t h) {
-    const uint32_t sign = uint32_t(h & 0x8000u) << 16, mag = h & 0x7fffu;
-    const float normal = from_bits((mag << 13) + (112u << 23));
-    const float subnormal = float(mag) * 0x1p-24f;
-    const float special = from_bits((mag << 13) | 0x7f800000u);
-    const float v = mag >= 0x7c00u ? special : (mag >= 0x0400u ? normal : subnormal);
-    return from_bits(to_bits(v) | sign);
+// Without denormal arithmetic (slow on x86): normals by rebiasing the exponent in the integer
+// domain, subnormals as an exact integer times 2^-24, inf/NaN by forcing the exponent to all ones.
+ZF_INLINE F8 half_to_float(H8 h) {
+    const U8 x = __builtin_convertvector(h, U8);
+    const U8 sign = (x & 0x8000u) << 16, mag = x & 0x7fffu;
+    const U8 normal = (mag << 13) + (112u << 23);
+    const U8 subnormal = bits<U8>(__builtin_convertvector(bits<I8>(mag), F8) * 0x1p-24f);
+    const U8 special = (mag << 13) | 0x7f800000u;
+    const U8 v = mag >= 0x7c00u ? special : (mag >= 0x0400u ? normal : subnormal);
+    return bits<F8>(v | sign);
 }
 
-float load(const void *grad, GradType type, size_t i) {
-    switch (type) {
-    case GradType::bf16:
-        return from_bits(uint32_t(static_cast<const uint16_t *>(grad)[i]) << 16);
-    case GradType::f16:
-        return half_to_float(static_cast<const uint16_t *>(grad)[i]);
-    case GradType::f32:
-        break;
+template <GradType T> ZF_INLINE F8 load8(const void *grad, size_t i) {
+    if constexpr (T == GradType::f32) {
+        return load<F8>(static_cast<const float *>(grad) + i);
+    } else if constexpr (T == GradType::bf16) {
+        const H8 h = load<H8>(static_cast<const uint16_t *>(grad) + i);
+        return bits<F8>(__builtin_convertvector(h, U8) << 16);
+    } else {
+        return half_to_float(load<H8>(static_cast<const uint16_t *>(grad) + i));
     }
-    return static_cast<const float *>(grad)[i];
 }
 
-template <GradType T> GradStats block(const void *grad, size_t lo, size_t hi, float scale) {
-    double sum[kLanes] = {};
-    uint64_t bad[kLanes] = {};
+template <GradType T>
+ZF_INLINE GradStats block(const void *grad, size_t lo, size_t hi, float scale) {
+    D4 lo4 = {}, hi4 = {}; // lanes 0-3 and 4-7: a vector of eight doubles would be spilled
+    I8 bad = {};           // at most kGradStatsBlock / 8 per lane
+    auto add = [&](F8 g) __attribute__((always_inline)) {
+        const F8 x = g * scale;
+        const D4 a = __builtin_convertvector(__builtin_shufflevector(x, x, 0, 1, 2, 3), D4);
+        const D4 b = __builtin_convertvector(__builtin_shufflevector(x, x, 4, 5, 6, 7), D4);
+        lo4 += a * a;
+        hi4 += b * b;
+        bad -= (bits<U8>(x) & 0x7f800000u) == 0x7f800000u; // true is -1
+    };
     size_t i = lo;
     for (; i + kLanes <= hi; i += kLanes)
-        for (size_t l = 0; l < kLanes; ++l) {
-            const float x = load(grad, T, i + l) * scale;
-            const double d = x;
-            sum[l] += d * d;
-            bad[l] += (to_bits(x) & 0x7f800000u) == 0x7f800000u;
-        }
-    for (size_t l = 0; i < hi; ++i, ++l) {
-        const float x = load(grad, T, i) * scale;
-        const double d = x;
-        sum[l] += d * d;
-        bad[l] += (to_bits(x) & 0x7f800000u) == 0x7f800000u;
+        add(load8<T>(grad, i));
+    if (i < hi) {
+        // The tail through a zero-padded copy: zeros add nothing to either sum.
+        const size_t esize = T == GradType::f32 ? 4 : 2;
+        alignas(32) unsigned char tail[kLanes * 4] = {};
+        std::memcpy(tail, static_cast<const unsigned char *>(grad) + i * esize, (hi - i) * esize);
+        add(load8<T>(tail, 0));
     }
     GradStats s;
     s.sum_squares =
-        ((sum[0] + sum[1]) + (sum[2] + sum[3])) + ((sum[4] + sum[5]) + (sum[6] + sum[7]));
-    for (uint64_t b : bad)
-        s.nonfinite += b;
+        ((lo4[0] + lo4[1]) + (lo4[2] + lo4[3])) + ((hi4[0] + hi4[1]) + (hi4[2] + hi4[3]));
+    for (size_t l = 0; l < kLanes; ++l)
+        s.nonfinite += static_cast<uint64_t>(bad[l]);
     return s;
 }
 
 } // namespace
 
-GradStats grad_block_stats(const void *grad, GradType type, size_t lo, size_t hi, float scale) {
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) GradStats
+grad_block_stats(const void *grad, GradType type, size_t lo, size_t hi, float scale) {
     switch (type) {
     case GradType::bf16:
         return block<GradType::bf16>(grad, lo, hi, scale);
