@@ -54,6 +54,9 @@ struct Group {
 enum class Work { answered, step, zero_moments, state_out, state_in, exit };
 
 struct Team {
+    Team(proto::Control &control, int socket_fd, int parent_pidfd)
+        : ctl(control), sock(socket_fd), parent(parent_pidfd) {}
+
     proto::Control &ctl;
     int sock;
     int parent;
@@ -375,8 +378,7 @@ std::string team_problem(int threads, int pin_failures) {
 } // namespace
 
 proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
-    Team t{ctl,   socket_fd, parent_pidfd, {}, Work::answered, 0, {0}, {}, false,
-           false, {},        {},           0,  nullptr};
+    Team t(ctl, socket_fd, parent_pidfd);
     t.groups.reserve(proto::kMaxGroups);
     const int threads = static_cast<int>(ctl.nthreads);
     if (threads < 1 || ctl.nthreads > proto::kMaxThreads) {
