@@ -156,7 +156,8 @@ Work add_group(Team &t) {
     return Work::zero_moments;
 }
 
-// Master only: copy this step's hyperparameters and gradient buffer into the tensors.
+// Master only: copy this step's hyperparameters, step numbers and gradient buffer into the
+// tensors, and decide whether the gradients need a pre-pass.
 Work prepare_step(Team &t) {
     const proto::Control &ctl = t.ctl;
     if (t.groups.empty()) { // a round trip with nothing to update
