@@ -33,13 +33,14 @@ template <class To, class From> ZF_INLINE To bits(From v) {
 
 // Without denormal arithmetic (slow on x86): normals by rebiasing the exponent in the integer
 // domain, subnormals as an exact integer times 2^-24, inf/NaN by forcing the exponent to all ones.
+// Signed lanes: the magnitude fits 15 bits, and x86 before AVX-512 compares only signed integers.
 ZF_INLINE F8 half_to_float(H8 h) {
-    const U8 x = __builtin_convertvector(h, U8);
-    const U8 sign = (x & 0x8000u) << 16, mag = x & 0x7fffu;
-    const U8 normal = (mag << 13) + (112u << 23);
-    const U8 subnormal = bits<U8>(__builtin_convertvector(bits<I8>(mag), F8) * 0x1p-24f);
-    const U8 special = (mag << 13) | 0x7f800000u;
-    const U8 v = mag >= 0x7c00u ? special : (mag >= 0x0400u ? normal : subnormal);
+    const I8 x = __builtin_convertvector(h, I8);
+    const I8 sign = (x & 0x8000) << 16, mag = x & 0x7fff;
+    const I8 normal = (mag << 13) + (112 << 23);
+    const I8 subnormal = bits<I8>(__builtin_convertvector(mag, F8) * 0x1p-24f);
+    const I8 special = (mag << 13) | 0x7f800000;
+    const I8 v = mag >= 0x7c00 ? special : (mag >= 0x0400 ? normal : subnormal);
     return bits<F8>(v | sign);
 }
 
