@@ -65,7 +65,8 @@ class _Buffers(ctypes.Structure):
 class _Step(ctypes.Structure):
     _fields_ = [("step", ctypes.c_int64), ("grad_scale", ctypes.c_float),
                 ("grad_buffer", ctypes.c_uint), ("hypers", ctypes.POINTER(_Hyper)),
-                ("nhypers", ctypes.c_size_t)]
+                ("nhypers", ctypes.c_size_t), ("flags", ctypes.c_uint),
+                ("max_grad_norm", ctypes.c_float)]
 
 
 class _Memory(ctypes.Structure):

@@ -1,0 +1,52 @@
+#include "grad_stats.hpp"
+
+#include <initializer_list>
+
+namespace zf {
+
+namespace detail {
+GradStats grad_block_stats_v4(const void *grad, GradType type, size_t lo, size_t hi, float scale);
+GradStats grad_block_stats_v3(const void *grad, GradType type, size_t lo, size_t hi, float scale);
+GradStats grad_block_stats_v1(const void *grad, GradType type, size_t lo, size_t hi, float scale);
+} // namespace detail
+
+GradBlockStatsFn grad_block_stats_for_level(int level) {
+    __builtin_cpu_init();
+    switch (level) {
+    case 4:
+        return __builtin_cpu_supports("x86-64-v4") ? detail::grad_block_stats_v4 : nullptr;
+    case 3:
+        return __builtin_cpu_supports("x86-64-v3") ? detail::grad_block_stats_v3 : nullptr;
+    case 1:
+        return detail::grad_block_stats_v1;
+    default:
+        return nullptr;
+    }
+}
+
+GradStats grad_block_stats(const void *grad, GradType type, size_t lo, size_t hi, float scale) {
+    static const GradBlockStatsFn best = [] {
+        for (int level : {4, 3})
+            if (GradBlockStatsFn fn = grad_block_stats_for_level(level)) return fn;
+        return grad_block_stats_for_level(1);
+    }();
+    return best(grad, type, lo, hi, scale);
+}
+
+void grad_stats_share(size_t blocks, int thread, int threads, size_t &lo, size_t &hi) {
+    const size_t t = static_cast<size_t>(thread),
+                 n = threads > 0 ? static_cast<size_t>(threads) : 1;
+    lo = blocks * t / n;
+    hi = blocks * (t + 1) / n;
+}
+
+GradStats grad_stats_sum(const GradStats *blocks, size_t count) {
+    GradStats s;
+    for (size_t b = 0; b < count; ++b) {
+        s.sum_squares += blocks[b].sum_squares;
+        s.nonfinite += blocks[b].nonfinite;
+    }
+    return s;
+}
+
+} // namespace zf
