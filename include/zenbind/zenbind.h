@@ -17,6 +17,7 @@
 
 #include <hwloc.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #ifdef __cplusplus
@@ -91,6 +92,15 @@ hwloc_const_cpuset_t zb_topology_cpuset(const zb_topology_t *topology);
  * ZB_ESYS when a file that should be there cannot be read. */
 zb_status zb_cgroup_cpuset(const char *fsroot, pid_t pid, unsigned levels_up, hwloc_cpuset_t out,
                            char *source, size_t source_len);
+
+/* How many more bytes process `pid` (0: the caller) may use before its memory cgroup's limit (v1
+ * memory.limit_in_bytes, v2 memory.max) at its own level or any above it: the least of limit
+ * minus working set (usage less inactive file pages) over those levels. `limit` and `in_use`
+ * (may be NULL) are those of the binding level, whose limit file goes to `source`. ZB_ENOENT when
+ * no limit applies (no memory controller, or none set). */
+zb_status zb_cgroup_memory_headroom(const char *fsroot, pid_t pid, uint64_t *headroom,
+                                    uint64_t *limit, uint64_t *in_use, char *source,
+                                    size_t source_len);
 
 /* The CPUs process `pid` (0: the caller) may run on: its cgroup cpuset intersected with its
  * affinity. Without a cpuset controller, its affinity alone (`source` says "sched_getaffinity"). */
