@@ -23,7 +23,7 @@
 #define LIMIT (512ull << 20)
 
 static char cgroup_dir[512];   /* the test's memory cgroup */
-static char original[512];     /* where this process was, to go back */
+static char original[1024];    /* where this process was, to go back */
 static const char *limit_file; /* memory.limit_in_bytes (v1) or memory.max (v2) */
 
 static int write_text(const char *path, const char *text) {
@@ -34,7 +34,7 @@ static int write_text(const char *path, const char *text) {
 }
 
 static int move_self(const char *dir) {
-    char path[600], pid[32];
+    char path[1100], pid[32];
     snprintf(path, sizeof path, "%s/cgroup.procs", dir);
     snprintf(pid, sizeof pid, "%d\n", (int)getpid());
     return write_text(path, pid);
@@ -67,7 +67,7 @@ static const char *setup(void) {
     snprintf(original, sizeof original, "%s%s", mount, strcmp(path, "/") ? path : "");
     snprintf(cgroup_dir, sizeof cgroup_dir, "%s/zb-memcg-%d", mount, (int)getpid());
     if (mkdir(cgroup_dir, 0755) != 0) return "cannot create a memory cgroup (not root?)";
-    char file[600], limit[32];
+    char file[1100], limit[32];
     snprintf(file, sizeof file, "%s/%s", cgroup_dir, limit_file);
     snprintf(limit, sizeof limit, "%llu\n", LIMIT);
     if (write_text(file, limit) != 0 || move_self(cgroup_dir) != 0) {
