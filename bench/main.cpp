@@ -2,6 +2,8 @@
 // run.
 #include "gnu_args.hpp"
 
+#include <zenbind/zenbind.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,7 +40,7 @@ int usage(FILE *out) {
 // (build/default/optimizer/zenflow-optimizer), not an installed one: set ZENFLOW_OPTIMIZER to it
 // unless the user did.
 void prefer_build_tree_worker() {
-    if (std::getenv("ZENFLOW_OPTIMIZER")) return;
+    if (std::getenv(ZB_ENV_OPTIMIZER)) return;
     char self[4096];
     const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return;
@@ -47,7 +49,7 @@ void prefer_build_tree_worker() {
     const std::string worker = dir.substr(0, dir.rfind('/')) + "/optimizer/zenflow-optimizer";
     if (dir.size() > 6 && dir.compare(dir.size() - 6, 6, "/bench") == 0 &&
         access(worker.c_str(), X_OK) == 0)
-        setenv("ZENFLOW_OPTIMIZER", worker.c_str(), 0);
+        setenv(ZB_ENV_OPTIMIZER, worker.c_str(), 0);
 }
 
 } // namespace

@@ -65,4 +65,8 @@ const char *zb_status_name(zb_status status) {
 const char *zb_version(void) {
     return ZB_VERSION_STRING;
 }
+
+unsigned zb_api_version(void) {
+    return ZB_VERSION_NUMBER;
+}
 }

@@ -13,9 +13,9 @@ namespace {
 using PlanPtr = std::unique_ptr<zb_plan_t, void (*)(zb_plan_t *)>;
 
 // What a bound task finds in its environment (zenflow_bind(8), ENVIRONMENT), in this order.
-constexpr const char *kVariables[] = {
-    "OMP_NUM_THREADS",  "ZENFLOW_TRAIN_CPUS", "ZENFLOW_OPT_CPUS",  "ZENFLOW_OPT_THREADS",
-    "ZENFLOW_OPT_MEMS", "ZENFLOW_TASK_CPUS",  "ZENFLOW_STEP_CPUS", "ZENFLOW_BIND_OPTIONS"};
+constexpr const char *kVariables[] = {"OMP_NUM_THREADS",  ZB_ENV_TRAIN_CPUS,  ZB_ENV_OPT_CPUS,
+                                      ZB_ENV_OPT_THREADS, ZB_ENV_OPT_MEMS,    ZB_ENV_TASK_CPUS,
+                                      ZB_ENV_STEP_CPUS,   ZB_ENV_BIND_OPTIONS};
 constexpr size_t kVariableCount = sizeof kVariables / sizeof *kVariables;
 
 bool set_affinity(hwloc_const_bitmap_t cpus, std::string &error) {

@@ -11,6 +11,19 @@
  *  - Cpusets and nodesets are hwloc bitmaps, indexed by OS (physical) number, as in
  *    /sys/devices/system/cpu. Objects returned by a zb_*_new/load/compute call are freed by the
  *    matching zb_*_free; pointers into an object live as long as the object.
+ *
+ * How the ABI grows:
+ *  - Every exported symbol carries the version node of the release that added it (ZENBIND_0.1
+ *    for everything in 0.1); a new release adds a node for its new symbols, and programs linked
+ *    against an older library keep running.
+ *  - Structs a caller fills have an _init() function that sets every field to its default; a
+ *    new field is only ever appended, and its default keeps the old behaviour.
+ *  - Until 1.0 a struct that a caller allocates may still grow: the SONAME is bumped when one
+ *    does, so a program built against another layout is refused at load time instead of passing
+ *    a struct of the wrong size. zb_struct_size() lets a binding in another language check the
+ *    layouts it mirrors (the Python package does, at import).
+ *  - zb_api_version() is the version the library was built as, to compare with
+ *    ZB_VERSION_NUMBER from the header a program was compiled against.
  */
 #ifndef ZENBIND_ZENBIND_H
 #define ZENBIND_ZENBIND_H
@@ -24,9 +37,20 @@
 extern "C" {
 #endif
 
-#define ZB_VERSION_MAJOR 0
-#define ZB_VERSION_MINOR 1
-#define ZB_VERSION_PATCH 0
+/* ZB_VERSION_MAJOR, _MINOR, _PATCH and ZB_VERSION_NUMBER, generated from the build. */
+#include <zenbind/version.h>
+
+/* The environment the SPANK plugin exports into each task and the worker reads by default
+ * (zenflow_bind(8), ENVIRONMENT). */
+#define ZB_ENV_TRAIN_CPUS "ZENFLOW_TRAIN_CPUS"
+#define ZB_ENV_OPT_CPUS "ZENFLOW_OPT_CPUS"
+#define ZB_ENV_OPT_THREADS "ZENFLOW_OPT_THREADS"
+#define ZB_ENV_OPT_MEMS "ZENFLOW_OPT_MEMS"
+#define ZB_ENV_TASK_CPUS "ZENFLOW_TASK_CPUS"
+#define ZB_ENV_STEP_CPUS "ZENFLOW_STEP_CPUS"
+#define ZB_ENV_BIND_OPTIONS "ZENFLOW_BIND_OPTIONS"
+/* Where the worker executable is, when not given to zb_worker_spawn(). */
+#define ZB_ENV_OPTIMIZER "ZENFLOW_OPTIMIZER"
 
 /* ---- errors ----------------------------------------------------------------------------- */
 
@@ -51,6 +75,12 @@ const char *zb_last_error(void);
 const char *zb_status_name(zb_status status);
 /* Library version as "MAJOR.MINOR.PATCH". */
 const char *zb_version(void);
+/* The library's version as ZB_VERSION_NUMBER (0x00MMmmpp): a program compares it with the
+ * ZB_VERSION_NUMBER it was compiled against. */
+unsigned zb_api_version(void);
+/* sizeof of a public struct, by its name ("zb_worker_step", ...), as this library was built; 0
+ * for a name it does not know. For bindings that mirror the layouts. */
+size_t zb_struct_size(const char *name);
 
 /* ---- cpu lists ---------------------------------------------------------------------------- */
 
