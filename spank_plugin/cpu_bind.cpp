@@ -15,25 +15,22 @@ bool chooses_cpus(std::string_view word) {
 } // namespace
 
 CpuBindDecision decide_cpu_bind(const char *type, const char *list, bool asked) {
-    std::string kept; // the type words, without verbose/quiet
+    std::string kept; // the type words, without verbose/quiet, a "map_cpu:" with its list
+    bool choose = false;
     for (std::string_view rest = type ? type : ""; !rest.empty();) {
         const size_t comma = rest.find(',');
         const std::string_view word = rest.substr(0, comma);
         rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
         if (word.empty() || word == "verbose" || word == "v" || word == "quiet" || word == "q")
             continue;
+        // Decided on the type words alone: the list is CPU numbers, never a type.
+        choose = choose || chooses_cpus(word);
         kept += kept.empty() ? "" : ",";
         kept += word;
-        if (word.back() == ':' && list) kept += list; // "map_cpu:" takes its list
+        if (word.back() == ':' && list) kept += list;
     }
     if (kept.empty()) return {};
     const std::string given = "--cpu-bind=" + kept;
-    bool choose = false;
-    for (std::string_view rest = kept; !rest.empty();) {
-        const size_t comma = rest.find(',');
-        choose = choose || chooses_cpus(rest.substr(0, comma));
-        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    }
     if (!choose)
         return {CpuBindAction::refine,
                 given + ": each task is bound by zenflow-bind to whole cores of its share "

@@ -49,6 +49,14 @@ void chosen_cpus_are_refused_when_asked_and_win_over_the_default(void **) {
     }
 }
 
+// Found by fuzz_cpu_bind: a list is CPU numbers and never decides, even when it reads like a type.
+void the_list_never_decides(void **) {
+    assert_int_equal(static_cast<int>(decide_cpu_bind("n:", "x,no", true).action),
+                     static_cast<int>(CpuBindAction::refine));
+    assert_int_equal(static_cast<int>(decide_cpu_bind("cores:", "none", true).action),
+                     static_cast<int>(CpuBindAction::refine));
+}
+
 void the_message_shows_the_list_as_given(void **) {
     const auto d = decide_cpu_bind("map_cpu:", "0,2", true);
     assert_true(d.message.find("--cpu-bind=map_cpu:0,2 and --zenflow-bind") == 0);
@@ -62,6 +70,7 @@ int main() {
         cmocka_unit_test(granularities_are_refined),
         cmocka_unit_test(chosen_cpus_are_refused_when_asked_and_win_over_the_default),
         cmocka_unit_test(the_message_shows_the_list_as_given),
+        cmocka_unit_test(the_list_never_decides),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
