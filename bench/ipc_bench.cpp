@@ -37,7 +37,7 @@ Stats measure(int worker_cpu, unsigned spin_us, long iterations) {
     us.reserve(static_cast<size_t>(iterations));
     const long warmup = std::min(iterations / 10 + 1, 1000L);
     for (long i = 0; i < warmup + iterations; ++i) {
-        const zb_worker_step step{i + 1, 1.0f, 0, nullptr, 0};
+        const zb_worker_step step{i + 1, 1.0f, 0, nullptr, 0, 0, 0.0f};
         const auto t0 = std::chrono::steady_clock::now();
         if (zb_worker_submit(w, &step) != ZB_OK || zb_worker_wait(w, 10000, nullptr) != ZB_OK) {
             std::fprintf(stderr, "zenflow-bench ipc: %s\n", zb_last_error());

@@ -1,7 +1,8 @@
 // zenflow-bench worker: one Adam step through the worker (submit to done) against the same kernel
 // run in this process on the same CPUs and threads, alternated in one run so that both see the
-// same machine noise; and the bytes per parameter the worker configuration really takes, from the
-// RSS of both processes.
+// same machine noise; what the gradient pre-pass costs (steps that skip non-finite gradients, and
+// that clip by the global norm, against plain worker steps in the same rotation); and the bytes
+// per parameter the worker configuration really takes, from the RSS of both processes.
 #include "adam.hpp"
 
 #include <zenbind/worker.h>
@@ -144,8 +145,9 @@ int bench_worker(int argc, char **argv) {
     fill(b.grads[0], grad, n, 1);
     fill(b.grads[1], grad, n, 2);
     int64_t step = 0;
-    auto worker_step = [&] {
-        const zb_worker_step s{++step, 1.0f, unsigned(step & 1), nullptr, 0};
+    // The gradients are finite: the skipping steps pay for the check and still update.
+    auto worker_step = [&](unsigned flags = 0, float max_grad_norm = 0.0f) {
+        const zb_worker_step s{++step, 1.0f, unsigned(step & 1), nullptr, 0, flags, max_grad_norm};
         const auto t0 = std::chrono::steady_clock::now();
         if (zb_worker_submit(w, &s) != ZB_OK || zb_worker_wait(w, 600000, nullptr) != ZB_OK)
             die("step");
@@ -198,9 +200,11 @@ int bench_worker(int argc, char **argv) {
     };
     local();
     local();
-    std::vector<double> tw, tl;
+    std::vector<double> tw, tl, tskip, tclip;
     for (int i = 0; i < iterations; ++i) {
         tw.push_back(worker_step());
+        tskip.push_back(worker_step(ZB_STEP_SKIP_NONFINITE));
+        tclip.push_back(worker_step(ZB_STEP_SKIP_NONFINITE | ZB_STEP_GRAD_NORM, 1.0f));
         tl.push_back(local());
     }
     sched_setaffinity(0, sizeof affinity.mask, &affinity.mask);
@@ -211,6 +215,7 @@ int bench_worker(int argc, char **argv) {
     zb_worker_destroy(w);
 
     const double ratio = median(tw) / median(tl);
+    const double skip_ratio = median(tskip) / median(tw), clip_ratio = median(tclip) / median(tw);
     const double bpp = double(first_rss - base_rss) / double(n);
     const char *gname = grad == ZB_DTYPE_FP32 ? "fp32" : grad == ZB_DTYPE_BF16 ? "bf16" : "fp16";
     const char *cname = copy == ZB_DTYPE_NONE ? "none" : copy == ZB_DTYPE_BF16 ? "bf16" : "fp16";
@@ -221,10 +226,13 @@ int bench_worker(int argc, char **argv) {
                     "\"iterations\": %d, \"worker_step_s\": %.6f, \"inprocess_step_s\": %.6f, "
                     "\"overhead_ratio\": %.4f, \"bytes_per_param\": %.3f, "
                     "\"bytes_per_param_layout\": %.3f, \"worker_rss\": %zu, "
-                    "\"trainer_rss_anon\": %zu, \"worker_rss_growth\": %ld}\n",
+                    "\"trainer_rss_anon\": %zu, \"worker_rss_growth\": %ld, "
+                    "\"skip_step_s\": %.6f, \"skip_ratio\": %.4f, \"clip_step_s\": %.6f, "
+                    "\"clip_ratio\": %.4f}\n",
                     n, gname, cname, stale ? "true" : "false", threads,
                     zf::isa_name(zf::active_isa()), iterations, median(tw), median(tl), ratio, bpp,
-                    mem.bytes_per_param, mem.worker_rss, mem.trainer_rss_anon, growth);
+                    mem.bytes_per_param, mem.worker_rss, mem.trainer_rss_anon, growth,
+                    median(tskip), skip_ratio, median(tclip), clip_ratio);
     } else {
         std::printf("Adam step, %zu elements, %s gradients, copy-out %s, stale %s, %d threads on "
                     "CPUs %s, ISA %s\n",
@@ -233,6 +241,9 @@ int bench_worker(int argc, char **argv) {
         std::printf("  through the worker: %.3f ms   in-process: %.3f ms   ratio %.4f (median of "
                     "%d, alternated)\n",
                     median(tw) * 1e3, median(tl) * 1e3, ratio, iterations);
+        std::printf("  checked steps: skip non-finite %.3f ms (ratio %.4f to a plain worker step), "
+                    "skip + norm + clip %.3f ms (ratio %.4f)\n",
+                    median(tskip) * 1e3, skip_ratio, median(tclip) * 1e3, clip_ratio);
         std::printf("  bytes/param: %.3f measured (RSS of both processes), %.3f by layout; worker "
                     "RSS grew %ld bytes after the first steps\n",
                     bpp, mem.bytes_per_param, growth);

@@ -2,10 +2,11 @@
 
 #include "error.hpp"
 
+#include <zbproto/numa.hpp>
+
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
-#include <numaif.h>
 #include <string>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -22,23 +23,6 @@ namespace {
     if (err == ENOSPC || err == ENOMEM || err == EFBIG || err == EDQUOT)
         fail(ZB_ENOMEM, head + " (a memory cgroup, tmpfs or RLIMIT_FSIZE limit refused it)");
     fail(ZB_ESYS, head);
-}
-
-// Sets the shared policy of the memfd's pages before they are allocated. Preferred, not bound: a
-// full node must not turn into an OOM kill. Several nodes need MPOL_PREFERRED_MANY (Linux 5.15);
-// older kernels fall back to the first node.
-void place(void *base, size_t size, const std::vector<int> &nodes) {
-    if (nodes.empty()) return;
-    unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {};
-    const unsigned long bits = 8 * sizeof(unsigned long);
-    for (int n : nodes)
-        mask[n / bits] |= 1UL << (n % bits);
-    const unsigned long maxnode = 1024;
-    if (nodes.size() > 1 && mbind(base, size, MPOL_PREFERRED_MANY, mask, maxnode, 0) == 0) return;
-    unsigned long first[1024 / (8 * sizeof(unsigned long))] = {};
-    first[nodes[0] / bits] |= 1UL << (nodes[0] % bits);
-    if (mbind(base, size, MPOL_PREFERRED, first, maxnode, 0) != 0)
-        fail_errno("mbind of the shared memory to node " + std::to_string(nodes[0]));
 }
 
 } // namespace
@@ -58,7 +42,8 @@ Segment::Segment(const char *what, size_t size, const std::vector<int> &nodes) :
             base_ = nullptr;
             fail_errno(std::string("mmap of the ") + what);
         }
-        place(base_, size, nodes);
+        // The shared policy of the memfd's pages, set before fallocate allocates them.
+        proto::prefer_nodes(base_, size, nodes.data(), nodes.size());
         const int err = posix_fallocate(fd_, 0, static_cast<off_t>(size));
         if (err != 0) fail_reserve(what, size, err);
         if (fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)

@@ -33,9 +33,4 @@ class Segment {
     size_t size_ = 0;
 };
 
-inline constexpr size_t kPage = 4096;
-inline constexpr size_t page_round(size_t n) {
-    return (n + kPage - 1) / kPage * kPage;
-}
-
 } // namespace zb::shm

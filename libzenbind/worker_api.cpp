@@ -1,19 +1,25 @@
 // The per-step API of the worker: parameter groups, submit/wait, memory and thread reports. Every
 // entry point validates its arguments before touching shared memory.
 #include "error.hpp"
-#include "shm_futex.hpp"
 #include "worker_handle.hpp"
 
+#include <zbproto/fd_passing.hpp>
+#include <zbproto/group.hpp>
+
+#include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
-#include <sys/socket.h>
 #include <unistd.h>
 
 namespace {
 
 using zb::fail;
-namespace shm = zb::shm;
+namespace proto = zb::proto;
+
+static_assert(ZB_STEP_SKIP_NONFINITE == proto::kStepSkipNonfinite &&
+              ZB_STEP_GRAD_NORM == proto::kStepGradNorm);
 
 zb_worker &handle(zb_worker *w, const char *fn) {
     if (!w) fail(ZB_EINVAL, std::string(fn) + ": worker is NULL");
@@ -43,33 +49,34 @@ int raw(const zb_dtype &field) {
     return v;
 }
 
-shm::Hyper to_shm(const zb_adam_hyper &h) {
-    return shm::Hyper{h.lr,
-                      h.beta1,
-                      h.beta2,
-                      h.eps,
-                      h.weight_decay,
-                      static_cast<uint32_t>(h.adamw),
-                      static_cast<uint32_t>(h.bias_correction),
-                      0};
+proto::Hyper to_shm(const zb_adam_hyper &h) {
+    return proto::Hyper{h.lr,
+                        h.beta1,
+                        h.beta2,
+                        h.eps,
+                        h.weight_decay,
+                        static_cast<uint32_t>(h.adamw),
+                        static_cast<uint32_t>(h.bias_correction),
+                        0};
 }
 
-// Sends the group's memfd to the worker; it is queued before the command is published.
-void send_fd(int sock, int fd, uint32_t group) {
-    char control[CMSG_SPACE(sizeof(int))] = {};
-    iovec iov{&group, sizeof group};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    if (sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof group))
-        zb::fail_errno("sending the group's shared memory to the worker");
+// The checks common to reading and writing a group's state.
+zb_worker &state_handle(zb_worker *worker, unsigned group, const char *fn) {
+    zb_worker &w = handle(worker, fn);
+    w.check_alive();
+    if (w.in_flight) fail(ZB_EINVAL, std::string(fn) + ": a step is in flight; wait first");
+    if (group >= w.groups.size())
+        fail(ZB_EINVAL, std::string(fn) + ": unknown group " + std::to_string(group) + " (" +
+                            std::to_string(w.groups.size()) + " registered)");
+    return w;
+}
+
+// Queues a segment's fd for the worker; the caller publishes the command that takes it next.
+void send_segment(int sock, int fd, uint32_t tag, const char *what) {
+    if (const int err = proto::send_fd(sock, fd, tag)) {
+        errno = err;
+        zb::fail_errno(std::string("sending the ") + what + " to the worker");
+    }
 }
 
 } // namespace
@@ -87,9 +94,9 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
         if (!attr || !group) fail(ZB_EINVAL, "zb_worker_group_add: attr or group is NULL");
         w.check_alive();
         if (w.in_flight) fail(ZB_EINVAL, "zb_worker_group_add: a step is in flight; wait first");
-        if (w.groups.size() >= shm::kMaxGroups)
+        if (w.groups.size() >= proto::kMaxGroups)
             fail(ZB_EINVAL,
-                 "zb_worker_group_add: at most " + std::to_string(shm::kMaxGroups) + " groups");
+                 "zb_worker_group_add: at most " + std::to_string(proto::kMaxGroups) + " groups");
         if (attr->numel == 0 || attr->numel > (size_t(1) << 40))
             fail(ZB_EINVAL, "zb_worker_group_add: numel must be from 1 to 2^40");
         const int grad = raw(attr->grad), copy = raw(attr->copy_out);
@@ -103,51 +110,21 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
 
         const auto g = static_cast<uint32_t>(w.groups.size());
         const size_t n = attr->numel;
-        shm::GroupDesc d{};
-        d.numel = n;
-        d.grad = static_cast<shm::Dtype>(grad);
-        d.copy = static_cast<shm::Dtype>(copy);
-        d.stale = static_cast<uint32_t>(attr->stale);
+        proto::GroupDesc d = proto::lay_out_group(n, static_cast<proto::Dtype>(grad),
+                                                  static_cast<proto::Dtype>(copy), attr->stale);
         d.hyper = to_shm(attr->hyper);
-        // Each buffer starts on a page so that the kernels see aligned vectors.
-        size_t off = shm::page_round(4 * n);
-        for (auto &o : d.off_grads) {
-            o = off;
-            off += shm::page_round(shm::dtype_size(d.grad) * n);
-        }
-        if (d.copy != shm::Dtype::none) {
-            d.off_copy = off;
-            off += shm::page_round(2 * n);
-        }
-        if (d.stale) {
-            d.off_stale = off;
-            off += shm::page_round(4 * n);
-        }
-        d.segment_size = off;
-        shm::Segment seg("zenflow parameter group", off, w.mems);
+        zb::shm::Segment seg("zenflow parameter group", d.segment_size, w.mems);
         w.ctl->groups[g] = d;
-        send_fd(w.sock, seg.fd(), g);
-        w.ctl->command = shm::Command::add_group;
+        send_segment(w.sock, seg.fd(), g, "group's shared memory");
+        w.ctl->command = proto::Command::add_group;
         w.ctl->ngroups = g;
-        try {
-            w.run_command();
-        } catch (const zb::Error &e) {
-            // The worker may still finish the registration the trainer now forgets: both sides
-            // would disagree on the groups from then on. A worker that late is stopped instead.
-            if (e.status() != ZB_ETIMEDOUT) throw;
-            const std::string why =
-                "the optimizer worker did not register group " + std::to_string(g) + " (" +
-                std::to_string(n) +
-                " parameters) within control_timeout_ms=" + std::to_string(w.control_timeout_ms) +
-                " and was stopped; spawn a new one with a longer timeout";
-            w.stop(why);
-            fail(ZB_ETIMEDOUT, why);
-        }
+        w.run_state_command("register group " + std::to_string(g) + " (" + std::to_string(n) +
+                            " parameters)");
         w.groups.push_back(std::move(seg));
         w.numel += n;
         w.param_bytes += 4 * n;
-        w.grad_bytes += 2 * shm::dtype_size(d.grad) * n;
-        w.copy_bytes += shm::dtype_size(d.copy) * n;
+        w.grad_bytes += 2 * proto::dtype_size(d.grad) * n;
+        w.copy_bytes += proto::dtype_size(d.copy) * n;
         w.stale_bytes += d.stale ? 4 * n : 0;
         *group = g;
     });
@@ -160,7 +137,7 @@ zb_status zb_worker_group_buffers(zb_worker_t *worker, unsigned group, zb_group_
         if (group >= w.groups.size())
             fail(ZB_EINVAL, "zb_worker_group_buffers: unknown group " + std::to_string(group) +
                                 " (" + std::to_string(w.groups.size()) + " registered)");
-        const shm::GroupDesc &d = w.ctl->groups[group];
+        const proto::GroupDesc &d = w.ctl->groups[group];
         char *base = static_cast<char *>(w.groups[group].base());
         out->numel = d.numel;
         out->params = reinterpret_cast<float *>(base + d.off_params);
@@ -180,7 +157,11 @@ zb_status zb_worker_submit(zb_worker_t *worker, const zb_worker_step *step) {
         w.check_alive();
         if (w.in_flight)
             fail(ZB_EINVAL, "zb_worker_submit: a step is already in flight; call zb_worker_wait");
-        if (step->step < 1) fail(ZB_EINVAL, "zb_worker_submit: step must be >= 1");
+        if (step->step < 0) fail(ZB_EINVAL, "zb_worker_submit: step must be >= 0");
+        if (step->flags & ~(ZB_STEP_SKIP_NONFINITE | ZB_STEP_GRAD_NORM))
+            fail(ZB_EINVAL, "zb_worker_submit: unknown flags " + std::to_string(step->flags));
+        if (!std::isfinite(step->max_grad_norm) || step->max_grad_norm < 0)
+            fail(ZB_EINVAL, "zb_worker_submit: max_grad_norm must be finite and >= 0");
         if (step->grad_buffer > 1) fail(ZB_EINVAL, "zb_worker_submit: grad_buffer must be 0 or 1");
         if (!std::isfinite(step->grad_scale))
             fail(ZB_EINVAL, "zb_worker_submit: grad_scale must be finite");
@@ -194,17 +175,19 @@ zb_status zb_worker_submit(zb_worker_t *worker, const zb_worker_step *step) {
             for (size_t g = 0; g < ngroups; ++g)
                 w.ctl->groups[g].hyper = to_shm(step->hypers[g]);
         }
-        w.ctl->command = shm::Command::step;
+        w.ctl->command = proto::Command::step;
         w.ctl->ngroups = static_cast<uint32_t>(ngroups);
         w.ctl->step = step->step;
         w.ctl->grad_scale = step->grad_scale;
         w.ctl->grad_buffer = step->grad_buffer;
+        w.ctl->flags = step->flags;
+        w.ctl->max_grad_norm = step->max_grad_norm;
         w.publish_request();
         w.in_flight = true;
     });
 }
 
-zb_status zb_worker_wait(zb_worker_t *worker, int timeout_ms, uint64_t *nonfinite) {
+zb_status zb_worker_wait_result(zb_worker_t *worker, int timeout_ms, zb_worker_result *out) {
     return zb::guard([&] {
         zb_worker &w = handle(worker, "zb_worker_wait");
         if (timeout_ms < 0) fail(ZB_EINVAL, "zb_worker_wait: timeout_ms must be >= 0");
@@ -220,7 +203,62 @@ zb_status zb_worker_wait(zb_worker_t *worker, int timeout_ms, uint64_t *nonfinit
         }
         w.in_flight = false;
         w.last_step_ns = w.ctl->step_ns;
-        if (nonfinite) *nonfinite = w.ctl->nonfinite;
+        if (out)
+            *out = zb_worker_result{w.ctl->nonfinite, w.ctl->grad_norm, w.ctl->skipped ? 1 : 0,
+                                    static_cast<double>(w.ctl->step_ns) * 1e-9};
+    });
+}
+
+zb_status zb_worker_wait(zb_worker_t *worker, int timeout_ms, uint64_t *nonfinite) {
+    zb_worker_result r{};
+    const zb_status st = zb_worker_wait_result(worker, timeout_ms, &r);
+    if (st == ZB_OK && nonfinite) *nonfinite = r.nonfinite;
+    return st;
+}
+
+zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *exp_avg,
+                                    float *exp_avg_sq, int64_t *step) {
+    return zb::guard([&] {
+        zb_worker &w = state_handle(worker, group, "zb_worker_group_get_state");
+        const size_t n = w.ctl->groups[group].numel;
+        const proto::TransferLayout t = proto::transfer_layout(n);
+        std::optional<zb::shm::Segment> seg;
+        if (exp_avg || exp_avg_sq) {
+            seg.emplace("zenflow optimizer state", t.size, w.mems);
+            send_segment(w.sock, seg->fd(), group, "optimizer state's shared memory");
+        }
+        w.ctl->command = proto::Command::get_state;
+        w.ctl->ngroups = group;
+        w.ctl->transfer = seg ? 1 : 0;
+        w.run_state_command("return the optimizer state of group " + std::to_string(group));
+        const char *base = seg ? static_cast<const char *>(seg->base()) : nullptr;
+        if (exp_avg) std::memcpy(exp_avg, base, 4 * n);
+        if (exp_avg_sq) std::memcpy(exp_avg_sq, base + t.exp_avg_sq, 4 * n);
+        if (step) *step = w.ctl->state_step;
+    });
+}
+
+zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const float *exp_avg,
+                                    const float *exp_avg_sq, int64_t step) {
+    return zb::guard([&] {
+        zb_worker &w = state_handle(worker, group, "zb_worker_group_set_state");
+        if (step < 0) fail(ZB_EINVAL, "zb_worker_group_set_state: step must be >= 0");
+        const size_t n = w.ctl->groups[group].numel;
+        const proto::TransferLayout t = proto::transfer_layout(n);
+        // A fresh segment reads as zeros: the moments left NULL need no writing.
+        std::optional<zb::shm::Segment> seg;
+        if (exp_avg || exp_avg_sq) {
+            seg.emplace("zenflow optimizer state", t.size, w.mems);
+            char *base = static_cast<char *>(seg->base());
+            if (exp_avg) std::memcpy(base, exp_avg, 4 * n);
+            if (exp_avg_sq) std::memcpy(base + t.exp_avg_sq, exp_avg_sq, 4 * n);
+            send_segment(w.sock, seg->fd(), group, "optimizer state's shared memory");
+        }
+        w.ctl->command = proto::Command::set_state;
+        w.ctl->ngroups = group;
+        w.ctl->step = step;
+        w.ctl->transfer = seg ? 1 : 0;
+        w.run_state_command("set the optimizer state of group " + std::to_string(group));
     });
 }
 

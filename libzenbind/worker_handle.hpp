@@ -1,9 +1,9 @@
 // The trainer side of one worker: its control segment, group segments, process and socket.
 #pragma once
 
-#include "shm_layout.hpp"
 #include "shm_segment.hpp"
 
+#include <zbproto/layout.hpp>
 #include <zenbind/worker.h>
 
 #include <cstdint>
@@ -13,8 +13,8 @@
 
 struct zb_worker {
     zb::shm::Segment control;
-    zb::shm::Header *header = nullptr;
-    zb::shm::Control *ctl = nullptr;
+    zb::proto::Header *header = nullptr;
+    zb::proto::Control *ctl = nullptr;
     std::vector<zb::shm::Segment> groups;
     std::vector<int> mems;
     pid_t pid = -1;
@@ -24,6 +24,7 @@ struct zb_worker {
     bool in_flight = false; // a step was submitted and not yet waited for
     bool reaped = false;    // the worker process is gone (death holds why)
     std::string death;
+    int exit_code = -1; // the worker's exit code once reaped, -1 if a signal or unknown
     int64_t wait_spin_ns = 0;
     uint64_t last_step_ns = 0; // the worker's time for the last step waited for
     unsigned control_timeout_ms = 0;
@@ -40,6 +41,10 @@ struct zb_worker {
     void wait_response(int64_t timeout_ns);
     // publish_request + wait_response(control_timeout_ms).
     void run_command();
+    // run_command for a command that changes the worker's state: past control_timeout_ms the
+    // worker may still complete it after the trainer gave up, and both sides would disagree from
+    // then on, so the worker is stopped (ZB_ETIMEDOUT naming `what`, later calls ZB_EDEAD).
+    void run_state_command(const std::string &what);
     // SIGKILLs the worker through its pidfd and reaps it; later calls give ZB_EDEAD with `why`.
     void stop(const std::string &why);
 };

@@ -1,9 +1,9 @@
 // How the trainer learns that its worker died: the worker's pidfd becomes readable when it exits,
 // so a zero-timeout poll between bounded futex sleeps notices a death within one sleep slice.
 #include "error.hpp"
-#include "shm_futex.hpp"
-#include "shm_process.hpp"
 #include "worker_handle.hpp"
+#include <zbproto/futex.hpp>
+#include <zbproto/pidfd.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -56,9 +56,10 @@ void zb_worker::check_alive() {
     siginfo_t info{};
     std::string how;
     if (waitid(P_PIDFD, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG) == 0 &&
-        info.si_pid != 0)
+        info.si_pid != 0) {
         how = zb::worker::describe_exit(info.si_code, info.si_status);
-    else
+        if (info.si_code == CLD_EXITED) exit_code = info.si_status;
+    } else
         how = "exited (its status was collected elsewhere)";
     reaped = true;
     in_flight = false;
@@ -68,29 +69,29 @@ void zb_worker::check_alive() {
 
 void zb_worker::publish_request() {
     ++seq;
-    zb::shm::publish(ctl->req_seq, ctl->worker_sleeping, seq);
+    zb::proto::publish(ctl->req_seq, ctl->worker_sleeping, seq);
 }
 
 void zb_worker::wait_response(int64_t timeout_ns) {
     const uint32_t before = seq - 1;
-    const int64_t deadline = zb::shm::now_ns() + std::max<int64_t>(timeout_ns, 0);
+    const int64_t deadline = zb::proto::now_ns() + std::max<int64_t>(timeout_ns, 0);
     // Liveness is checked between sleeps of at most this long.
     constexpr int64_t slice = 100'000'000;
     uint32_t done =
-        zb::shm::spin_for_change(ctl->done_seq, before, std::min(wait_spin_ns, timeout_ns));
+        zb::proto::spin_for_change(ctl->done_seq, before, std::min(wait_spin_ns, timeout_ns));
     while (done == before) {
         check_alive();
-        const int64_t left = deadline - zb::shm::now_ns();
+        const int64_t left = deadline - zb::proto::now_ns();
         if (left <= 0) zb::fail(ZB_ETIMEDOUT, "the optimizer worker did not answer in time");
-        done = zb::shm::sleep_for_change(ctl->done_seq, ctl->trainer_sleeping, before,
-                                         std::min(left, slice));
+        done = zb::proto::sleep_for_change(ctl->done_seq, ctl->trainer_sleeping, before,
+                                           std::min(left, slice));
     }
     if (done != seq)
         zb::fail(ZB_EINTERNAL, "the worker answered request " + std::to_string(done) +
                                    ", expected " + std::to_string(seq));
     const auto status = static_cast<zb_status>(ctl->status);
     if (status != ZB_OK) {
-        ctl->message[zb::shm::kMessageSize - 1] = '\0';
+        ctl->message[zb::proto::kMessageSize - 1] = '\0';
         zb::fail(status, std::string("optimizer worker: ") + ctl->message);
     }
 }
@@ -100,9 +101,22 @@ void zb_worker::run_command() {
     wait_response(static_cast<int64_t>(control_timeout_ms) * 1'000'000);
 }
 
+void zb_worker::run_state_command(const std::string &what) {
+    try {
+        run_command();
+    } catch (const zb::Error &e) {
+        if (e.status() != ZB_ETIMEDOUT) throw;
+        const std::string why = "the optimizer worker did not " + what +
+                                " within control_timeout_ms=" + std::to_string(control_timeout_ms) +
+                                " and was stopped; spawn a new one with a longer timeout";
+        stop(why);
+        zb::fail(ZB_ETIMEDOUT, why);
+    }
+}
+
 void zb_worker::stop(const std::string &why) {
     if (!reaped) {
-        zb::shm::pidfd_send_signal(pidfd, SIGKILL);
+        zb::proto::pidfd_send_signal(pidfd, SIGKILL);
         siginfo_t info{};
         waitid(P_PIDFD, static_cast<id_t>(pidfd), &info, WEXITED); // ECHILD if reaped elsewhere
     }

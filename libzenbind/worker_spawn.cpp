@@ -3,9 +3,11 @@
 // start zenflow-optimizer with the segment and a socket as fds 3 and 4, and wait, bounded, until
 // it has checked the header and pinned its threads.
 #include "error.hpp"
-#include "shm_futex.hpp"
-#include "shm_process.hpp"
 #include "worker_handle.hpp"
+#include <zbproto/futex.hpp>
+#include <zbproto/pidfd.hpp>
+
+#include <zbproto/header.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -30,7 +32,7 @@ extern char **environ;
 namespace {
 
 using zb::fail;
-namespace shm = zb::shm;
+namespace proto = zb::proto;
 
 constexpr unsigned kMaxSpinUs = 50'000;
 
@@ -70,22 +72,22 @@ std::vector<int> resolve_cpus(const zb_worker_attr &a) {
 
 unsigned resolve_threads(const zb_worker_attr &a, size_t ncpus) {
     if (a.threads) {
-        if (a.threads > shm::kMaxThreads)
+        if (a.threads > proto::kMaxThreads)
             fail(ZB_EINVAL, "attr.threads " + std::to_string(a.threads) + " exceeds " +
-                                std::to_string(shm::kMaxThreads));
+                                std::to_string(proto::kMaxThreads));
         return a.threads;
     }
     if (const char *t = env_or(nullptr, "ZENFLOW_OPT_THREADS")) {
         char *end = nullptr;
         errno = 0;
         const unsigned long n = std::strtoul(t, &end, 10);
-        if (errno || *end || t[0] < '0' || t[0] > '9' || n == 0 || n > shm::kMaxThreads)
+        if (errno || *end || t[0] < '0' || t[0] > '9' || n == 0 || n > proto::kMaxThreads)
             fail(ZB_EINVAL, std::string("ZENFLOW_OPT_THREADS \"") + t +
                                 "\" is not a thread count from 1 to " +
-                                std::to_string(shm::kMaxThreads));
+                                std::to_string(proto::kMaxThreads));
         return static_cast<unsigned>(n);
     }
-    return static_cast<unsigned>(std::min<size_t>(ncpus, shm::kMaxThreads));
+    return static_cast<unsigned>(std::min<size_t>(ncpus, proto::kMaxThreads));
 }
 
 std::vector<int> resolve_mems(const zb_worker_attr &a, const std::vector<int> &cpus) {
@@ -93,14 +95,15 @@ std::vector<int> resolve_mems(const zb_worker_attr &a, const std::vector<int> &c
     if (const char *list = env_or(a.mems, "ZENFLOW_OPT_MEMS")) {
         auto nodes = parse_list(list, a.mems[0] ? "attr.mems" : "ZENFLOW_OPT_MEMS",
                                 static_cast<unsigned>(max_node));
-        if (nodes.size() > shm::kMaxNodes) fail(ZB_EINVAL, "too many NUMA nodes in the mems list");
+        if (nodes.size() > proto::kMaxNodes)
+            fail(ZB_EINVAL, "too many NUMA nodes in the mems list");
         return nodes;
     }
     std::vector<int> nodes;
     for (int c : cpus) {
         const int n = numa_available() >= 0 ? numa_node_of_cpu(c) : 0;
         if (n >= 0 && std::find(nodes.begin(), nodes.end(), n) == nodes.end() &&
-            nodes.size() < shm::kMaxNodes)
+            nodes.size() < proto::kMaxNodes)
             nodes.push_back(n);
     }
     std::sort(nodes.begin(), nodes.end());
@@ -160,9 +163,9 @@ void start(zb_worker &w, const std::string &path, const std::vector<std::string>
     Fd sock{fcntl(child_sock.fd, F_DUPFD_CLOEXEC, 10)};
     if (ctl.fd < 0 || sock.fd < 0) zb::fail_errno("fcntl(F_DUPFD_CLOEXEC)");
     FileActions fa;
-    if (posix_spawn_file_actions_adddup2(&fa.fa, ctl.fd, shm::kControlFd) != 0 ||
-        posix_spawn_file_actions_adddup2(&fa.fa, sock.fd, shm::kSocketFd) != 0 ||
-        posix_spawn_file_actions_addclosefrom_np(&fa.fa, shm::kSocketFd + 1) != 0)
+    if (posix_spawn_file_actions_adddup2(&fa.fa, ctl.fd, proto::kControlFd) != 0 ||
+        posix_spawn_file_actions_adddup2(&fa.fa, sock.fd, proto::kSocketFd) != 0 ||
+        posix_spawn_file_actions_addclosefrom_np(&fa.fa, proto::kSocketFd + 1) != 0)
         throw std::bad_alloc();
     std::vector<char *> envp;
     for (const auto &e : env)
@@ -179,7 +182,7 @@ void start(zb_worker &w, const std::string &path, const std::vector<std::string>
              "cannot start the optimizer worker " + path + ": " + std::strerror(err) +
                  " (set ZENFLOW_OPTIMIZER or attr.path)");
     w.pid = pid;
-    w.pidfd = shm::pidfd_open(pid);
+    w.pidfd = proto::pidfd_open(pid);
     if (w.pidfd < 0) {
         const int e = errno;
         kill(pid, SIGKILL);
@@ -190,38 +193,37 @@ void start(zb_worker &w, const std::string &path, const std::vector<std::string>
     }
 }
 
-// Bounded wait for the worker's ready flag; a refused header shows as kExitVersion or as the
+// Bounded wait for the worker's ready flag; a refused header shows as Exit::version or as the
 // worker's own version in the header.
 void await_ready(zb_worker &w, const std::string &path) {
-    const int64_t deadline = shm::now_ns() + int64_t(w.control_timeout_ms) * 1'000'000;
+    const int64_t deadline = proto::now_ns() + int64_t(w.control_timeout_ms) * 1'000'000;
     for (;;) {
-        const uint32_t wv = shm::atomic(w.header->worker_version).load(std::memory_order_acquire);
-        if (wv != 0 && wv != shm::kVersion)
+        const uint32_t wv = proto::atomic(w.header->worker_version).load(std::memory_order_acquire);
+        if (wv != 0 && wv != proto::kVersion)
             fail(ZB_EVERSION, "the optimizer worker " + path + " speaks shared-memory layout " +
                                   std::to_string(wv) + ", this libzenbind speaks " +
-                                  std::to_string(shm::kVersion) + ": install matching versions");
-        const uint32_t ready = shm::atomic(w.ctl->ready).load(std::memory_order_acquire);
-        if (ready == 1) return;
-        if (ready == 2) {
-            w.ctl->message[shm::kMessageSize - 1] = '\0';
+                                  std::to_string(proto::kVersion) + ": install matching versions");
+        const uint32_t ready = proto::atomic(w.ctl->ready).load(std::memory_order_acquire);
+        if (ready == static_cast<uint32_t>(proto::Ready::ready)) return;
+        if (ready == static_cast<uint32_t>(proto::Ready::failed)) {
+            w.ctl->message[proto::kMessageSize - 1] = '\0';
             fail(static_cast<zb_status>(w.ctl->status),
                  std::string("optimizer worker could not start: ") + w.ctl->message);
         }
         try {
             w.check_alive();
         } catch (const zb::Error &e) {
-            if (w.death.find("exited with status " + std::to_string(shm::kExitVersion)) !=
-                std::string::npos)
+            if (w.exit_code == static_cast<int>(proto::Exit::version))
                 fail(ZB_EVERSION, "the optimizer worker " + path +
                                       " refused the shared-memory header (see its message on "
                                       "stderr): install matching versions");
             fail(e.status(),
                  std::string(e.what()) + " while starting (is " + path + " a zenflow-optimizer?)");
         }
-        const int64_t left = deadline - shm::now_ns();
+        const int64_t left = deadline - proto::now_ns();
         if (left <= 0) fail(ZB_ETIMEDOUT, "the optimizer worker did not start in time");
-        shm::sleep_for_change(w.ctl->ready, w.ctl->trainer_sleeping, 0,
-                              std::min<int64_t>(left, 20'000'000));
+        proto::sleep_for_change(w.ctl->ready, w.ctl->trainer_sleeping, 0,
+                                std::min<int64_t>(left, 20'000'000));
     }
 }
 
@@ -268,13 +270,10 @@ zb_status zb_worker_spawn(const zb_worker_attr *attr, zb_worker_t **out) {
         w->mems = resolve_mems(a, cpus);
         w->wait_spin_ns = int64_t(a.wait_spin_us) * 1000;
         w->control_timeout_ms = a.control_timeout_ms;
-        w->control = shm::Segment("zenflow control block", shm::kControlSegment, w->mems);
-        w->header = static_cast<shm::Header *>(w->control.base());
-        w->ctl = shm::control_of(w->control.base());
-        *w->header = shm::Header{shm::kMagic,         shm::kVersion,        0,
-                                 sizeof(shm::Header), sizeof(shm::Control), sizeof(shm::GroupDesc),
-                                 shm::kMaxGroups,     shm::kMaxThreads,     0,
-                                 shm::kControlSegment};
+        w->control = zb::shm::Segment("zenflow control block", proto::kControlSegment, w->mems);
+        w->header = static_cast<proto::Header *>(w->control.base());
+        w->ctl = proto::control_of(w->control.base());
+        *w->header = proto::make_header();
         w->ctl->trainer_pid = getpid();
         w->ctl->nthreads = threads;
         w->ctl->nmems = static_cast<uint32_t>(w->mems.size());
@@ -296,7 +295,7 @@ zb_status zb_worker_destroy(zb_worker_t *w) {
         if (w->reaped || w->ctl->trainer_pid != getpid()) return;
         try {
             if (w->in_flight) w->wait_response(int64_t(w->control_timeout_ms) * 1'000'000);
-            w->ctl->command = shm::Command::exit;
+            w->ctl->command = proto::Command::exit;
             w->publish_request();
             pollfd p{w->pidfd, POLLIN, 0};
             poll(&p, 1, static_cast<int>(std::min(w->control_timeout_ms, 10000u)));

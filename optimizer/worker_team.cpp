@@ -1,21 +1,26 @@
 #include "worker_team.hpp"
 
 #include "adam.hpp"
-#include "shm_futex.hpp"
+#include "grad_stats.hpp"
 
+#include <zbproto/fd_passing.hpp>
+#include <zbproto/futex.hpp>
+#include <zbproto/group.hpp>
+#include <zbproto/numa.hpp>
 #include <zenbind/zenbind.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <numaif.h>
 #include <omp.h>
 #include <poll.h>
 #include <sched.h>
+#include <string>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
@@ -23,7 +28,7 @@
 namespace zf::worker {
 namespace {
 
-namespace shm = zb::shm;
+namespace proto = zb::proto;
 
 // One parameter group. Each thread updates its adam_slice of every group, so a thread's share of a
 // group's moments is the share it zeroed (first touch) when the group was added: NUMA-local on
@@ -40,103 +45,70 @@ struct Group {
     const void *grads[2] = {}; // validated once: the step never re-reads offsets from the segment
     GradType grad = GradType::f32;
     CopyType copy = CopyType::none;
+    int64_t steps = 0;      // steps applied: the next step with number 0 is steps + 1
+    size_t first_block = 0; // its gradient-statistics blocks in Team::blocks
 };
 
+// What the whole team does once the master has taken a command. Commands the master answers on
+// its own (errors, empty steps) never wake the team.
+enum class Work { answered, step, zero_moments, state_out, state_in, exit };
+
 struct Team {
-    shm::Control &ctl;
+    proto::Control &ctl;
     int sock;
     int parent;
     std::vector<Group> groups; // capacity reserved: no reallocation, pointers stay valid
-    shm::Command job = shm::Command::none;
+    Work work = Work::answered;
     uint32_t seq = 0; // the request being served
     std::atomic<uint64_t> nonfinite{0};
     std::chrono::steady_clock::time_point step_start;
+    // The step's pre-pass: whether it runs, one result per block of every group (sized at
+    // registration), and whether it found the step must be skipped.
+    bool stats = false;
+    bool skip = false;
+    GradStats found;
+    std::vector<GradStats> blocks;
+    // A state command's group and its mapped transfer segment (null: none was sent).
+    size_t state_group = 0;
+    char *transfer = nullptr;
 
     void answer(zb_status status, const char *message) {
         ctl.status = status;
         std::snprintf(ctl.message, sizeof ctl.message, "%s", message);
-        shm::publish(ctl.done_seq, ctl.trainer_sleeping, seq);
+        proto::publish(ctl.done_seq, ctl.trainer_sleeping, seq);
     }
 };
 
-GradType grad_type(shm::Dtype grad) {
-    return grad == shm::Dtype::bf16  ? GradType::bf16
-           : grad == shm::Dtype::f16 ? GradType::f16
-                                     : GradType::f32;
+GradType grad_type(proto::Dtype grad) {
+    return grad == proto::Dtype::bf16  ? GradType::bf16
+           : grad == proto::Dtype::f16 ? GradType::f16
+                                       : GradType::f32;
 }
 
-CopyType copy_type(shm::Dtype copy) {
-    return copy == shm::Dtype::bf16  ? CopyType::bf16
-           : copy == shm::Dtype::f16 ? CopyType::f16
-                                     : CopyType::none;
-}
-
-void prefer_nodes(void *p, size_t len, const shm::Control &ctl) {
-    constexpr int kMaskBits = 1024;
-    const uint32_t nmems = ctl.nmems < shm::kMaxNodes ? ctl.nmems : shm::kMaxNodes;
-    if (nmems == 0 || ctl.mems[0] < 0 || ctl.mems[0] >= kMaskBits) return;
-    unsigned long mask[kMaskBits / (8 * sizeof(unsigned long))] = {};
-    const unsigned long bits = 8 * sizeof(unsigned long);
-    for (uint32_t i = 0; i < nmems; ++i)
-        if (ctl.mems[i] >= 0 && ctl.mems[i] < kMaskBits)
-            mask[ctl.mems[i] / bits] |= 1UL << (ctl.mems[i] % bits);
-    if (nmems > 1 && mbind(p, len, MPOL_PREFERRED_MANY, mask, kMaskBits, 0) == 0) return;
-    unsigned long first[1024 / (8 * sizeof(unsigned long))] = {};
-    first[ctl.mems[0] / bits] |= 1UL << (ctl.mems[0] % bits);
-    mbind(p, len, MPOL_PREFERRED, first, kMaskBits, 0); // placement is an optimisation only
-}
-
-// [off, off + bytes) lies inside a segment of `size` bytes, 64-byte aligned (a vector's width).
-bool fits(uint64_t off, uint64_t bytes, uint64_t size) {
-    return off % 64 == 0 && off <= size && bytes <= size - off;
-}
-
-// The group's descriptor as the trainer wrote it must describe its segment exactly: the worker
-// writes through every offset, so nothing is taken on trust (sizes cannot overflow: n is at most
-// a quarter of the segment's size).
-bool describes(const shm::GroupDesc &d, uint64_t segment_size) {
-    const uint64_t n = d.numel, size = d.segment_size;
-    const bool grad_ok =
-        d.grad == shm::Dtype::f32 || d.grad == shm::Dtype::bf16 || d.grad == shm::Dtype::f16;
-    const bool copy_ok =
-        d.copy == shm::Dtype::none || d.copy == shm::Dtype::bf16 || d.copy == shm::Dtype::f16;
-    if (size != segment_size || n == 0 || n > size / 4 || !grad_ok || !copy_ok || d.stale > 1)
-        return false;
-    const uint64_t g = shm::dtype_size(d.grad);
-    return fits(d.off_params, 4 * n, size) && fits(d.off_grads[0], g * n, size) &&
-           fits(d.off_grads[1], g * n, size) &&
-           (d.copy == shm::Dtype::none ? d.off_copy == 0 : fits(d.off_copy, 2 * n, size)) &&
-           (d.stale ? fits(d.off_stale, 4 * n, size) : d.off_stale == 0);
+CopyType copy_type(proto::Dtype copy) {
+    return copy == proto::Dtype::bf16  ? CopyType::bf16
+           : copy == proto::Dtype::f16 ? CopyType::f16
+                                       : CopyType::none;
 }
 
 // Master only: receive and map the group's segment, reserve its moments. The team then zeroes
 // the moments, each thread its own slice, so that first touch places them next to their users.
-bool add_group(Team &t) {
-    char control[CMSG_SPACE(sizeof(int))] = {};
+Work add_group(Team &t) {
     uint32_t index = 0;
-    iovec iov{&index, sizeof index};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    const ssize_t got = recvmsg(t.sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    cmsghdr *c = got == sizeof index ? CMSG_FIRSTHDR(&msg) : nullptr;
-    if (!c || c->cmsg_type != SCM_RIGHTS) {
+    const int fd = proto::receive_fd(t.sock, index);
+    if (fd < 0) {
         t.answer(ZB_EINTERNAL, "no shared-memory fd arrived with the group");
-        return false;
+        return Work::answered;
     }
-    int fd;
-    std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
     struct stat st {};
-    const bool known = index < shm::kMaxGroups && index == t.ctl.ngroups &&
+    const bool known = index < proto::kMaxGroups && index == t.ctl.ngroups &&
                        index == t.groups.size() && fstat(fd, &st) == 0 && st.st_size > 0;
-    const shm::GroupDesc d = known ? t.ctl.groups[index] : shm::GroupDesc{};
+    const proto::GroupDesc d = known ? t.ctl.groups[index] : proto::GroupDesc{};
     const size_t n = d.numel;
-    if (!known || !describes(d, static_cast<uint64_t>(st.st_size))) {
+    if (!known || proto::group_fits(d, static_cast<uint64_t>(st.st_size))) {
         close(fd);
         t.answer(ZB_EINTERNAL, "the group's descriptor does not match its shared memory");
-        return false;
+        return Work::answered;
     }
     void *base = mmap(nullptr, d.segment_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     const int map_err = errno;
@@ -144,13 +116,13 @@ bool add_group(Team &t) {
     if (base == MAP_FAILED) {
         t.answer(ZB_ENOMEM,
                  (std::string("cannot map the group: ") + std::strerror(map_err)).c_str());
-        return false;
+        return Work::answered;
     }
     Group g;
     g.base = static_cast<char *>(base);
     g.size = d.segment_size;
     g.numel = n;
-    g.stride = (4 * n + 4095) / 4096 * 1024;
+    g.stride = proto::page_round(4 * n) / 4;
     void *m =
         mmap(nullptr, 8 * g.stride, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
@@ -158,35 +130,51 @@ bool add_group(Team &t) {
         t.answer(ZB_ENOMEM, ("cannot allocate " + std::to_string(8 * n) +
                              " bytes of Adam moments: " + std::strerror(errno))
                                 .c_str());
-        return false;
+        return Work::answered;
     }
-    prefer_nodes(m, 8 * g.stride, t.ctl);
+    const uint32_t nmems = t.ctl.nmems < proto::kMaxNodes ? t.ctl.nmems : proto::kMaxNodes;
+    proto::prefer_nodes(m, 8 * g.stride, t.ctl.mems, nmems);
     g.moments = static_cast<float *>(m);
     g.grad = grad_type(d.grad);
     g.copy = copy_type(d.copy);
-    AdamTensor &tensor = t.groups.emplace_back(g).tensor;
+    g.first_block = t.blocks.size();
+    t.blocks.resize(t.blocks.size() + grad_stats_blocks(n));
+    Group &added = t.groups.emplace_back(g);
+    AdamTensor &tensor = added.tensor;
     tensor.param = reinterpret_cast<float *>(g.base + d.off_params);
     tensor.exp_avg = g.moments;
     tensor.exp_avg_sq = g.moments + g.stride;
     tensor.copy_out = d.off_copy ? g.base + d.off_copy : nullptr;
     tensor.stale = d.off_stale ? reinterpret_cast<float *>(g.base + d.off_stale) : nullptr;
     tensor.n = n;
-    tensor.hyper = &t.groups.back().hyper;
-    t.groups.back().grads[0] = g.base + d.off_grads[0];
-    t.groups.back().grads[1] = g.base + d.off_grads[1];
-    return true;
+    tensor.hyper = &added.hyper;
+    added.grads[0] = g.base + d.off_grads[0];
+    added.grads[1] = g.base + d.off_grads[1];
+    return Work::zero_moments;
 }
 
 // Master only: copy this step's hyperparameters and gradient buffer into the tensors.
-bool prepare_step(Team &t) {
-    const shm::Control &ctl = t.ctl;
+Work prepare_step(Team &t) {
+    const proto::Control &ctl = t.ctl;
+    if (t.groups.empty()) { // a round trip with nothing to update
+        t.ctl.nonfinite = 0;
+        t.ctl.step_ns = 0;
+        t.ctl.grad_norm = 0;
+        t.ctl.skipped = 0;
+        t.answer(ZB_OK, "");
+        return Work::answered;
+    }
+    if (ctl.step < 0) {
+        t.answer(ZB_EINVAL, "negative step number");
+        return Work::answered;
+    }
     if (ctl.ngroups != t.groups.size()) {
         t.answer(ZB_EINTERNAL, "the trainer and the worker disagree on the number of groups");
-        return false;
+        return Work::answered;
     }
     for (size_t i = 0; i < t.groups.size(); ++i) {
         Group &g = t.groups[i];
-        const shm::GroupDesc &d = ctl.groups[i];
+        const proto::GroupDesc &d = ctl.groups[i];
         g.hyper.lr = d.hyper.lr;
         g.hyper.beta1 = d.hyper.beta1;
         g.hyper.beta2 = d.hyper.beta2;
@@ -194,23 +182,91 @@ bool prepare_step(Team &t) {
         g.hyper.weight_decay = d.hyper.weight_decay;
         g.hyper.adamw = d.hyper.adamw != 0;
         g.hyper.bias_correction = d.hyper.bias_correction != 0;
-        g.hyper.step = ctl.step;
+        if (ctl.step == 0 && g.steps == INT64_MAX) {
+            t.answer(ZB_EINVAL, ("group " + std::to_string(i) +
+                                 "'s step count is INT64_MAX: step 0 would overflow it")
+                                    .c_str());
+            return Work::answered;
+        }
+        g.hyper.step = ctl.step ? ctl.step : g.steps + 1;
         g.hyper.grad_scale = ctl.grad_scale;
         g.tensor.grad = g.grads[ctl.grad_buffer & 1];
     }
     t.nonfinite.store(0, std::memory_order_relaxed);
-    return true;
+    t.stats = (ctl.flags & (proto::kStepSkipNonfinite | proto::kStepGradNorm)) != 0 ||
+              ctl.max_grad_norm > 0;
+    t.skip = false;
+    return Work::step;
+}
+
+// Master only: receive and map a state command's transfer segment, if one was sent.
+Work take_state(Team &t, Work work) {
+    const uint32_t index = t.ctl.ngroups;
+    uint32_t tag = 0;
+    const int fd = t.ctl.transfer ? proto::receive_fd(t.sock, tag) : -1;
+    if (t.ctl.transfer && fd < 0) {
+        t.answer(ZB_EINTERNAL, "no shared-memory fd arrived with the optimizer state");
+        return Work::answered;
+    }
+    struct stat st {};
+    const bool known = index < t.groups.size() && (fd < 0 || tag == index);
+    const uint64_t size = known ? proto::transfer_layout(t.groups[index].numel).size : 0;
+    if (!known || (fd >= 0 && (fstat(fd, &st) != 0 || uint64_t(st.st_size) != size))) {
+        if (fd >= 0) close(fd);
+        t.answer(ZB_EINTERNAL, "the optimizer state's group or segment does not match");
+        return Work::answered;
+    }
+    if (work == Work::state_in && t.ctl.step < 0) {
+        if (fd >= 0) close(fd);
+        t.answer(ZB_EINVAL, "negative step count");
+        return Work::answered;
+    }
+    t.state_group = index;
+    t.transfer = nullptr;
+    if (fd >= 0) {
+        void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        const int map_err = errno;
+        close(fd);
+        if (p == MAP_FAILED) {
+            t.answer(
+                ZB_ENOMEM,
+                (std::string("cannot map the optimizer state: ") + std::strerror(map_err)).c_str());
+            return Work::answered;
+        }
+        t.transfer = static_cast<char *>(p);
+    }
+    return work;
+}
+
+// Master only: the command's own part, and what the team does next.
+Work serve(Team &t, proto::Command command) {
+    switch (command) {
+    case proto::Command::exit:
+        return Work::exit;
+    case proto::Command::step:
+        return prepare_step(t);
+    case proto::Command::add_group:
+        return add_group(t);
+    case proto::Command::get_state:
+        return take_state(t, Work::state_out);
+    case proto::Command::set_state:
+        return take_state(t, Work::state_in);
+    case proto::Command::none:
+        break;
+    }
+    t.answer(ZB_EINTERNAL, "unknown command");
+    return Work::answered;
 }
 
 // Master only: bounded sleeps on req_seq, checking between them that the trainer lives.
-shm::Command next_command(Team &t) {
+proto::Command next_command(Team &t) {
     const uint32_t seen = t.seq;
     const int64_t spin = int64_t(t.ctl.worker_spin_us) * 1000;
-    uint32_t v = shm::spin_for_change(t.ctl.req_seq, seen, spin);
+    uint32_t v = proto::spin_for_change(t.ctl.req_seq, seen, spin);
     while (v == seen) {
         pollfd p{t.parent, POLLIN, 0};
-        if (poll(&p, 1, 0) > 0) return shm::Command::exit; // the trainer died
-        v = shm::sleep_for_change(t.ctl.req_seq, t.ctl.worker_sleeping, seen, 50'000'000);
+        if (poll(&p, 1, 0) > 0) return proto::Command::exit; // the trainer died
+        v = proto::sleep_for_change(t.ctl.req_seq, t.ctl.worker_sleeping, seen, 50'000'000);
     }
     t.seq = v;
     return t.ctl.command;
@@ -223,17 +279,111 @@ void zero_slice(const Group &g, int thread, int threads) {
     std::memset(g.moments + g.stride + lo, 0, 4 * (hi - lo));
 }
 
+// This thread's share of a state transfer: the slice it updates, so the moments it writes stay on
+// its node.
+void copy_state(const Group &g, char *transfer, bool out, int thread, int threads) {
+    size_t lo, hi;
+    adam_slice(g.numel, thread, threads, lo, hi);
+    float *m = g.moments, *v = g.moments + g.stride;
+    float *tm = reinterpret_cast<float *>(transfer);
+    float *tv = reinterpret_cast<float *>(transfer + proto::transfer_layout(g.numel).exp_avg_sq);
+    if (out) {
+        std::memcpy(tm + lo, m + lo, 4 * (hi - lo));
+        std::memcpy(tv + lo, v + lo, 4 * (hi - lo));
+    } else {
+        std::memcpy(m + lo, tm + lo, 4 * (hi - lo));
+        std::memcpy(v + lo, tv + lo, 4 * (hi - lo));
+    }
+}
+
+// This thread's blocks of the step's pre-pass over every group's gradients.
+void grad_stats_in_team(Team &t, int thread, int threads) {
+    size_t lo, hi;
+    grad_stats_share(t.blocks.size(), thread, threads, lo, hi);
+    const float scale = t.ctl.grad_scale;
+    for (const Group &g : t.groups) {
+        const size_t first = g.first_block, end = first + grad_stats_blocks(g.numel);
+        for (size_t b = lo > first ? lo : first; b < hi && b < end; ++b) {
+            const size_t from = (b - first) * kGradStatsBlock;
+            const size_t to = from + kGradStatsBlock < g.numel ? from + kGradStatsBlock : g.numel;
+            t.blocks[b] = grad_block_stats(g.tensor.grad, g.grad, from, to, scale);
+        }
+    }
+}
+
+// Master only, after the pre-pass: skip the step, or fold the clip coefficient into the scale
+// the update pass multiplies by.
+void decide_step(Team &t) {
+    const proto::Control &ctl = t.ctl;
+    t.found = grad_stats_sum(t.blocks.data(), t.blocks.size());
+    t.skip = (ctl.flags & proto::kStepSkipNonfinite) && t.found.nonfinite > 0;
+    if (t.skip || !(ctl.max_grad_norm > 0)) return;
+    const double q = double(ctl.max_grad_norm) / (std::sqrt(t.found.sum_squares) + 1e-6);
+    // As torch clamps: a NaN norm gives a NaN coefficient, an infinite one 0.
+    const float coefficient = static_cast<float>(q >= 1.0 ? 1.0 : q);
+    for (Group &g : t.groups)
+        g.hyper.grad_scale = ctl.grad_scale * coefficient;
+}
+
+// Master only, once the team is done: record what the work changed and answer.
+void finish(Team &t, Work work) {
+    proto::Control &ctl = t.ctl;
+    if (work == Work::step) {
+        ctl.nonfinite = t.stats ? t.found.nonfinite : t.nonfinite.load(std::memory_order_relaxed);
+        ctl.grad_norm = t.stats ? std::sqrt(t.found.sum_squares) : 0.0;
+        ctl.skipped = t.skip ? 1 : 0;
+        if (!t.skip)
+            for (Group &g : t.groups)
+                g.steps = g.hyper.step;
+        ctl.step_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::steady_clock::now() - t.step_start)
+                                                .count());
+    } else if (work == Work::state_out || work == Work::state_in) {
+        Group &g = t.groups[t.state_group];
+        if (work == Work::state_out)
+            ctl.state_step = g.steps;
+        else
+            g.steps = ctl.step;
+        if (t.transfer) munmap(t.transfer, proto::transfer_layout(g.numel).size);
+        t.transfer = nullptr;
+    }
+    t.answer(ZB_OK, "");
+}
+
+void publish_ready(proto::Control &ctl, proto::Ready ready) {
+    proto::publish(ctl.ready, ctl.trainer_sleeping, static_cast<uint32_t>(ready));
+}
+
+// Master only, once the team is up: why it cannot serve, or "" if it can.
+std::string team_problem(int threads, int pin_failures) {
+    char why[proto::kMessageSize];
+    if (omp_get_num_threads() != threads)
+        std::snprintf(why, sizeof why,
+                      "OpenMP gave the worker %d of the %d threads asked for (a thread limit in "
+                      "its environment?)",
+                      omp_get_num_threads(), threads);
+    else if (pin_failures)
+        std::snprintf(why, sizeof why,
+                      "%d of %d threads could not pin themselves to their CPU (outside this "
+                      "process's cgroup or affinity?)",
+                      pin_failures, threads);
+    else
+        why[0] = '\0';
+    return why;
+}
+
 } // namespace
 
-int run_team(shm::Control &ctl, int socket_fd, int parent_pidfd) {
-    Team t{ctl, socket_fd, parent_pidfd, {}, shm::Command::none, 0, {0}, {}};
-    t.groups.reserve(shm::kMaxGroups);
+proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
+    Team t{ctl,   socket_fd, parent_pidfd, {}, Work::answered, 0, {0}, {}, false,
+           false, {},        {},           0,  nullptr};
+    t.groups.reserve(proto::kMaxGroups);
     const int threads = static_cast<int>(ctl.nthreads);
-    if (threads < 1 || ctl.nthreads > shm::kMaxThreads) {
+    if (threads < 1 || ctl.nthreads > proto::kMaxThreads) {
         ctl.status = ZB_EINVAL;
         std::snprintf(ctl.message, sizeof ctl.message, "bad thread count %u", ctl.nthreads);
-        shm::publish(ctl.ready, ctl.trainer_sleeping, 2);
-        return 1;
+        publish_ready(ctl, proto::Ready::failed);
+        return proto::Exit::failure;
     }
     std::atomic<int> pin_failures{0};
     omp_set_dynamic(0);
@@ -252,72 +402,68 @@ int run_team(shm::Control &ctl, int socket_fd, int parent_pidfd) {
 #pragma omp barrier
 #pragma omp master
         {
-            if (omp_get_num_threads() != threads) {
-                ctl.status = ZB_EINVAL;
-                std::snprintf(ctl.message, sizeof ctl.message,
-                              "OpenMP gave the worker %d of the %d threads asked for (a thread "
-                              "limit in its environment?)",
-                              omp_get_num_threads(), threads);
-                t.job = shm::Command::exit;
-                shm::publish(ctl.ready, ctl.trainer_sleeping, 2);
-            } else if (pin_failures.load()) {
-                ctl.status = ZB_EINVAL;
-                std::snprintf(ctl.message, sizeof ctl.message,
-                              "%d of %d threads could not pin themselves to their CPU "
-                              "(outside this process's cgroup or affinity?)",
-                              pin_failures.load(), threads);
-                t.job = shm::Command::exit;
-                shm::publish(ctl.ready, ctl.trainer_sleeping, 2);
+            const std::string problem = team_problem(threads, pin_failures.load());
+            if (problem.empty()) {
+                publish_ready(ctl, proto::Ready::ready);
             } else {
-                shm::publish(ctl.ready, ctl.trainer_sleeping, 1);
+                ctl.status = ZB_EINVAL;
+                std::snprintf(ctl.message, sizeof ctl.message, "%s", problem.c_str());
+                t.work = Work::exit;
+                publish_ready(ctl, proto::Ready::failed);
             }
         }
         for (;;) {
 #pragma omp master
             {
-                // Empty steps and failed preparations are answered without waking the team.
-                while (t.job != shm::Command::exit) {
-                    t.job = next_command(t);
-                    if (t.job == shm::Command::exit) break;
+                while (t.work != Work::exit) {
+                    const proto::Command command = next_command(t);
                     t.step_start = std::chrono::steady_clock::now();
-                    if (t.job == shm::Command::step && t.groups.empty()) {
-                        ctl.nonfinite = 0;
-                        ctl.step_ns = 0;
-                        t.answer(ZB_OK, "");
-                        continue;
-                    }
-                    if (t.job == shm::Command::step ? prepare_step(t)
-                        : t.job == shm::Command::add_group
-                            ? add_group(t)
-                            : (t.answer(ZB_EINTERNAL, "unknown command"), false))
-                        break;
+                    t.work = serve(t, command);
+                    if (t.work != Work::answered) break;
                 }
             }
 #pragma omp barrier
-            // Read between the two barriers: the master writes t.job only outside them.
-            const shm::Command job = t.job;
-            if (job == shm::Command::exit) break;
-            if (job == shm::Command::step) {
+            // Read between the two barriers: the master writes t.work only outside them.
+            const Work work = t.work;
+            if (work == Work::exit) break;
+            switch (work) {
+            case Work::step: {
+                if (t.stats) {
+                    grad_stats_in_team(t, me, threads);
+#pragma omp barrier
+#pragma omp master
+                    decide_step(t);
+#pragma omp barrier
+                }
+                if (t.skip) break;
                 uint64_t bad = 0;
                 for (const Group &g : t.groups)
                     bad += adam_step_in_team(AdamBatch{g.grad, g.copy, &g.tensor, 1});
                 t.nonfinite.fetch_add(bad, std::memory_order_relaxed);
-            } else {
+                break;
+            }
+            case Work::zero_moments:
                 zero_slice(t.groups.back(), me, threads);
+                break;
+            case Work::state_out:
+            case Work::state_in: {
+                const Group &g = t.groups[t.state_group];
+                if (t.transfer)
+                    copy_state(g, t.transfer, work == Work::state_out, me, threads);
+                else if (work == Work::state_in)
+                    zero_slice(g, me, threads);
+                break;
+            }
+            case Work::answered:
+            case Work::exit:
+                break;
             }
 #pragma omp barrier
 #pragma omp master
-            {
-                ctl.nonfinite = t.nonfinite.load(std::memory_order_relaxed);
-                ctl.step_ns =
-                    static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                              std::chrono::steady_clock::now() - t.step_start)
-                                              .count());
-                t.answer(ZB_OK, "");
-            }
+            finish(t, work);
         }
     }
-    return 0;
+    return proto::Exit::ok;
 }
 
 } // namespace zf::worker

@@ -35,7 +35,7 @@ typedef enum zb_dtype {
     ZB_DTYPE_FP16 = 3
 } zb_dtype;
 
-/* Upper bounds of the shared-memory layout (version 1). */
+/* Upper bounds of the shared-memory layout (version 2). */
 #define ZB_WORKER_MAX_GROUPS 256
 #define ZB_WORKER_MAX_THREADS 1024
 #define ZB_WORKER_MAX_NODES 64
@@ -124,25 +124,70 @@ typedef struct zb_group_buffers {
 
 zb_status zb_worker_group_buffers(zb_worker_t *worker, unsigned group, zb_group_buffers *out);
 
+/* zb_worker_step.flags */
+/* GradScaler semantics: if any gradient element of any group is not finite after grad_scale,
+ * nothing is written (params, moments, copy-out, stale and step counts stay as they were) and the
+ * result says skipped. */
+#define ZB_STEP_SKIP_NONFINITE 0x1u
+/* Compute the global L2 norm of the scaled gradients (zb_worker_result.grad_norm). */
+#define ZB_STEP_GRAD_NORM 0x2u
+
 /* One optimizer step over every registered group. */
 typedef struct zb_worker_step {
-    int64_t step;                /* 1-based step number, for bias correction */
-    float grad_scale;            /* multiplies every gradient (e.g. 1/loss_scale, clipping) */
+    /* 0: each group uses its own step count + 1 (a group added later starts at 1, as in torch);
+     * >= 1: every group uses this number, which becomes each group's count. For bias correction. */
+    int64_t step;
+    float grad_scale;            /* multiplies every gradient (e.g. 1/loss_scale) */
     unsigned grad_buffer;        /* 0 or 1: which gradient buffer the step reads */
     const zb_adam_hyper *hypers; /* NULL: each group's current hyperparameters; else one per group
                                     (nhypers == number of groups); they become current */
     size_t nhypers;
+    unsigned flags; /* ZB_STEP_*; 0 for a plain step */
+    /* > 0: clip by the global norm as torch.nn.utils.clip_grad_norm_ does: the gradients are
+     * multiplied by min(1, max_grad_norm / (norm + 1e-6)) in the same update pass (norm of the
+     * scaled gradients over every group); implies ZB_STEP_GRAD_NORM. 0: no clipping. */
+    float max_grad_norm;
 } zb_worker_step;
 
 /* Start a step and return without waiting. ZB_EINVAL if a step is already in flight, grad_buffer
- * > 1, step < 1 or nhypers does not match. A step with no group registered is allowed: it does no
- * work and measures the control round trip. ZB_EDEAD if the worker has died. */
+ * > 1, step < 0, unknown flags, max_grad_norm negative or not finite, or nhypers does not match.
+ * A step with no group registered is allowed: it does no work and measures the control round
+ * trip. ZB_EDEAD if the worker has died. A step with step == 0 fails at the wait with ZB_EINVAL,
+ * writing nothing, if a group's count is already INT64_MAX. */
 zb_status zb_worker_submit(zb_worker_t *worker, const zb_worker_step *step);
 
+/* What a step found. */
+typedef struct zb_worker_result {
+    uint64_t nonfinite; /* gradient elements not finite after grad_scale */
+    double grad_norm;   /* L2 norm of the scaled gradients over all groups, before clipping (inf or
+                           NaN when some are not finite); 0 if not computed */
+    int skipped;        /* 1: ZB_STEP_SKIP_NONFINITE found a non-finite gradient; nothing written */
+    double seconds;     /* the worker's own time for the step */
+} zb_worker_result;
+
 /* Wait up to timeout_ms (>= 0; 0 polls) for the step in flight. ZB_ETIMEDOUT leaves it in flight
- * (wait again); ZB_EDEAD says how the worker died. *nonfinite (may be NULL) receives how many
- * gradient elements were not finite after scaling (they were applied, as torch does). */
+ * (wait again); ZB_EDEAD says how the worker died. *out (may be NULL) receives the result. */
+zb_status zb_worker_wait_result(zb_worker_t *worker, int timeout_ms, zb_worker_result *out);
+
+/* zb_worker_wait_result with only the count of non-finite gradient elements (may be NULL). Without
+ * ZB_STEP_SKIP_NONFINITE they were applied, as torch does. */
 zb_status zb_worker_wait(zb_worker_t *worker, int timeout_ms, uint64_t *nonfinite);
+
+/* A group's optimizer state between steps, for checkpoints. Not allowed while a step is in flight
+ * (ZB_EINVAL); an unknown group is ZB_EINVAL. The moments live only in the worker: they travel
+ * through a temporary shared segment of 8 bytes per parameter, copied by the worker's pinned
+ * threads, each its own slice, so they stay NUMA-local; every wait is bounded by
+ * control_timeout_ms (past it the worker is stopped: ZB_ETIMEDOUT, then ZB_EDEAD). */
+
+/* exp_avg and exp_avg_sq receive numel floats each (NULL: skip that one); *step (may be NULL) the
+ * group's step count, the number of steps applied to it (0 for a fresh group). */
+zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *exp_avg,
+                                    float *exp_avg_sq, int64_t *step);
+/* Writes them as given (the caller's checkpoint): NULL moments mean zeros; step >= 0 becomes the
+ * group's count (the next step with zb_worker_step.step == 0 uses step + 1); negative is
+ * ZB_EINVAL. */
+zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const float *exp_avg,
+                                    const float *exp_avg_sq, int64_t step);
 
 /* The worker's own time for the last step waited for, in seconds: from taking the request to
  * answering it, so the optimizer step time apart from any time the trainer spent elsewhere

@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -57,7 +58,7 @@ static unsigned add_group(zb_worker_t *w, size_t numel, zb_dtype grad, zb_dtype 
 }
 
 static zb_status step(zb_worker_t *w, int64_t n, unsigned buffer) {
-    zb_worker_step s = {n, 1.0f, buffer, NULL, 0};
+    zb_worker_step s = {n, 1.0f, buffer, NULL, 0, 0, 0.0f};
     zb_status st = zb_worker_submit(w, &s);
     if (st != ZB_OK) return st;
     return zb_worker_wait(w, 10000, NULL);
@@ -135,14 +136,22 @@ static void test_bad_arguments(void **state) {
     expect_status(zb_worker_group_buffers(w, 1, &b), ZB_EINVAL, "unknown group 1");
     expect_status(zb_worker_group_buffers(w, 0, NULL), ZB_EINVAL, "NULL");
 
-    zb_worker_step s = {1, 1.0f, 0, NULL, 0};
+    zb_worker_step s = {1, 1.0f, 0, NULL, 0, 0, 0.0f};
     expect_status(zb_worker_wait(w, 100, NULL), ZB_EINVAL, "no step in flight");
     s.grad_buffer = 2;
     expect_status(zb_worker_submit(w, &s), ZB_EINVAL, "grad_buffer");
     s.grad_buffer = 0;
-    s.step = 0;
+    s.step = -1;
     expect_status(zb_worker_submit(w, &s), ZB_EINVAL, "step");
     s.step = 1;
+    s.flags = 0x4;
+    expect_status(zb_worker_submit(w, &s), ZB_EINVAL, "flags");
+    s.flags = 0;
+    s.max_grad_norm = -1.0f;
+    expect_status(zb_worker_submit(w, &s), ZB_EINVAL, "max_grad_norm");
+    s.max_grad_norm = (float)INFINITY;
+    expect_status(zb_worker_submit(w, &s), ZB_EINVAL, "max_grad_norm");
+    s.max_grad_norm = 0.0f;
     zb_adam_hyper two[2];
     zb_adam_hyper_init(&two[0]);
     zb_adam_hyper_init(&two[1]);
@@ -285,7 +294,7 @@ static void test_wait_timeout(void **state) {
     (void)state;
     zb_worker_t *w = spawn_threads(1);
     add_group(w, 8u << 20, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
-    zb_worker_step s = {1, 1.0f, 0, NULL, 0};
+    zb_worker_step s = {1, 1.0f, 0, NULL, 0, 0, 0.0f};
     assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
     expect_status(zb_worker_wait(w, 0, NULL), ZB_ETIMEDOUT, NULL);
     uint64_t nonfinite = 7;
@@ -310,7 +319,7 @@ static void test_worker_killed_mid_step(void **state) {
     add_group(w, 4u << 20, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
     pid_t pid;
     zb_worker_pid(w, &pid);
-    zb_worker_step s = {1, 1.0f, 0, NULL, 0};
+    zb_worker_step s = {1, 1.0f, 0, NULL, 0, 0, 0.0f};
     assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
     assert_int_equal(kill(pid, SIGKILL), 0);
     const double t0 = now_s();
@@ -349,7 +358,7 @@ static void test_registration_timeout_stops_worker(void **state) {
     unsigned id;
     expect_status(zb_worker_group_add(w, &g, &id), ZB_ETIMEDOUT, "was stopped");
     assert_int_equal(kill(pid, 0), -1); /* reaped: no such process */
-    zb_worker_step s = {1, 1.0f, 0, NULL, 0};
+    zb_worker_step s = {1, 1.0f, 0, NULL, 0, 0, 0.0f};
     expect_status(zb_worker_submit(w, &s), ZB_EDEAD, "did not register group 0");
     expect_status(zb_worker_group_add(w, &g, &id), ZB_EDEAD, "longer timeout");
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
@@ -494,7 +503,7 @@ static void test_worker_refuses_other_version(void **state) {
     assert_non_null(strstr(msg, "layout 999"));
     uint32_t echoed = 0;
     assert_int_equal(pread(fd, &echoed, 4, 12), 4);
-    assert_int_equal(echoed, 1);
+    assert_int_equal(echoed, 2); /* the worker's own layout version */
     close(fd);
 }
 
@@ -511,13 +520,13 @@ static void test_trainer_refuses_other_version(void **state) {
     const double t0 = now_s();
     zb_status st = zb_worker_spawn(&attr, &w);
     unsetenv("ZB_TEST_FAKE_WORKER");
-    expect_status(st, ZB_EVERSION, "layout 2");
+    expect_status(st, ZB_EVERSION, "layout 99");
     assert_null(w);
     assert_true(now_s() - t0 < 2.0);
 }
 
 static int fake_worker(void) {
-    uint32_t version = 2;
+    uint32_t version = 99;
     if (pwrite(3, &version, 4, 12) != 4) return 1;
     sleep(30); /* the trainer must notice and kill us, not wait for this */
     return 0;

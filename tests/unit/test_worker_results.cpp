@@ -117,7 +117,7 @@ void test_bit_identical(void **) {
             fill_grad(bufs[g].grads[k], cases[g].grad, n, uint32_t(step * 31 + g));
             std::memcpy(ref[g].grads[k].data(), bufs[g].grads[k], n * dsize(cases[g].grad));
         }
-        const zb_worker_step s{step, scale, k, hypers.data(), ng};
+        const zb_worker_step s{step, scale, k, hypers.data(), ng, 0, 0.0f};
         assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
         for (size_t g = 0; g < ng; ++g) {
             Reference &r = ref[g];

@@ -7,7 +7,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-namespace zb::shm {
+namespace zb::proto {
 
 inline int pidfd_open(pid_t pid) {
     return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
@@ -17,4 +17,4 @@ inline int pidfd_send_signal(int pidfd, int sig) {
     return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
 }
 
-} // namespace zb::shm
+} // namespace zb::proto

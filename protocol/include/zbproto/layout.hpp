@@ -1,5 +1,5 @@
 // The shared-memory layout between libzenbind (the trainer side) and zenflow-optimizer (the
-// worker). Both sides compile this file; the header's magic, version and sizes let each side refuse
+// worker). Both sides link this module; the header's magic, version and sizes let each side refuse
 // a peer built from another version instead of corrupting memory. Any change to a struct below
 // must bump kVersion.
 //
@@ -12,27 +12,51 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace zb::shm {
+namespace zb::proto {
 
 inline constexpr uint64_t kMagic = 0x314d5357464e455aULL; // "ZENFWSM1" little-endian
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;
 inline constexpr uint32_t kMaxGroups = 256;
 inline constexpr uint32_t kMaxThreads = 1024;
 inline constexpr uint32_t kMaxNodes = 64;
 inline constexpr uint32_t kMessageSize = 512;
 
-// Exit code of a worker that refused the header (and printed why on stderr).
-inline constexpr int kExitVersion = 78;
+// The worker's exit codes. The trainer tells a layout refusal from any other death by the code.
+enum class Exit : int {
+    ok = 0,
+    failure = 1, // could not start its team (the reason is in the control block)
+    usage = 2,   // started by hand with arguments
+    version = 78 // refused the control block's header (and said why on stderr); EX_CONFIG
+};
+
+// Control::ready, written by the worker once, when its team is pinned or could not be.
+enum class Ready : uint32_t { starting = 0, ready = 1, failed = 2 };
 
 // Worker protocol over the inherited fds: the control memfd is fd 3, the socket fd 4.
 inline constexpr int kControlFd = 3;
 inline constexpr int kSocketFd = 4;
 
-enum class Command : uint32_t { none = 0, step = 1, add_group = 2, exit = 3 };
+enum class Command : uint32_t {
+    none = 0,
+    step = 1,
+    add_group = 2,
+    exit = 3,
+    get_state = 4, // a group's moments out through a transfer segment, and its step count
+    set_state = 5  // and in
+};
+
+// Control::flags of a step; the same bits as ZB_STEP_* of <zenbind/worker.h>.
+inline constexpr uint32_t kStepSkipNonfinite = 0x1;
+inline constexpr uint32_t kStepGradNorm = 0x2;
 enum class Dtype : uint32_t { none = 0, f32 = 1, bf16 = 2, f16 = 3 };
 
 inline constexpr size_t dtype_size(Dtype d) {
     return d == Dtype::f32 ? 4 : (d == Dtype::none ? 0 : 2);
+}
+
+inline constexpr size_t kPage = 4096;
+inline constexpr size_t page_round(size_t n) {
+    return (n + kPage - 1) / kPage * kPage;
 }
 
 // Fixed first fields: magic and version stay at offsets 0 and 8 in every future version, so any
@@ -75,7 +99,7 @@ struct alignas(64) Control {
     int32_t cpus[kMaxThreads]; // thread i pins itself to cpus[i]
     int32_t mems[kMaxNodes];
 
-    // Written by the worker once its team is pinned.
+    // Written by the worker once its team is pinned: a Ready.
     alignas(64) uint32_t ready;
     int32_t tids[kMaxThreads];
     int32_t thread_cpus[kMaxThreads];
@@ -84,18 +108,23 @@ struct alignas(64) Control {
     alignas(64) uint32_t req_seq;
     uint32_t worker_sleeping; // the worker sleeps on req_seq: wake it
     Command command;
-    uint32_t ngroups; // groups the step covers / index of the group being added
-    int64_t step;
+    uint32_t ngroups; // groups the step covers / index of the group being added, read or written
+    int64_t step;     // a step's number (0: each group's count + 1) / the step count set_state sets
     float grad_scale;
     uint32_t grad_buffer;
+    uint32_t flags; // kStep* of a step
+    float max_grad_norm;
+    uint32_t transfer; // get_state/set_state: 1 if a transfer segment was sent with the command
 
     // Response: result and message, then done_seq = req_seq (release).
     alignas(64) uint32_t done_seq;
     uint32_t trainer_sleeping;
-    int32_t status; // a zb_status
-    uint32_t pad;
+    int32_t status;   // a zb_status
+    uint32_t skipped; // the step found a non-finite gradient under kStepSkipNonfinite
     uint64_t nonfinite;
-    uint64_t step_ns; // the worker's own time for the step: request taken to answer
+    uint64_t step_ns;   // the worker's own time for the step: request taken to answer
+    double grad_norm;   // of the scaled gradients, when the step computed it; else 0
+    int64_t state_step; // get_state: the group's step count
     char message[kMessageSize];
 
     alignas(64) GroupDesc groups[kMaxGroups];
@@ -111,4 +140,4 @@ inline std::atomic_ref<uint32_t> atomic(uint32_t &word) {
     return std::atomic_ref<uint32_t>(word);
 }
 
-} // namespace zb::shm
+} // namespace zb::proto

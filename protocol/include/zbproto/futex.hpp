@@ -12,7 +12,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-namespace zb::shm {
+namespace zb::proto {
 
 inline void futex_wake(uint32_t *word) {
     syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
@@ -71,4 +71,4 @@ inline void publish(uint32_t &word, uint32_t &sleeping, uint32_t value) {
     if (s.load(std::memory_order_seq_cst)) futex_wake(&word);
 }
 
-} // namespace zb::shm
+} // namespace zb::proto

@@ -1,0 +1,36 @@
+// The read-only pass over the gradients that a step runs before it writes anything, when it must
+// know whether every gradient is finite (skipping non-finite steps) or their global norm
+// (clipping). Deterministic for any thread count: the gradients are cut into fixed blocks,
+// whatever the thread split; each block's sum of squares is one double computed in a fixed order,
+// and the blocks are summed in block order.
+#pragma once
+
+#include "adam.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace zf {
+
+inline constexpr size_t kGradStatsBlock = size_t(1) << 16; // elements
+
+struct GradStats {
+    double sum_squares = 0; // of grad * scale, each product rounded to fp32 as the kernels do
+    uint64_t nonfinite = 0; // elements whose grad * scale is not finite
+};
+
+// The statistics of grad[lo, hi), hi - lo <= kGradStatsBlock, elements of type `type`.
+GradStats grad_block_stats(const void *grad, GradType type, size_t lo, size_t hi, float scale);
+
+// Blocks of a tensor of n elements.
+inline size_t grad_stats_blocks(size_t n) {
+    return (n + kGradStatsBlock - 1) / kGradStatsBlock;
+}
+
+// The blocks [lo, hi) of `blocks` that `thread` of `threads` computes.
+void grad_stats_share(size_t blocks, int thread, int threads, size_t &lo, size_t &hi);
+
+// The blocks' statistics summed in block order.
+GradStats grad_stats_sum(const GradStats *blocks, size_t count);
+
+} // namespace zf

@@ -1,0 +1,465 @@
+/* The optimizer's state and step control through the worker: checkpoint and resume are
+ * bit-identical to never stopping, per-group step counts, skipping steps with non-finite
+ * gradients, the global gradient norm and clipping by it. */
+#define _GNU_SOURCE
+#include <zenbind/worker.h>
+
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <setjmp.h>
+
+#include <cmocka.h>
+
+static zb_worker_t *spawn(unsigned threads) {
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = threads;
+    zb_worker_t *w = NULL;
+    zb_status st = zb_worker_spawn(&attr, &w);
+    if (st != ZB_OK) fail_msg("spawn: %s: %s", zb_status_name(st), zb_last_error());
+    return w;
+}
+
+typedef struct spec {
+    size_t numel;
+    zb_dtype grad, copy;
+    int stale;
+} spec;
+
+static unsigned add(zb_worker_t *w, const spec *s, zb_group_buffers *b) {
+    zb_group_attr g;
+    memset(&g, 0, sizeof g);
+    g.numel = s->numel;
+    g.grad = s->grad;
+    g.copy_out = s->copy;
+    g.stale = s->stale;
+    zb_adam_hyper_init(&g.hyper);
+    g.hyper.lr = 1e-2f;
+    unsigned id = 0;
+    zb_status st = zb_worker_group_add(w, &g, &id);
+    if (st != ZB_OK) fail_msg("group_add: %s: %s", zb_status_name(st), zb_last_error());
+    assert_int_equal(zb_worker_group_buffers(w, id, b), ZB_OK);
+    for (size_t i = 0; i < s->numel; ++i)
+        b->params[i] = (float)(i % 29) * 0.05f - 0.7f;
+    return id;
+}
+
+/* Deterministic gradients of a group for a step: the same on every worker that replays it. */
+static void fill(const zb_group_buffers *b, unsigned buffer, uint32_t seed) {
+    for (size_t i = 0; i < b->numel; ++i) {
+        seed = seed * 1664525u + 1013904223u;
+        const float g = ((float)(seed >> 8) / (float)(1u << 24) - 0.5f) * 3.0f;
+        uint32_t u;
+        memcpy(&u, &g, 4);
+        if (b->grad == ZB_DTYPE_FP32)
+            ((float *)b->grads[buffer])[i] = g;
+        else if (b->grad == ZB_DTYPE_BF16)
+            ((uint16_t *)b->grads[buffer])[i] = (uint16_t)(u >> 16);
+        else
+            ((_Float16 *)b->grads[buffer])[i] = (_Float16)g;
+    }
+}
+
+static zb_status step_ex(zb_worker_t *w, int64_t n, unsigned buffer, float scale, unsigned flags,
+                         float max_norm, zb_worker_result *r) {
+    zb_worker_step s = {n, scale, buffer, NULL, 0, flags, max_norm};
+    zb_status st = zb_worker_submit(w, &s);
+    if (st != ZB_OK) return st;
+    return zb_worker_wait_result(w, 30000, r);
+}
+
+static zb_worker_result step_ok(zb_worker_t *w, int64_t n, unsigned buffer, float scale,
+                                unsigned flags, float max_norm) {
+    zb_worker_result r;
+    memset(&r, 0xff, sizeof r);
+    zb_status st = step_ex(w, n, buffer, scale, flags, max_norm, &r);
+    if (st != ZB_OK) fail_msg("step: %s: %s", zb_status_name(st), zb_last_error());
+    return r;
+}
+
+/* Fills every group's gradients for step s (buffer s & 1) and runs it with step number 0. */
+static void replay(zb_worker_t *w, zb_group_buffers *b, size_t ngroups, int s) {
+    for (size_t g = 0; g < ngroups; ++g)
+        fill(&b[g], (unsigned)(s & 1), (uint32_t)(s * 131 + (int)g));
+    step_ok(w, 0, (unsigned)(s & 1), 0.5f, 0, 0.0f);
+}
+
+/* Everything a step can write, of one group. */
+typedef struct snapshot {
+    float *params, *m, *v, *stale;
+    void *copy;
+    int64_t step;
+} snapshot;
+
+static snapshot take(zb_worker_t *w, unsigned id, const zb_group_buffers *b) {
+    snapshot s;
+    const size_t n = b->numel;
+    s.params = malloc(4 * n);
+    s.m = malloc(4 * n);
+    s.v = malloc(4 * n);
+    s.stale = malloc(4 * n);
+    s.copy = malloc(2 * n);
+    memcpy(s.params, b->params, 4 * n);
+    if (b->stale) memcpy(s.stale, b->stale, 4 * n);
+    if (b->copy_out) memcpy(s.copy, b->copy_out, 2 * n);
+    zb_status st = zb_worker_group_get_state(w, id, s.m, s.v, &s.step);
+    if (st != ZB_OK) fail_msg("get_state: %s: %s", zb_status_name(st), zb_last_error());
+    return s;
+}
+
+static void same(const snapshot *a, const snapshot *b, const zb_group_buffers *buf) {
+    const size_t n = buf->numel;
+    assert_memory_equal(a->params, b->params, 4 * n);
+    assert_memory_equal(a->m, b->m, 4 * n);
+    assert_memory_equal(a->v, b->v, 4 * n);
+    if (buf->stale) assert_memory_equal(a->stale, b->stale, 4 * n);
+    if (buf->copy_out) assert_memory_equal(a->copy, b->copy, 2 * n);
+    assert_int_equal(a->step, b->step);
+}
+
+static void drop(snapshot *s) {
+    free(s->params);
+    free(s->m);
+    free(s->v);
+    free(s->stale);
+    free(s->copy);
+}
+
+enum { kCombos = 9 };
+
+static void combos(spec *s) {
+    const zb_dtype grads[] = {ZB_DTYPE_FP32, ZB_DTYPE_BF16, ZB_DTYPE_FP16};
+    const zb_dtype copies[] = {ZB_DTYPE_NONE, ZB_DTYPE_BF16, ZB_DTYPE_FP16};
+    for (int i = 0; i < kCombos; ++i) {
+        s[i].numel = 1000 + 37 * (size_t)i;
+        s[i].grad = grads[i / 3];
+        s[i].copy = copies[i % 3];
+        s[i].stale = i & 1;
+    }
+}
+
+/* N steps straight against K steps, checkpoint (params by the caller, moments and counts by
+ * get_state), a new worker of another thread count, restore, N - K steps: the same bits. */
+static void test_checkpoint_resume(void **state) {
+    (void)state;
+    enum { N = 7, K = 3 };
+    spec s[kCombos];
+    combos(s);
+    zb_group_buffers a[kCombos], b[kCombos], c[kCombos];
+    unsigned ia[kCombos], ib[kCombos], ic[kCombos];
+    zb_worker_t *straight = spawn(2), *first = spawn(2);
+    for (int g = 0; g < kCombos; ++g) {
+        ia[g] = add(straight, &s[g], &a[g]);
+        ib[g] = add(first, &s[g], &b[g]);
+    }
+    for (int i = 1; i <= N; ++i)
+        replay(straight, a, kCombos, i);
+    for (int i = 1; i <= K; ++i)
+        replay(first, b, kCombos, i);
+    snapshot saved[kCombos];
+    for (int g = 0; g < kCombos; ++g) {
+        saved[g] = take(first, ib[g], &b[g]);
+        assert_int_equal(saved[g].step, K);
+    }
+    assert_int_equal(zb_worker_destroy(first), ZB_OK);
+
+    zb_worker_t *resumed = spawn(3);
+    for (int g = 0; g < kCombos; ++g) {
+        ic[g] = add(resumed, &s[g], &c[g]);
+        memcpy(c[g].params, saved[g].params, 4 * s[g].numel);
+        assert_int_equal(
+            zb_worker_group_set_state(resumed, ic[g], saved[g].m, saved[g].v, saved[g].step),
+            ZB_OK);
+    }
+    for (int i = K + 1; i <= N; ++i)
+        replay(resumed, c, kCombos, i);
+    for (int g = 0; g < kCombos; ++g) {
+        snapshot x = take(straight, ia[g], &a[g]), y = take(resumed, ic[g], &c[g]);
+        assert_int_equal(x.step, N);
+        same(&x, &y, &a[g]);
+        drop(&x);
+        drop(&y);
+        drop(&saved[g]);
+    }
+    assert_int_equal(zb_worker_destroy(straight), ZB_OK);
+    assert_int_equal(zb_worker_destroy(resumed), ZB_OK);
+}
+
+/* Step 0 gives each group its own count: a group added after 10 steps gets step 1's bias
+ * correction, as a fresh worker's only group does. */
+static void test_per_group_counts(void **state) {
+    (void)state;
+    const spec s = {5000, ZB_DTYPE_FP32, ZB_DTYPE_BF16, 1};
+    zb_group_buffers b[2], fresh;
+    zb_worker_t *w = spawn(2), *f = spawn(2);
+    unsigned first = add(w, &s, &b[0]);
+    for (int i = 1; i <= 10; ++i)
+        replay(w, b, 1, i);
+    unsigned late = add(w, &s, &b[1]);
+    unsigned only = add(f, &s, &fresh);
+    fill(&b[0], 1, 77);
+    fill(&b[1], 1, 99);
+    fill(&fresh, 1, 99);
+    step_ok(w, 0, 1, 0.5f, 0, 0.0f);
+    step_ok(f, 0, 1, 0.5f, 0, 0.0f);
+    assert_memory_equal(b[1].params, fresh.params, 4 * s.numel);
+    assert_memory_equal(b[1].copy_out, fresh.copy_out, 2 * s.numel);
+    int64_t n = -1;
+    assert_int_equal(zb_worker_group_get_state(w, first, NULL, NULL, &n), ZB_OK);
+    assert_int_equal(n, 11);
+    assert_int_equal(zb_worker_group_get_state(w, late, NULL, NULL, &n), ZB_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(zb_worker_group_get_state(f, only, NULL, NULL, &n), ZB_OK);
+    assert_int_equal(n, 1);
+    zb_worker_destroy(w);
+    zb_worker_destroy(f);
+}
+
+/* An explicit step number is used by every group and becomes its count; step 0 continues from
+ * it. The same as giving every number explicitly. */
+static void test_explicit_step(void **state) {
+    (void)state;
+    const spec s = {3000, ZB_DTYPE_BF16, ZB_DTYPE_NONE, 0};
+    zb_group_buffers a, b;
+    zb_worker_t *x = spawn(1), *y = spawn(2);
+    unsigned ia = add(x, &s, &a), ib = add(y, &s, &b);
+    fill(&a, 0, 5);
+    fill(&b, 0, 5);
+    step_ok(x, 5, 0, 1.0f, 0, 0.0f);
+    step_ok(y, 5, 0, 1.0f, 0, 0.0f);
+    int64_t n = -1;
+    assert_int_equal(zb_worker_group_get_state(x, ia, NULL, NULL, &n), ZB_OK);
+    assert_int_equal(n, 5);
+    step_ok(x, 0, 0, 1.0f, 0, 0.0f);
+    step_ok(y, 6, 0, 1.0f, 0, 0.0f);
+    assert_memory_equal(a.params, b.params, 4 * s.numel);
+    assert_int_equal(zb_worker_group_get_state(y, ib, NULL, NULL, &n), ZB_OK);
+    assert_int_equal(n, 6);
+    /* A count that step 0 would overflow is refused, writing nothing. */
+    assert_int_equal(zb_worker_group_set_state(x, ia, NULL, NULL, INT64_MAX), ZB_OK);
+    snapshot before = take(x, ia, &a);
+    zb_status st = step_ex(x, 0, 0, 1.0f, 0, 0.0f, NULL);
+    assert_int_equal(st, ZB_EINVAL);
+    assert_non_null(strstr(zb_last_error(), "overflow"));
+    snapshot after = take(x, ia, &a);
+    same(&before, &after, &a);
+    drop(&before);
+    drop(&after);
+    zb_worker_destroy(x);
+    zb_worker_destroy(y);
+}
+
+/* An fp16 overflow under ZB_STEP_SKIP_NONFINITE writes nothing; without the flag it is applied.
+ * On finite gradients the flag changes nothing. */
+static void test_skip_nonfinite(void **state) {
+    (void)state;
+    const spec s[2] = {{70001, ZB_DTYPE_FP16, ZB_DTYPE_FP16, 1},
+                       {4099, ZB_DTYPE_FP32, ZB_DTYPE_BF16, 1}};
+    zb_group_buffers b[2], r[2];
+    unsigned id[2];
+    zb_worker_t *w = spawn(2), *ref = spawn(2);
+    for (int g = 0; g < 2; ++g) {
+        id[g] = add(w, &s[g], &b[g]);
+        add(ref, &s[g], &r[g]);
+    }
+    for (int i = 1; i <= 3; ++i) {
+        for (int g = 0; g < 2; ++g) {
+            fill(&b[g], (unsigned)(i & 1), (uint32_t)(i * 7 + g));
+            fill(&r[g], (unsigned)(i & 1), (uint32_t)(i * 7 + g));
+        }
+        zb_worker_result res = step_ok(w, 0, (unsigned)(i & 1), 0.5f, ZB_STEP_SKIP_NONFINITE, 0);
+        step_ok(ref, 0, (unsigned)(i & 1), 0.5f, 0, 0.0f);
+        assert_int_equal(res.skipped, 0);
+        assert_int_equal(res.nonfinite, 0);
+        assert_true(res.grad_norm > 0 && isfinite(res.grad_norm));
+    }
+    for (int g = 0; g < 2; ++g)
+        assert_memory_equal(b[g].params, r[g].params, 4 * s[g].numel);
+
+    fill(&b[0], 0, 1234);
+    fill(&b[1], 0, 4321);
+    ((uint16_t *)b[0].grads[0])[65600] = 0x7c00; /* +inf: the loss scale overflowed fp16 */
+    snapshot before[2];
+    for (int g = 0; g < 2; ++g)
+        before[g] = take(w, id[g], &b[g]);
+    zb_worker_result res = step_ok(w, 0, 0, 0.5f, ZB_STEP_SKIP_NONFINITE, 0);
+    assert_int_equal(res.skipped, 1);
+    assert_int_equal(res.nonfinite, 1);
+    assert_true(isinf(res.grad_norm));
+    for (int g = 0; g < 2; ++g) {
+        snapshot after = take(w, id[g], &b[g]);
+        same(&before[g], &after, &b[g]);
+        assert_int_equal(after.step, 3);
+        drop(&after);
+    }
+    /* Without the flag: applied, as torch does. */
+    res = step_ok(w, 0, 0, 0.5f, 0, 0.0f);
+    assert_int_equal(res.skipped, 0);
+    assert_int_equal(res.nonfinite, 1);
+    assert_true(res.grad_norm == 0.0); /* not asked for */
+    snapshot after = take(w, id[0], &b[0]);
+    assert_int_equal(after.step, 4);
+    assert_true(isnan(after.params[65600]));
+    assert_true(memcmp(after.params, before[0].params, 4 * 65600) != 0);
+    drop(&after);
+    for (int g = 0; g < 2; ++g)
+        drop(&before[g]);
+    zb_worker_destroy(w);
+    zb_worker_destroy(ref);
+}
+
+static double to_double(const zb_group_buffers *b, unsigned buffer, size_t i, float scale) {
+    float g;
+    if (b->grad == ZB_DTYPE_FP32) {
+        g = ((const float *)b->grads[buffer])[i];
+    } else if (b->grad == ZB_DTYPE_BF16) {
+        uint32_t u = (uint32_t)((const uint16_t *)b->grads[buffer])[i] << 16;
+        memcpy(&g, &u, 4);
+    } else {
+        g = (float)((const _Float16 *)b->grads[buffer])[i];
+    }
+    return (double)(g * scale);
+}
+
+/* The norm of the scaled gradients over every group, against a double reference, and the same
+ * bits for 1, 2 and 3 threads (blocks cross group and thread boundaries). */
+static void test_grad_norm(void **state) {
+    (void)state;
+    const spec s[3] = {{200003, ZB_DTYPE_BF16, ZB_DTYPE_NONE, 0},
+                       {70000, ZB_DTYPE_FP16, ZB_DTYPE_NONE, 0},
+                       {5, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0}};
+    double norms[3];
+    for (unsigned threads = 1; threads <= 3; ++threads) {
+        zb_worker_t *w = spawn(threads);
+        zb_group_buffers b[3];
+        double ref = 0;
+        for (int g = 0; g < 3; ++g) {
+            add(w, &s[g], &b[g]);
+            fill(&b[g], 1, (uint32_t)(g + 11));
+            for (size_t i = 0; i < s[g].numel; ++i) {
+                const double x = to_double(&b[g], 1, i, 0.25f);
+                ref += x * x;
+            }
+        }
+        ref = sqrt(ref);
+        zb_worker_result r = step_ok(w, 0, 1, 0.25f, ZB_STEP_GRAD_NORM, 0);
+        assert_int_equal(r.skipped, 0);
+        assert_int_equal(r.nonfinite, 0);
+        if (fabs(r.grad_norm - ref) > 1e-6 * ref)
+            fail_msg("norm %.17g, reference %.17g", r.grad_norm, ref);
+        norms[threads - 1] = r.grad_norm;
+        zb_worker_destroy(w);
+    }
+    assert_memory_equal(&norms[0], &norms[1], sizeof(double));
+    assert_memory_equal(&norms[0], &norms[2], sizeof(double));
+}
+
+/* Clipping multiplies the gradients by min(1, max / (norm + 1e-6)) in the update pass: the same
+ * params as gradients pre-scaled by that coefficient on the trainer side; a bound above the norm
+ * changes nothing. */
+static void test_clipping(void **state) {
+    (void)state;
+    const spec s[2] = {{100000, ZB_DTYPE_FP32, ZB_DTYPE_BF16, 0},
+                       {333, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 1}};
+    zb_worker_t *clip = spawn(2), *pre = spawn(1), *loose = spawn(2), *plain = spawn(2);
+    zb_group_buffers c[2], p[2], l[2], q[2];
+    for (int g = 0; g < 2; ++g) {
+        add(clip, &s[g], &c[g]);
+        add(pre, &s[g], &p[g]);
+        add(loose, &s[g], &l[g]);
+        add(plain, &s[g], &q[g]);
+        fill(&c[g], 0, (uint32_t)(g + 3));
+        fill(&l[g], 0, (uint32_t)(g + 3));
+        fill(&q[g], 0, (uint32_t)(g + 3));
+    }
+    const float max_norm = 2.0f;
+    zb_worker_result r = step_ok(clip, 0, 0, 1.0f, 0, max_norm);
+    assert_true(r.grad_norm > 10.0 * max_norm); /* the test must really clip */
+    const float coefficient = (float)(max_norm / (r.grad_norm + 1e-6));
+    for (int g = 0; g < 2; ++g) {
+        fill(&p[g], 0, (uint32_t)(g + 3));
+        float *grad = p[g].grads[0];
+        for (size_t i = 0; i < s[g].numel; ++i)
+            grad[i] *= coefficient;
+    }
+    step_ok(pre, 0, 0, 1.0f, 0, 0.0f);
+    zb_worker_result big = step_ok(loose, 0, 0, 1.0f, 0, (float)(r.grad_norm * 2));
+    assert_true(big.grad_norm == r.grad_norm);
+    step_ok(plain, 0, 0, 1.0f, 0, 0.0f);
+    for (int g = 0; g < 2; ++g) {
+        assert_memory_equal(c[g].params, p[g].params, 4 * s[g].numel);
+        assert_memory_equal(l[g].params, q[g].params, 4 * s[g].numel);
+        assert_true(memcmp(c[g].params, q[g].params, 4 * s[g].numel) != 0);
+    }
+    zb_worker_destroy(clip);
+    zb_worker_destroy(pre);
+    zb_worker_destroy(loose);
+    zb_worker_destroy(plain);
+}
+
+static void expect_status(zb_status got, zb_status want, const char *needle) {
+    if (got != want)
+        fail_msg("got %s (%s), want %s", zb_status_name(got), zb_last_error(),
+                 zb_status_name(want));
+    if (needle && !strstr(zb_last_error(), needle))
+        fail_msg("message \"%s\" lacks \"%s\"", zb_last_error(), needle);
+}
+
+static void test_state_arguments(void **state) {
+    (void)state;
+    const spec s = {1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0};
+    zb_group_buffers b;
+    zb_worker_t *w = spawn(1);
+    unsigned id = add(w, &s, &b);
+    float m[1000], v[1000];
+    int64_t n = -1;
+    /* A fresh group: zero moments, no step. */
+    memset(m, 0xff, sizeof m);
+    assert_int_equal(zb_worker_group_get_state(w, id, m, NULL, &n), ZB_OK);
+    assert_int_equal(n, 0);
+    for (size_t i = 0; i < 1000; ++i)
+        assert_true(m[i] == 0.0f);
+    expect_status(zb_worker_group_get_state(w, 1, m, v, &n), ZB_EINVAL, "unknown group 1");
+    expect_status(zb_worker_group_set_state(w, 1, m, v, 0), ZB_EINVAL, "unknown group 1");
+    expect_status(zb_worker_group_set_state(w, id, m, v, -1), ZB_EINVAL, "step");
+    expect_status(zb_worker_group_get_state(NULL, id, m, v, &n), ZB_EINVAL, "NULL");
+    expect_status(zb_worker_group_set_state(NULL, id, m, v, 0), ZB_EINVAL, "NULL");
+    fill(&b, 0, 1);
+    zb_worker_step st = {0, 1.0f, 0, NULL, 0, 0, 0.0f};
+    assert_int_equal(zb_worker_submit(w, &st), ZB_OK);
+    expect_status(zb_worker_group_get_state(w, id, m, v, &n), ZB_EINVAL, "in flight");
+    expect_status(zb_worker_group_set_state(w, id, m, v, 3), ZB_EINVAL, "in flight");
+    assert_int_equal(zb_worker_wait_result(w, 30000, NULL), ZB_OK);
+    /* Written as given, NULL meaning zeros. */
+    for (size_t i = 0; i < 1000; ++i)
+        m[i] = (float)i, v[i] = (float)(2 * i);
+    assert_int_equal(zb_worker_group_set_state(w, id, m, NULL, 41), ZB_OK);
+    float m2[1000], v2[1000];
+    memset(v2, 0xff, sizeof v2);
+    assert_int_equal(zb_worker_group_get_state(w, id, m2, v2, &n), ZB_OK);
+    assert_memory_equal(m, m2, sizeof m);
+    for (size_t i = 0; i < 1000; ++i)
+        assert_true(v2[i] == 0.0f);
+    assert_int_equal(n, 41);
+    assert_int_equal(zb_worker_group_set_state(w, id, NULL, v, 7), ZB_OK);
+    assert_int_equal(zb_worker_group_get_state(w, id, m2, v2, NULL), ZB_OK);
+    assert_memory_equal(v, v2, sizeof v);
+    assert_true(m2[0] == 0.0f && m2[999] == 0.0f);
+    zb_worker_destroy(w);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_checkpoint_resume), cmocka_unit_test(test_per_group_counts),
+        cmocka_unit_test(test_explicit_step),     cmocka_unit_test(test_skip_nonfinite),
+        cmocka_unit_test(test_grad_norm),         cmocka_unit_test(test_clipping),
+        cmocka_unit_test(test_state_arguments),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
