@@ -189,18 +189,19 @@ class AdamW(torch.optim.Optimizer):
             slot.master.copy_(master)
             if alias is not None:
                 slot.alias.copy_(alias)
-        count = -1 if stepped else max((self._steps.get(s.param, 0) for s in layout.slots),
-                                       default=0)
-        if moments is None:
-            if not stepped:  # nothing in the group has state: zero moments, count back
-                layout.group.set_state(None, None, count)
-            return
-        m, v = torch.empty(layout.numel), torch.empty(layout.numel)
-        layout.group.get_state(m, v)
-        for slot, _, _ in slots:
-            cut = slice(slot.offset, slot.offset + slot.numel)
-            m[cut], v[cut] = moments[0][cut], moments[1][cut]
-        layout.group.set_state(m, v, count)
+        if moments is None and stepped:
+            return  # the missing ones have no state: zero gradients left their moments at 0
+        m = v = None
+        if moments is not None:
+            m, v = torch.empty(layout.numel), torch.empty(layout.numel)
+        count = layout.group.get_state(m, v)
+        if moments is not None:
+            for slot, _, _ in slots:
+                cut = slice(slot.offset, slot.offset + slot.numel)
+                m[cut], v[cut] = moments[0][cut], moments[1][cut]
+        # a group none of whose parameters had a gradient took no step (None moments: zeros,
+        # right when none has state)
+        layout.group.set_state(m, v, count if stepped else count - 1)
 
     def _finish(self):
         if self._in_flight is None:
@@ -246,6 +247,9 @@ class AdamW(torch.optim.Optimizer):
         for group, layout in zip(self.param_groups, self._layouts):
             if layout is None:
                 continue
+            if not any(self._steps.get(s.param, 0) for s in layout.slots):
+                index += len(layout.slots)
+                continue  # as torch: no state before a parameter's first step
             m, v = torch.empty(layout.numel), torch.empty(layout.numel)
             layout.group.get_state(m, v)
             for slot in layout.slots:
@@ -292,7 +296,7 @@ class AdamW(torch.optim.Optimizer):
             if master is None:
                 slot.load_from_model()
             else:
-                slot.master.copy_(_flat_as(master, slot, "master_param"))
+                slot.master.copy_(_flat_as(master, slot, "master_param").view_as(slot.master))
             if not state:
                 continue
             cut = slice(slot.offset, slot.offset + slot.numel)

@@ -71,8 +71,8 @@ class Group:
             _address(exp_avg_sq, self.numel), ctypes.byref(step)))
         return step.value
 
-    def set_state(self, exp_avg=None, exp_avg_sq=None, step=-1):
-        """Replace the moments (None: zeros) and, when step >= 0, the step count."""
+    def set_state(self, exp_avg, exp_avg_sq, step):
+        """Replace the moments (None: zeros) and the step count (>= 0). Between steps only."""
         check(_native.function("zb_worker_group_set_state")(
             self.worker._live(), self.index, _address(exp_avg, self.numel),
             _address(exp_avg_sq, self.numel), step))
