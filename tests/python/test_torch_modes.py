@@ -8,6 +8,7 @@ import unittest
 import torch
 
 from torch_cases import assert_close, assert_equal, batches, mlp, ours, train, twins
+import zenflow_bind.torch as zt
 from zenflow_bind import ZenbindError
 
 
@@ -142,6 +143,24 @@ class Overlap(unittest.TestCase):
         self.assertLess(sum(losses[-10:]) / 10, 0.3 * sum(losses[:10]) / 10)
 
 
+class Environment(unittest.TestCase):
+    def test_worker_takes_the_plugin_environment_unless_told(self):
+        cpus = sorted(os.sched_getaffinity(0))
+        saved = {k: os.environ.get(k) for k in ("ZENFLOW_OPT_CPUS", "ZENFLOW_OPT_THREADS")}
+        os.environ.update(ZENFLOW_OPT_CPUS=str(cpus[0]), ZENFLOW_OPT_THREADS="1")
+        try:
+            with zt.AdamW(mlp().parameters()) as opt:
+                self.assertEqual([cpu for _, cpu in opt.worker.threads()], [cpus[0]])
+            with zt.AdamW(mlp().parameters(), cpus=str(cpus[-1]), threads=2) as opt:
+                self.assertEqual([cpu for _, cpu in opt.worker.threads()], [cpus[-1]] * 2)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 class Errors(unittest.TestCase):
     def test_refused_arguments_say_why(self):
         params = mlp().parameters
@@ -191,6 +210,18 @@ class Errors(unittest.TestCase):
             opt.step()
             opt.step()
         self.assertEqual(ctx.exception.status, "EDEAD")
+        opt.close()
+
+    def test_timeout_leaves_the_step_in_flight(self):
+        big = torch.nn.Parameter(torch.zeros(1 << 23))
+        opt = ours([big], timeout_ms=0)
+        big.grad = torch.ones_like(big)
+        with self.assertRaises(ZenbindError) as ctx:
+            opt.step()
+        self.assertEqual(ctx.exception.status, "ETIMEDOUT")
+        opt.timeout_ms = 60_000
+        opt.synchronize()
+        self.assertTrue(bool((big < 0).all()))  # the step landed
         opt.close()
 
     def test_bad_cpus(self):

@@ -85,7 +85,7 @@ class AdamW(torch.optim.Optimizer):
         self.skip_nonfinite = bool(skip_nonfinite)
         self.max_grad_norm = float(max_grad_norm)
         self._want_norm = bool(grad_norm) or self.max_grad_norm > 0
-        self._timeout_ms = timeout_ms
+        self.timeout_ms = timeout_ms
         self._layouts = []      # one per param_group (None for an empty one)
         self._steps = {}        # param -> steps it took with a gradient: torch's state["step"]
         self._in_flight = None  # what to do once the submitted step is done
@@ -206,8 +206,13 @@ class AdamW(torch.optim.Optimizer):
     def _finish(self):
         if self._in_flight is None:
             return
+        try:
+            result = self._worker.wait_result(self.timeout_ms)
+        except ZenbindError as e:
+            if e.status != "ETIMEDOUT":  # else still in flight: synchronize() again
+                self._in_flight = None   # the step died with the worker
+            raise
         pending, self._in_flight = self._in_flight, None
-        result = self._worker.wait_result(self._timeout_ms)
         self.last_step_skipped = result.skipped
         self.last_nonfinite = result.nonfinite
         self.last_grad_norm = result.grad_norm if self._want_norm else None
