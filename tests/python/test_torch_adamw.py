@@ -37,6 +37,22 @@ class Parity(unittest.TestCase):
         train(b, torch.optim.AdamW(b.parameters(), lr=1e-2, maximize=True), data)
         assert_close(self, a.parameters(), b.parameters())
 
+    def test_closure(self):
+        a, b = twins()
+        x, y = batches(1)[0]
+        losses = []
+        for model, opt in ((a, ours(a.parameters(), lr=1e-2)),
+                           (b, torch.optim.AdamW(b.parameters(), lr=1e-2))):
+            def closure():
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+            losses.append([float(opt.step(closure)) for _ in range(5)])
+        self.assertEqual(losses[0][0], losses[1][0])
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+        assert_close(self, a.parameters(), b.parameters())
+
     def test_scheduler_changes_the_applied_lr(self):
         a, b = twins()
         data = batches(30)
