@@ -79,18 +79,18 @@ class Group:
 
 
 def _address(array, numel):
-    """The address of a C-contiguous float32 array of numel elements (numpy or a CPU tensor)."""
+    """The address of a C-contiguous float32 array of numel elements: a numpy array or a CPU
+    torch tensor (duck-typed, so this module needs no torch)."""
     if array is None:
         return None
-    if hasattr(array, "data_ptr"):
+    if hasattr(array, "data_ptr"):  # torch.Tensor
         ok = str(array.dtype) == "torch.float32" and array.is_contiguous() and \
-            array.device.type == "cpu"
+            array.device.type == "cpu" and array.numel() == numel
         address = array.data_ptr()
     else:
-        ok = array.dtype == np.float32 and array.flags.c_contiguous
+        ok = array.dtype == np.float32 and array.flags.c_contiguous and array.size == numel
         address = array.ctypes.data
-    size = array.numel() if callable(getattr(array, "numel", None)) else array.size
-    if not ok or size != numel:
+    if not ok:
         raise ValueError(f"state arrays must be contiguous float32 of {numel} elements on the CPU")
     return address
 
