@@ -27,6 +27,12 @@ inline size_t grad_stats_blocks(size_t n) {
     return (n + kGradStatsBlock - 1) / kGradStatsBlock;
 }
 
+// grad_block_stats as built for x86-64 ISA level 1 (the baseline), 3 (AVX2, F16C, FMA) or 4
+// (AVX-512), or null if this CPU cannot run it; grad_block_stats uses the highest it can. Every
+// level gives the same bits for finite gradients (NaN payloads may differ).
+using GradBlockStatsFn = GradStats (*)(const void *, GradType, size_t, size_t, float);
+GradBlockStatsFn grad_block_stats_for_level(int level);
+
 // The blocks [lo, hi) of `blocks` that `thread` of `threads` computes.
 void grad_stats_share(size_t blocks, int thread, int threads, size_t &lo, size_t &hi);
 

@@ -54,6 +54,9 @@ struct Group {
 enum class Work { answered, step, zero_moments, state_out, state_in, exit };
 
 struct Team {
+    Team(proto::Control &control, int socket_fd, int parent_pidfd)
+        : ctl(control), sock(socket_fd), parent(parent_pidfd) {}
+
     proto::Control &ctl;
     int sock;
     int parent;
@@ -153,7 +156,8 @@ Work add_group(Team &t) {
     return Work::zero_moments;
 }
 
-// Master only: copy this step's hyperparameters and gradient buffer into the tensors.
+// Master only: copy this step's hyperparameters, step numbers and gradient buffer into the
+// tensors, and decide whether the gradients need a pre-pass.
 Work prepare_step(Team &t) {
     const proto::Control &ctl = t.ctl;
     if (t.groups.empty()) { // a round trip with nothing to update
@@ -375,8 +379,7 @@ std::string team_problem(int threads, int pin_failures) {
 } // namespace
 
 proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
-    Team t{ctl,   socket_fd, parent_pidfd, {}, Work::answered, 0, {0}, {}, false,
-           false, {},        {},           0,  nullptr};
+    Team t(ctl, socket_fd, parent_pidfd);
     t.groups.reserve(proto::kMaxGroups);
     const int threads = static_cast<int>(ctl.nthreads);
     if (threads < 1 || ctl.nthreads > proto::kMaxThreads) {
