@@ -125,6 +125,7 @@ class WithoutGrad(unittest.TestCase):
         before = [p.detach().clone() for p in a.parameters()]
         with ours(a.parameters(), lr=1e-2, weight_decay=0.5) as opt:
             opt.step()
+            self.assertEqual(opt.last_step_seconds, 0.0)  # not even a round trip to the worker
             self.assertEqual(opt.state_dict()["state"], {})
         for p, q in zip(a.parameters(), before):
             self.assertTrue(torch.equal(p, q))
