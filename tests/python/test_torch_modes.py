@@ -7,7 +7,7 @@ import unittest
 
 import torch
 
-from torch_cases import assert_close, assert_equal, batches, mlp, ours, train, twins
+from torch_cases import assert_close, assert_equal, batches, mlp, ours, twins
 import zenflow_bind.torch as zt
 from zenflow_bind import ZenbindError
 
