@@ -78,6 +78,26 @@ class MixedPrecision(unittest.TestCase):
                         for p, m in zip(mlp(dtype=torch.bfloat16).parameters(), master))
             self.assertGreater(moved, 100)
 
+    def test_mixed_dtypes_in_one_group(self):
+        # fp32 gradients for the group; the bf16 parameter converts to and from the fp32 master
+        gen = torch.Generator().manual_seed(6)
+        wide = torch.nn.Parameter(torch.randn(300, generator=gen))
+        narrow = torch.nn.Parameter(torch.randn(200, generator=gen).bfloat16())
+        ref = [wide.detach().clone().requires_grad_(), narrow.detach().float().requires_grad_()]
+        opt_ref = torch.optim.AdamW(ref, lr=1e-3)
+        with ours([wide, narrow], lr=1e-3) as opt:
+            self.assertEqual(opt._layouts[0].group.grad_dtype, "fp32")
+            for _ in range(10):
+                wide.grad = torch.randn(300, generator=gen)
+                narrow.grad = torch.randn(200, generator=gen).bfloat16()
+                ref[0].grad, ref[1].grad = wide.grad.clone(), narrow.grad.float()
+                opt.step()
+                opt_ref.step()
+            master = opt.state_dict()["state"][1]["master_param"]
+        assert_close(self, [wide, master], ref)
+        self.assertEqual(narrow.dtype, torch.bfloat16)
+        self.assertTrue(torch.equal(narrow.detach(), master.bfloat16()))
+
     def test_bf16_checkpoint_keeps_the_master(self):
         model = mlp(dtype=torch.bfloat16)
         gen = torch.Generator().manual_seed(4)

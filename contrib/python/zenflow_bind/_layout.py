@@ -78,8 +78,8 @@ class Slot:
         """Bring the updated parameters into the model when it does not alias them."""
         p = self.param
         if self.alias is None:
-            src = self.copy if self.copy is not None and self.copy.dtype == p.dtype \
-                else self.master
+            # a copy-out exists only when the whole group has the parameter's 16-bit dtype
+            src = self.copy if self.copy is not None else self.master
             with torch.no_grad():
                 p.copy_(src)
         self.version = p._version
