@@ -140,6 +140,24 @@ class Behaviour(unittest.TestCase):
                 self.assertIn(cpu, allowed)
                 self.assertEqual(os.sched_getaffinity(tid), {cpu})
 
+    def test_state_round_trip(self):
+        with Worker(threads=2) as w:
+            g = w.add_group(1000)
+            m = np.arange(1000, dtype=np.float32)
+            v = torch.linspace(0, 1, 1000)
+            g.set_state(m, v, 7)
+            got_m, got_v = np.empty(1000, np.float32), torch.empty(1000)
+            self.assertEqual(g.get_state(got_m, got_v), 7)
+            np.testing.assert_array_equal(got_m, m)
+            self.assertTrue(torch.equal(got_v, v))
+            self.assertEqual(g.get_state(), 7)
+            g.set_state(None, None, 0)
+            self.assertEqual(g.get_state(got_m, None), 0)
+            self.assertFalse(got_m.any())
+            for bad in (np.zeros(999, np.float32), np.zeros(1000), torch.zeros(2000)[::2]):
+                with self.assertRaisesRegex(ValueError, "contiguous float32 of 1000"):
+                    g.set_state(bad, None, 1)
+
     def test_bad_arguments(self):
         with Worker(threads=1) as w:
             with self.assertRaises(ZenbindError) as ctx:

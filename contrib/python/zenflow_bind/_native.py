@@ -1,0 +1,154 @@
+"""libzenbind through ctypes: where the library and the worker executable are found, the mirrors
+of zenbind/worker.h's structures, and errors as ZenbindError.
+
+Only this module knows the C ABI; worker.py builds the Python objects on it."""
+
+import ctypes
+import ctypes.util
+import os
+
+import numpy as np
+
+STATUS = {0: "OK", -1: "EINVAL", -2: "ENOMEM", -3: "ESYS", -4: "ETOPOLOGY",
+          -5: "EIMPOSSIBLE", -6: "ETIMEDOUT", -7: "EDEAD", -8: "EVERSION", -9: "EINTERNAL"}
+DTYPES = {None: 0, "none": 0, "fp32": 1, "bf16": 2, "fp16": 3}
+DTYPE_NAMES = {1: "fp32", 2: "bf16", 3: "fp16"}
+
+STEP_SKIP_NONFINITE = 0x1  # ZB_STEP_SKIP_NONFINITE
+STEP_GRAD_NORM = 0x2       # ZB_STEP_GRAD_NORM
+
+
+class ZenbindError(RuntimeError):
+    """A libzenbind call failed: .status is the zb_status name (e.g. "EDEAD"), .code its value."""
+
+    def __init__(self, code, message):
+        self.code = code
+        self.status = STATUS.get(code, str(code))
+        super().__init__(f"{self.status}: {message}")
+
+
+class Attr(ctypes.Structure):
+    _fields_ = [("path", ctypes.c_char * 4096), ("cpus", ctypes.c_char * 1024),
+                ("threads", ctypes.c_uint), ("mems", ctypes.c_char * 256),
+                ("worker_spin_us", ctypes.c_uint), ("wait_spin_us", ctypes.c_uint),
+                ("control_timeout_ms", ctypes.c_uint)]
+
+
+class Hyper(ctypes.Structure):
+    _fields_ = [("lr", ctypes.c_float), ("beta1", ctypes.c_float), ("beta2", ctypes.c_float),
+                ("eps", ctypes.c_float), ("weight_decay", ctypes.c_float),
+                ("adamw", ctypes.c_int), ("bias_correction", ctypes.c_int)]
+
+
+class GroupAttr(ctypes.Structure):
+    _fields_ = [("numel", ctypes.c_size_t), ("grad", ctypes.c_int), ("copy_out", ctypes.c_int),
+                ("stale", ctypes.c_int), ("hyper", Hyper)]
+
+
+class Buffers(ctypes.Structure):
+    _fields_ = [("numel", ctypes.c_size_t), ("params", ctypes.c_void_p),
+                ("grads", ctypes.c_void_p * 2), ("copy_out", ctypes.c_void_p),
+                ("stale", ctypes.c_void_p), ("grad", ctypes.c_int), ("copy", ctypes.c_int)]
+
+
+class Step(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_int64), ("grad_scale", ctypes.c_float),
+                ("grad_buffer", ctypes.c_uint), ("hypers", ctypes.POINTER(Hyper)),
+                ("nhypers", ctypes.c_size_t), ("flags", ctypes.c_uint),
+                ("max_grad_norm", ctypes.c_float)]
+
+
+class Result(ctypes.Structure):
+    _fields_ = [("nonfinite", ctypes.c_uint64), ("grad_norm", ctypes.c_double),
+                ("skipped", ctypes.c_int), ("seconds", ctypes.c_double)]
+
+
+class Memory(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("numel", "params", "grads", "copy_out", "stale", "moments", "shm_reserved")] + \
+               [("bytes_per_param", ctypes.c_double)] + \
+               [(name, ctypes.c_size_t) for name in
+                ("worker_rss", "worker_rss_anon", "worker_rss_shmem",
+                 "trainer_rss", "trainer_rss_anon", "trainer_rss_shmem")]
+
+
+def library_path():
+    """Where libzenbind is loaded from: $ZENFLOW_BIND_LIB, else the system's libzenbind.so.0."""
+    return os.environ.get("ZENFLOW_BIND_LIB") or ctypes.util.find_library("zenbind") \
+        or "libzenbind.so.0"
+
+
+def optimizer_path(path=None):
+    """The zenflow-optimizer executable to spawn: `path`, else $ZENFLOW_OPTIMIZER; None leaves
+    the choice to libzenbind (the same variable, then its installed libexec path)."""
+    return path or os.environ.get("ZENFLOW_OPTIMIZER") or None
+
+
+_P = ctypes.POINTER
+_PROTOS = {
+    "zb_last_error": (ctypes.c_char_p, []),
+    "zb_worker_attr_init": (None, [_P(Attr)]),
+    "zb_worker_spawn": (ctypes.c_int, [_P(Attr), _P(ctypes.c_void_p)]),
+    "zb_worker_destroy": (ctypes.c_int, [ctypes.c_void_p]),
+    "zb_adam_hyper_init": (None, [_P(Hyper)]),
+    "zb_worker_group_add": (ctypes.c_int, [ctypes.c_void_p, _P(GroupAttr), _P(ctypes.c_uint)]),
+    "zb_worker_group_buffers": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, _P(Buffers)]),
+    "zb_worker_submit": (ctypes.c_int, [ctypes.c_void_p, _P(Step)]),
+    "zb_worker_wait": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, _P(ctypes.c_uint64)]),
+    "zb_worker_last_step_seconds": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_double)]),
+    "zb_worker_memory_usage": (ctypes.c_int, [ctypes.c_void_p, _P(Memory)]),
+    "zb_worker_pid": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int)]),
+    "zb_worker_threads": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_uint)]),
+    "zb_worker_thread": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, _P(ctypes.c_int),
+                                        _P(ctypes.c_int)]),
+    "zb_worker_wait_result": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, _P(Result)]),
+    "zb_worker_group_get_state": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p,
+                                                 ctypes.c_void_p, _P(ctypes.c_int64)]),
+    "zb_worker_group_set_state": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p,
+                                                 ctypes.c_void_p, ctypes.c_int64]),
+}
+
+_lib = None
+
+
+def library():
+    """The loaded libzenbind (ctypes.CDLL), with the worker API's prototypes."""
+    global _lib
+    if _lib is None:
+        lib = ctypes.CDLL(library_path())
+        for name, (restype, argtypes) in _PROTOS.items():
+            fn = getattr(lib, name, None)
+            if fn is not None:  # an older library lacks the newest calls: see function()
+                fn.restype = restype
+                fn.argtypes = argtypes
+        _lib = lib
+    return _lib
+
+
+def function(name):
+    """libzenbind's `name`, or a ZenbindError naming the library that lacks it."""
+    fn = getattr(library(), name, None)
+    if fn is None:
+        raise ZenbindError(-1, f"{library_path()} has no {name}(): it is older than this "
+                               "binding; install the matching libzenbind")
+    return fn
+
+
+def check(code):
+    if code != 0:
+        raise ZenbindError(code, library().zb_last_error().decode(errors="replace"))
+
+
+def hyper(lr, betas, eps, weight_decay, adamw, bias_correction=True):
+    return Hyper(lr, betas[0], betas[1], eps, weight_decay, int(adamw), int(bias_correction))
+
+
+def array(address, dtype, count, owner):
+    """A numpy array over shared memory (no copy); bf16 has no numpy type and shows as int16.
+    The array keeps `owner` (the Worker) alive through its base buffer, so the memory stays
+    mapped as long as any view of it exists, until an explicit close()."""
+    np_type = {"fp32": np.float32, "fp16": np.float16, "bf16": np.int16}[dtype]
+    size = count * np.dtype(np_type).itemsize
+    buf = (ctypes.c_char * size).from_address(address)
+    buf._owner = owner
+    return np.frombuffer(buf, dtype=np_type, count=count)

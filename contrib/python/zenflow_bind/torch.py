@@ -1,0 +1,351 @@
+"""zenflow_bind.torch.AdamW: torch.optim.AdamW with its step in a zenflow-optimizer worker.
+
+    import torch, zenflow_bind.torch
+    model = torch.nn.Transformer(d_model=256, nhead=4)
+    opt = zenflow_bind.torch.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    loss = model(src, tgt).sum(); loss.backward()
+    opt.step(); opt.zero_grad()
+
+Each param_group is one worker group; the Adam moments and the fp32 master weights live in the
+worker (see _layout.py for which tensors alias shared memory), so this process keeps no optimizer
+state. Semantics, arguments and the state dict are torch's; see zenflow_bind.torch(3)."""
+
+import math
+
+import torch
+
+from ._layout import Layout
+from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
+from .worker import Worker
+
+__all__ = ["AdamW"]
+
+_WHY_NOT = {
+    "amsgrad": "amsgrad=True is not supported: its running maximum of the second moment would be "
+               "a fourth state stream in the worker (4 more bytes per parameter to keep, 8 more to "
+               "move at every memory-bound step)",
+    "capturable": "capturable=True is not supported: the step runs in another process, which a "
+                  "CUDA graph cannot capture",
+    "differentiable": "differentiable=True is not supported: the step runs in another process, "
+                      "outside autograd",
+}
+
+
+def _check_group(group):
+    """Refuse what would change the math or cannot be done, with the reason."""
+    for key, why in _WHY_NOT.items():
+        if group.get(key):
+            raise ValueError(why)
+    lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+    if not 0.0 <= float(lr):
+        raise ValueError(f"invalid learning rate {lr}: must be >= 0")
+    if not 0.0 <= eps:
+        raise ValueError(f"invalid eps {eps}: must be >= 0")
+    if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+        raise ValueError(f"invalid betas {group['betas']}: each must be in [0, 1)")
+    if not 0.0 <= wd:
+        raise ValueError(f"invalid weight_decay {wd}: must be >= 0")
+
+
+def _hyper(group):
+    return dict(lr=float(group["lr"]), betas=tuple(group["betas"]), eps=group["eps"],
+                weight_decay=group["weight_decay"], adamw=group["adamw_mode"],
+                bias_correction=group["bias_correction"])
+
+
+class AdamW(torch.optim.Optimizer):
+    """torch.optim.AdamW whose step runs in a pinned zenflow-optimizer worker.
+
+    torch's arguments (amsgrad, capturable and differentiable only False; foreach and fused
+    accepted and irrelevant: the worker always runs one fused, threaded pass), DeepSpeedCPUAdam's
+    adamw_mode (False: Adam with L2) and bias_correction, and:
+      overlap          step() submits and returns; the update lands in the model at the next
+                       step() or synchronize() (gradients are computed one step stale)
+      skip_nonfinite   a step whose scaled gradients hold an inf or NaN writes nothing
+                       (GradScaler's rule); see last_step_skipped
+      max_grad_norm    > 0: clip by the global L2 norm, like clip_grad_norm_, in the worker
+      grad_norm        compute the global norm even without clipping (last_grad_norm)
+      cpus, threads, mems   the worker's; None takes ZENFLOW_OPT_* (the plugin's plan)
+      timeout_ms       bound on waiting for one step
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, *, maximize=False, foreach=None, capturable=False,
+                 differentiable=False, fused=None, adamw_mode=True, bias_correction=True,
+                 overlap=False, skip_nonfinite=False, max_grad_norm=0.0, grad_norm=False,
+                 cpus=None, threads=None, mems=None, timeout_ms=600_000):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        maximize=maximize, foreach=foreach, capturable=capturable,
+                        differentiable=differentiable, fused=fused, adamw_mode=adamw_mode,
+                        bias_correction=bias_correction)
+        _check_group(defaults)
+        if not (max_grad_norm >= 0.0 and math.isfinite(max_grad_norm)):
+            raise ValueError(f"invalid max_grad_norm {max_grad_norm}: must be >= 0 (0: no clip)")
+        self.overlap = bool(overlap)
+        self.skip_nonfinite = bool(skip_nonfinite)
+        self.max_grad_norm = float(max_grad_norm)
+        self._want_norm = bool(grad_norm) or self.max_grad_norm > 0
+        self.timeout_ms = timeout_ms
+        self._layouts = []      # one per param_group (None for an empty one)
+        self._steps = {}        # param -> steps it took with a gradient: torch's state["step"]
+        self._in_flight = None  # what to do once the submitted step is done
+        self._buffer = 0        # the gradient buffer backward fills next
+        self.last_step_skipped = False
+        self.last_grad_norm = None
+        self.last_nonfinite = 0
+        self.last_step_seconds = 0.0
+        self._worker = Worker(cpus=cpus, threads=threads, mems=mems)
+        try:
+            super().__init__(params, defaults)
+        except BaseException:
+            self._worker.close()
+            raise
+
+    # -- groups -----------------------------------------------------------------------------
+
+    def add_param_group(self, param_group):
+        self._live()
+        self._finish()  # the worker takes no new group while a step is in flight
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            _check_group(group)
+            self._layouts.append(Layout(self._worker, group["params"], _hyper(group),
+                                        alias_params=not self.overlap)
+                                 if group["params"] else None)
+        except BaseException:
+            self.param_groups.pop()
+            raise
+
+    # -- steps ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grad_scale=1.0):
+        """One AdamW step over every parameter with a gradient (torch's rule: a parameter whose
+        .grad is None is left alone). grad_scale multiplies every gradient first (1/loss_scale to
+        unscale). In overlap mode the update lands at the next step() or synchronize()."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._live()
+        self._finish()
+        k = self._buffer
+        pending, any_grad = [], False
+        for layout in self._layouts:
+            if layout is None:
+                continue
+            has = []
+            for slot in layout.slots:
+                slot.refresh_if_changed()
+                has.append(slot.stage_grad(k))
+            any_grad |= any(has)
+            pending.append((layout, has, self._save_missing(layout, has)))
+        if not any_grad:
+            return loss  # as torch: nothing to do
+        maximize = {bool(g["maximize"]) for g, l in zip(self.param_groups, self._layouts) if l}
+        if len(maximize) > 1:
+            raise ValueError("maximize must be the same in every param group: the worker "
+                             "negates every gradient of a step at once")
+        for group, layout in zip(self.param_groups, self._layouts):
+            if layout is not None:
+                layout.group.set_hyper(**_hyper(group))
+        flags = (STEP_SKIP_NONFINITE if self.skip_nonfinite else 0) | \
+            (STEP_GRAD_NORM if self._want_norm else 0)
+        scale = -grad_scale if maximize.pop() else grad_scale
+        self._worker.submit(0, grad_buffer=k, grad_scale=scale, flags=flags,
+                            max_grad_norm=self.max_grad_norm)
+        self._in_flight = pending
+        if self.overlap:
+            self._switch_buffer(k)
+        else:
+            self._finish()
+        return loss
+
+    def synchronize(self):
+        """Wait for the step in flight (overlap mode) and bring its update into the model."""
+        self._live()
+        self._finish()
+
+    def _save_missing(self, layout, has):
+        """What a step would wrongly change for parameters without a gradient: their master
+        weights (decayed), and, once they have state, their moments. Saved to be restored."""
+        missing = [s for s, h in zip(layout.slots, has) if not h]
+        if not missing:
+            return None
+        saved = [(s, s.master.clone(),
+                  s.alias.clone() if s.alias is not None and s.alias is not s.master else None)
+                 for s in missing]
+        moments = None
+        if any(self._steps.get(s.param, 0) for s in missing):
+            m, v = torch.empty(layout.numel), torch.empty(layout.numel)
+            layout.group.get_state(m, v)
+            moments = m, v
+        return saved, moments, any(has)
+
+    def _restore_missing(self, layout, saved):
+        slots, moments, stepped = saved
+        for slot, master, alias in slots:
+            slot.master.copy_(master)
+            if alias is not None:
+                slot.alias.copy_(alias)
+        if moments is None and stepped:
+            return  # the missing ones have no state: zero gradients left their moments at 0
+        m = v = None
+        if moments is not None:
+            m, v = torch.empty(layout.numel), torch.empty(layout.numel)
+        count = layout.group.get_state(m, v)
+        if moments is not None:
+            for slot, _, _ in slots:
+                cut = slice(slot.offset, slot.offset + slot.numel)
+                m[cut], v[cut] = moments[0][cut], moments[1][cut]
+        # a group none of whose parameters had a gradient took no step (None moments: zeros,
+        # right when none has state)
+        layout.group.set_state(m, v, count if stepped else count - 1)
+
+    def _finish(self):
+        if self._in_flight is None:
+            return
+        try:
+            result = self._worker.wait_result(self.timeout_ms)
+        except ZenbindError as e:
+            if e.status != "ETIMEDOUT":  # else still in flight: synchronize() again
+                self._in_flight = None   # the step died with the worker
+            raise
+        pending, self._in_flight = self._in_flight, None
+        self.last_step_skipped = result.skipped
+        self.last_nonfinite = result.nonfinite
+        self.last_grad_norm = result.grad_norm if self._want_norm else None
+        self.last_step_seconds = result.seconds
+        if result.skipped:
+            return  # the worker wrote nothing
+        for layout, has, saved in pending:
+            if saved is not None:
+                self._restore_missing(layout, saved)
+            for slot, h in zip(layout.slots, has):
+                if h:
+                    self._steps[slot.param] = self._steps.get(slot.param, 0) + 1
+                    slot.write_back()
+
+    def _switch_buffer(self, k):
+        """Overlap: backward now fills the other buffer. The gradients keep their values (torch
+        leaves .grad alone in step), at the price of one copy of the gradient buffer."""
+        for layout in self._layouts:
+            if layout is None:
+                continue
+            layout.flat_grads(1 - k).copy_(layout.flat_grads(k))
+            for slot in layout.slots:
+                g = slot.param.grad
+                if g is not None and g.data_ptr() == slot.grads[k].data_ptr():
+                    slot.param.grad = slot.grads[1 - k]
+        self._buffer = 1 - k
+
+    # -- state dict -------------------------------------------------------------------------
+
+    def state_dict(self):
+        """torch's format: state[i] = {"step": tensor, "exp_avg", "exp_avg_sq"} (fp32, on the
+        CPU) for each parameter that took a step, plus "master_param" (its fp32 master) for a
+        bf16/fp16 parameter; param_groups as torch's, with adamw_mode and bias_correction."""
+        self.synchronize()
+        packed = super().state_dict()  # the groups; the state is in the worker, read below
+        index = 0
+        for group, layout in zip(self.param_groups, self._layouts):
+            if layout is None:
+                continue
+            if not any(self._steps.get(s.param, 0) for s in layout.slots):
+                index += len(layout.slots)
+                continue  # as torch: no state before a parameter's first step
+            m, v = torch.empty(layout.numel), torch.empty(layout.numel)
+            layout.group.get_state(m, v)
+            for slot in layout.slots:
+                steps = self._steps.get(slot.param, 0)
+                if steps:
+                    cut = slice(slot.offset, slot.offset + slot.numel)
+                    state = {"step": torch.tensor(float(steps)),
+                             "exp_avg": m[cut].view(slot.param.shape),
+                             "exp_avg_sq": v[cut].view(slot.param.shape)}
+                    if slot.param.dtype != torch.float32:
+                        state["master_param"] = slot.master.clone()
+                    packed["state"][index] = state
+                index += 1
+        return packed
+
+    def load_state_dict(self, state_dict):
+        """Load a state dict of this class or of torch.optim.AdamW (moments cast to fp32). The
+        fp32 master of a bf16/fp16 parameter comes from "master_param" when present, else from
+        the model: load the model's state dict first."""
+        self.synchronize()
+        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"the state dict has {len(saved_groups)} param groups, this "
+                             f"optimizer {len(self.param_groups)}")
+        updates = []
+        for i, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(f"param group {i} has {len(group['params'])} parameters, the "
+                                 f"state dict's {len(saved['params'])}")
+            update = {k: v for k, v in saved.items() if k != "params"}
+            _check_group({**group, **update})
+            updates.append(update)
+        for group, layout, saved, update in zip(self.param_groups, self._layouts, saved_groups,
+                                                updates):
+            group.update(update)
+            if layout is not None:
+                self._load_group(layout, [saved_state.get(i) for i in saved["params"]])
+
+    def _load_group(self, layout, states):
+        m, v = torch.zeros(layout.numel), torch.zeros(layout.numel)
+        for slot, state in zip(layout.slots, states):
+            self._steps.pop(slot.param, None)
+            master = state.get("master_param") if state else None
+            if master is None:
+                slot.load_from_model()
+            else:
+                slot.master.copy_(_flat_as(master, slot, "master_param").view_as(slot.master))
+            if not state:
+                continue
+            cut = slice(slot.offset, slot.offset + slot.numel)
+            m[cut] = _flat_as(state["exp_avg"], slot, "exp_avg")
+            v[cut] = _flat_as(state["exp_avg_sq"], slot, "exp_avg_sq")
+            self._steps[slot.param] = int(float(state["step"]))
+        count = max((self._steps.get(s.param, 0) for s in layout.slots), default=0)
+        layout.group.set_state(m, v, count)
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    @property
+    def worker(self):
+        """The zenflow_bind.Worker (pid, threads(), memory())."""
+        return self._worker
+
+    def close(self):
+        """Finish the step in flight, give the parameters and gradients private memory again
+        and stop the worker. The optimizer cannot step afterwards."""
+        if self._worker.closed:
+            return
+        try:
+            self._finish()
+        finally:
+            for layout in self._layouts:
+                for slot in layout.slots if layout else ():
+                    slot.detach()
+            self._layouts = [None] * len(self._layouts)
+            self._worker.close()
+
+    def _live(self):
+        if self._worker.closed:
+            raise ZenbindError(-1, "this zenflow_bind.torch.AdamW was closed: its worker, and "
+                                   "the optimizer state with it, are gone")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _flat_as(tensor, slot, key):
+    if tensor.numel() != slot.numel:
+        raise ValueError(f"state {key} has {tensor.numel()} elements, its parameter "
+                         f"{slot.numel}")
+    return tensor.detach().to(device="cpu", dtype=torch.float32).reshape(-1)

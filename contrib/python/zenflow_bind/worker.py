@@ -1,0 +1,229 @@
+"""Worker and Group: a zenflow-optimizer process and its parameter groups, whose shared buffers
+are numpy arrays (torch tensors through Group.torch_view) aliasing the shared memory."""
+
+import collections
+import ctypes
+import os
+
+import numpy as np
+
+from . import _native
+from ._native import ZenbindError, check, library
+
+StepResult = collections.namedtuple("StepResult", "nonfinite grad_norm skipped seconds")
+StepResult.__doc__ = """What the worker reports for a step: non-finite gradient elements after
+scaling, the global L2 norm of the scaled gradients (when asked for), whether the step was skipped
+(nothing written) and the worker's own time for it in seconds."""
+
+
+class Group:
+    """One registered parameter group: numpy views of its shared buffers.
+
+    params (fp32), grads[0] and grads[1] (the group's gradient dtype), copy_out (bf16/fp16 or
+    None) and stale (fp32 or None). bf16 arrays are int16 in numpy: use torch_view() for a
+    torch.bfloat16 tensor over the same memory."""
+
+    def __init__(self, worker, index, hyper):
+        self.worker = worker
+        self.index = index
+        self.hyper = hyper
+        b = _native.Buffers()
+        check(library().zb_worker_group_buffers(worker._handle, index, ctypes.byref(b)))
+        self.numel = b.numel
+        self.grad_dtype = _native.DTYPE_NAMES[b.grad]
+        self.copy_dtype = _native.DTYPE_NAMES.get(b.copy)
+        self.params = _native.array(b.params, "fp32", b.numel, worker)
+        self.grads = [_native.array(b.grads[k], self.grad_dtype, b.numel, worker) for k in (0, 1)]
+        self.copy_out = (_native.array(b.copy_out, self.copy_dtype, b.numel, worker)
+                         if b.copy_out else None)
+        self.stale = _native.array(b.stale, "fp32", b.numel, worker) if b.stale else None
+
+    @staticmethod
+    def torch_view(array):
+        """A torch tensor sharing `array`'s memory (int16 arrays become torch.bfloat16)."""
+        import torch
+        t = torch.from_numpy(array)
+        return t.view(torch.bfloat16) if array.dtype == np.int16 else t
+
+    def set_hyper(self, lr=None, betas=None, eps=None, weight_decay=None, adamw=None,
+                  bias_correction=None):
+        """Change this group's hyperparameters for the following steps."""
+        h = self.hyper
+        if lr is not None:
+            h.lr = lr
+        if betas is not None:
+            h.beta1, h.beta2 = betas
+        if eps is not None:
+            h.eps = eps
+        if weight_decay is not None:
+            h.weight_decay = weight_decay
+        if adamw is not None:
+            h.adamw = int(adamw)
+        if bias_correction is not None:
+            h.bias_correction = int(bias_correction)
+
+    def get_state(self, exp_avg=None, exp_avg_sq=None):
+        """Copy the Adam moments into the given float32 arrays (numel each; None skips one) and
+        return the group's step count (steps applied). Between steps only."""
+        step = ctypes.c_int64()
+        check(_native.function("zb_worker_group_get_state")(
+            self.worker._live(), self.index, _address(exp_avg, self.numel),
+            _address(exp_avg_sq, self.numel), ctypes.byref(step)))
+        return step.value
+
+    def set_state(self, exp_avg, exp_avg_sq, step):
+        """Replace the moments (None: zeros) and the step count (>= 0). Between steps only."""
+        check(_native.function("zb_worker_group_set_state")(
+            self.worker._live(), self.index, _address(exp_avg, self.numel),
+            _address(exp_avg_sq, self.numel), step))
+
+
+def _address(array, numel):
+    """The address of a C-contiguous float32 array of numel elements: a numpy array or a CPU
+    torch tensor (duck-typed, so this module needs no torch)."""
+    if array is None:
+        return None
+    if hasattr(array, "data_ptr"):  # torch.Tensor
+        ok = str(array.dtype) == "torch.float32" and array.is_contiguous() and \
+            array.device.type == "cpu" and array.numel() == numel
+        address = array.data_ptr()
+    else:
+        ok = array.dtype == np.float32 and array.flags.c_contiguous and array.size == numel
+        address = array.ctypes.data
+    if not ok:
+        raise ValueError(f"state arrays must be contiguous float32 of {numel} elements on the CPU")
+    return address
+
+
+class Worker:
+    """A zenflow-optimizer worker. Arguments left None take libzenbind's defaults: the
+    ZENFLOW_OPT_CPUS / ZENFLOW_OPT_THREADS / ZENFLOW_OPT_MEMS variables, else the caller's CPUs."""
+
+    def __init__(self, cpus=None, threads=None, mems=None, path=None, worker_spin_us=None,
+                 wait_spin_us=None, control_timeout_ms=None):
+        lib = library()
+        attr = _native.Attr()
+        lib.zb_worker_attr_init(ctypes.byref(attr))
+        path = _native.optimizer_path(path)
+        if path is not None:
+            attr.path = os.fsencode(path)
+        if cpus is not None:
+            attr.cpus = cpus.encode()
+        if mems is not None:
+            attr.mems = mems.encode()
+        if threads is not None:
+            attr.threads = threads
+        if worker_spin_us is not None:
+            attr.worker_spin_us = worker_spin_us
+        if wait_spin_us is not None:
+            attr.wait_spin_us = wait_spin_us
+        if control_timeout_ms is not None:
+            attr.control_timeout_ms = control_timeout_ms
+        handle = ctypes.c_void_p()
+        check(lib.zb_worker_spawn(ctypes.byref(attr), ctypes.byref(handle)))
+        self._handle = handle
+        self._owner = os.getpid()
+        self.groups = []
+
+    def add_group(self, numel, grad="fp32", copy_out=None, stale=False, lr=1e-3,
+                  betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, adamw=True,
+                  bias_correction=True):
+        """Register a group of `numel` parameters (zeroed: fill .params before the first step)."""
+        if grad not in ("fp32", "bf16", "fp16") or copy_out not in (None, "bf16", "fp16"):
+            raise ValueError("grad must be fp32, bf16 or fp16; copy_out None, bf16 or fp16")
+        attr = _native.GroupAttr(numel, _native.DTYPES[grad], _native.DTYPES[copy_out],
+                                 int(stale),
+                                 _native.hyper(lr, betas, eps, weight_decay, adamw,
+                                               bias_correction))
+        index = ctypes.c_uint()
+        check(library().zb_worker_group_add(self._live(), ctypes.byref(attr),
+                                            ctypes.byref(index)))
+        group = Group(self, index.value, attr.hyper)
+        self.groups.append(group)
+        return group
+
+    def submit(self, step, grad_buffer=0, grad_scale=1.0, flags=0, max_grad_norm=0.0):
+        """Start a step on gradient buffer 0 or 1 with each group's current hyperparameters;
+        returns at once. step >= 1 is every group's step number; 0 lets each group count its
+        own. flags: STEP_SKIP_NONFINITE, STEP_GRAD_NORM; max_grad_norm > 0 clips by the global
+        norm."""
+        hypers = (_native.Hyper * len(self.groups))(*[g.hyper for g in self.groups])
+        s = _native.Step(step, grad_scale, grad_buffer, hypers if self.groups else None,
+                         len(self.groups), flags, max_grad_norm)
+        check(library().zb_worker_submit(self._live(), ctypes.byref(s)))
+
+    def wait(self, timeout_ms=60_000):
+        """Wait for the step in flight; returns the count of non-finite gradient elements."""
+        nonfinite = ctypes.c_uint64()
+        check(library().zb_worker_wait(self._live(), timeout_ms, ctypes.byref(nonfinite)))
+        return nonfinite.value
+
+    def wait_result(self, timeout_ms=60_000):
+        """Wait for the step in flight; returns its StepResult."""
+        r = _native.Result()
+        check(_native.function("zb_worker_wait_result")(self._live(), timeout_ms,
+                                                        ctypes.byref(r)))
+        return StepResult(r.nonfinite, r.grad_norm, bool(r.skipped), r.seconds)
+
+    def step(self, step, grad_buffer=0, grad_scale=1.0, timeout_ms=60_000):
+        self.submit(step, grad_buffer, grad_scale)
+        return self.wait(timeout_ms)
+
+    def last_step_seconds(self):
+        """The worker's own time for the last step waited for."""
+        seconds = ctypes.c_double()
+        check(library().zb_worker_last_step_seconds(self._live(), ctypes.byref(seconds)))
+        return seconds.value
+
+    def memory(self):
+        """Bytes by buffer kind and RSS of both processes (zb_worker_memory) as a dict."""
+        m = _native.Memory()
+        check(library().zb_worker_memory_usage(self._live(), ctypes.byref(m)))
+        return {name: getattr(m, name) for name, _ in _native.Memory._fields_}
+
+    @property
+    def pid(self):
+        pid = ctypes.c_int()
+        check(library().zb_worker_pid(self._live(), ctypes.byref(pid)))
+        return pid.value
+
+    def threads(self):
+        """[(tid, cpu)] of the worker's pinned threads."""
+        lib = library()
+        count = ctypes.c_uint()
+        check(lib.zb_worker_threads(self._live(), ctypes.byref(count)))
+        out = []
+        for i in range(count.value):
+            tid, cpu = ctypes.c_int(), ctypes.c_int()
+            check(lib.zb_worker_thread(self._handle, i, ctypes.byref(tid), ctypes.byref(cpu)))
+            out.append((tid.value, cpu.value))
+        return out
+
+    @property
+    def closed(self):
+        return not self._handle
+
+    def close(self):
+        """Stop the worker. The numpy views of its groups must not be used afterwards."""
+        if self._handle:
+            handle, self._handle = self._handle, None
+            self.groups = []
+            if os.getpid() == self._owner:  # a forked child's copy just forgets the handle
+                check(library().zb_worker_destroy(handle))
+
+    def _live(self):
+        if not self._handle:
+            raise ZenbindError(-1, "the worker was closed")
+        return self._handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,135 @@
+"""zenflow_bind.torch.AdamW against torch.optim.AdamW (Debian's torch): the math of every group,
+schedulers, late groups, parameters without gradients. Tolerance: the worker's kernel orders its
+float operations differently (FMA), a few ulps per step; after 50 steps rtol = atol = 1e-5."""
+
+import unittest
+
+import torch
+
+from torch_cases import assert_close, batches, groups_of, ours, train, twins
+
+
+class Parity(unittest.TestCase):
+    def test_groups_with_their_own_hyperparameters(self):
+        a, b = twins()
+        data = batches(50)
+        with ours(groups_of(a), lr=1e-2, betas=(0.8, 0.99), eps=1e-7) as opt:
+            train(a, opt, data)
+            train(b, torch.optim.AdamW(groups_of(b), lr=1e-2, betas=(0.8, 0.99), eps=1e-7),
+                  data)
+            assert_close(self, a.parameters(), b.parameters())
+            moved = sum((p - q).abs().sum() for p, q in zip(a.parameters(), twins()[0].parameters()))
+            self.assertGreater(float(moved), 1.0)  # it trained: equality is not "nothing moved"
+
+    def test_adam_mode_is_torch_adam(self):
+        a, b = twins()
+        data = batches(30)
+        with ours(a.parameters(), lr=1e-2, weight_decay=0.05, adamw_mode=False) as opt:
+            train(a, opt, data)
+        train(b, torch.optim.Adam(b.parameters(), lr=1e-2, weight_decay=0.05), data)
+        assert_close(self, a.parameters(), b.parameters())
+
+    def test_maximize(self):
+        a, b = twins()
+        data = batches(20)
+        with ours(a.parameters(), lr=1e-2, maximize=True) as opt:
+            train(a, opt, data)
+        train(b, torch.optim.AdamW(b.parameters(), lr=1e-2, maximize=True), data)
+        assert_close(self, a.parameters(), b.parameters())
+
+    def test_closure(self):
+        a, b = twins()
+        x, y = batches(1)[0]
+        losses = []
+        for model, opt in ((a, ours(a.parameters(), lr=1e-2)),
+                           (b, torch.optim.AdamW(b.parameters(), lr=1e-2))):
+            def closure():
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+            losses.append([float(opt.step(closure)) for _ in range(5)])
+        self.assertEqual(losses[0][0], losses[1][0])
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+        assert_close(self, a.parameters(), b.parameters())
+
+    def test_scheduler_changes_the_applied_lr(self):
+        a, b = twins()
+        data = batches(30)
+        opt_a = ours(groups_of(a), lr=3e-2)
+        opt_b = torch.optim.AdamW(groups_of(b), lr=3e-2)
+        sched = torch.optim.lr_scheduler.StepLR
+        train(a, opt_a, data, sched(opt_a, step_size=4, gamma=0.3))
+        train(b, opt_b, data, sched(opt_b, step_size=4, gamma=0.3))
+        self.assertAlmostEqual(opt_a.param_groups[0]["lr"], 3e-2 * 0.3 ** 7)
+        assert_close(self, a.parameters(), b.parameters())
+        opt_a.close()
+
+    def test_late_group_bias_correction(self):
+        # torch counts steps per parameter: a group added after 10 steps starts at step 1.
+        a, b = twins()
+        data = batches(16)
+        late_a, late_b = list(a[4].parameters()), list(b[4].parameters())
+        opt_a = ours([p for m in (a[0], a[2]) for p in m.parameters()], lr=1e-2)
+        opt_b = torch.optim.AdamW([p for m in (b[0], b[2]) for p in m.parameters()], lr=1e-2)
+        for model, opt in ((a, opt_a), (b, opt_b)):
+            train(model, opt, data[:10])
+        opt_a.add_param_group({"params": late_a, "lr": 5e-2})
+        opt_b.add_param_group({"params": late_b, "lr": 5e-2})
+        for model, opt in ((a, opt_a), (b, opt_b)):
+            train(model, opt, data[10:])
+        assert_close(self, a.parameters(), b.parameters())
+        self.assertEqual(float(opt_a.state_dict()["state"][4]["step"]), 6.0)
+        opt_a.close()
+
+
+class WithoutGrad(unittest.TestCase):
+    def test_parameters_without_grad_are_left_alone(self):
+        # Layer 4's weight, a group of its own, is frozen for 8 steps, then trained: torch starts
+        # its bias correction then. Layer 2's bias has state and then loses its gradient for
+        # good: torch neither decays nor moves it, nor its moments.
+        a, b = twins()
+        data = batches(12)
+        for m in (a, b):
+            m[4].weight.requires_grad_(False)
+        frozen_before = a[4].weight.detach().clone()
+        groups = lambda m: [{"params": [p for p in m.parameters() if p is not m[4].weight]},
+                            {"params": [m[4].weight], "weight_decay": 0.3}]
+        opt_a = ours(groups(a), lr=1e-2, weight_decay=0.5)
+        opt_b = torch.optim.AdamW(groups(b), lr=1e-2, weight_decay=0.5)
+        for i, (x, y) in enumerate(data):
+            if i == 8:
+                self.assertTrue(torch.equal(a[4].weight, frozen_before))
+                self.assertNotIn(5, opt_a.state_dict()["state"])  # no state for it
+                for m in (a, b):
+                    m[4].weight.requires_grad_(True)
+            for model, opt in ((a, opt_a), (b, opt_b)):
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                if i >= 4:
+                    model[2].bias.grad = None
+                opt.step()
+        assert_close(self, a.parameters(), b.parameters())
+        state_a, state_b = opt_a.state_dict()["state"], opt_b.state_dict()["state"]
+        self.assertEqual(sorted(state_a), sorted(state_b))
+        self.assertEqual(float(state_a[3]["step"]), 4.0)  # layer 2's bias stopped at 4
+        self.assertEqual(float(state_a[5]["step"]), 4.0)  # layer 4's weight started at 8
+        for i in state_a:
+            for key in ("exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(state_a[i][key], state_b[i][key], rtol=1e-5,
+                                           atol=1e-6)
+        opt_a.close()
+
+    def test_no_gradient_at_all_is_no_step(self):
+        a, _ = twins()
+        before = [p.detach().clone() for p in a.parameters()]
+        with ours(a.parameters(), lr=1e-2, weight_decay=0.5) as opt:
+            opt.step()
+            self.assertEqual(opt.last_step_seconds, 0.0)  # not even a round trip to the worker
+            self.assertEqual(opt.state_dict()["state"], {})
+        for p, q in zip(a.parameters(), before):
+            self.assertTrue(torch.equal(p, q))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,254 @@
+"""zenflow_bind.torch.AdamW's modes: zero-copy shared memory for CPU models, bf16 parameters with
+fp32 master weights, ZenFlow's overlap, and its errors."""
+
+import os
+import signal
+import unittest
+
+import torch
+
+from torch_cases import assert_close, assert_equal, batches, mlp, ours, twins
+import zenflow_bind.torch as zt
+from zenflow_bind import ZenbindError
+
+
+def shared(tensor, views):
+    return any(tensor.data_ptr() == v.data_ptr() for v in views)
+
+
+class ZeroCopy(unittest.TestCase):
+    def test_fp32_cpu_parameters_and_grads_live_in_shared_memory(self):
+        a, _ = twins()
+        x, y = batches(1)[0]
+        with ours(a.parameters()) as opt:
+            slots = [s for l in opt._layouts for s in l.slots]
+            for s in slots:
+                self.assertEqual(s.param.data_ptr(), s.master.data_ptr())
+            for set_to_none in (True, False, False):
+                opt.zero_grad(set_to_none=set_to_none)
+                torch.nn.functional.mse_loss(a(x), y).backward()
+                # after one step the grads are views of the gradient buffer, and backward
+                # (torch 1.13's AccumulateGrad) adds into them in place
+                in_place = [shared(s.param.grad, s.grads) for s in slots]
+                self.assertEqual(all(in_place), not set_to_none)
+                opt.step()
+                self.assertTrue(all(shared(s.param.grad, s.grads) for s in slots))
+            values = [p.detach().clone() for p in a.parameters()]
+        # closed: the parameters have private memory again, with their values
+        for s, v in zip(slots, values):
+            self.assertNotEqual(s.param.data_ptr(), s.master.data_ptr())
+            self.assertTrue(torch.equal(s.param.detach(), v))
+
+    def test_user_writes_reach_the_master(self):
+        # model.load_state_dict after the optimizer was built, for fp32 (aliased) and bf16
+        for dtype in (torch.float32, torch.bfloat16):
+            a, b = mlp(dtype=dtype), mlp(seed=3, dtype=dtype)
+            with ours(a.parameters(), lr=0.0, weight_decay=0.0) as opt:
+                a.load_state_dict(b.state_dict())
+                for p in a.parameters():
+                    p.grad = torch.zeros_like(p)
+                opt.step()
+                assert_equal(self, a.parameters(), b.parameters())
+
+
+class MixedPrecision(unittest.TestCase):
+    def test_bf16_parameters_with_fp32_master(self):
+        model = mlp(dtype=torch.bfloat16)
+        master = [p.detach().float().requires_grad_() for p in model.parameters()]
+        ref = torch.optim.AdamW(master, lr=1e-4)
+        gen = torch.Generator().manual_seed(3)
+        with ours(model.parameters(), lr=1e-4) as opt:
+            slots = [s for l in opt._layouts for s in l.slots]
+            self.assertTrue(all(s.param.data_ptr() == s.copy.data_ptr() for s in slots))
+            for _ in range(30):
+                for p, m in zip(model.parameters(), master):
+                    p.grad = torch.randn(p.shape, generator=gen).bfloat16()
+                    self.assertEqual(p.grad.dtype, torch.bfloat16)
+                    m.grad = p.grad.float()
+                opt.step()
+                ref.step()
+            state = opt.state_dict()["state"]
+            ours_master = [state[i]["master_param"] for i in range(len(master))]
+            assert_close(self, ours_master, master)
+            # the model holds the master rounded to bf16; steps of 1e-4 are below bf16's
+            # resolution for most weights, so without the fp32 master they would not move
+            for p, m in zip(model.parameters(), ours_master):
+                self.assertTrue(torch.equal(p.detach(), m.bfloat16()))
+            moved = sum(int((p.detach() != m.detach().bfloat16()).sum())
+                        for p, m in zip(mlp(dtype=torch.bfloat16).parameters(), master))
+            self.assertGreater(moved, 100)
+
+    def test_mixed_dtypes_in_one_group(self):
+        # fp32 gradients for the group; the bf16 parameter converts to and from the fp32 master
+        gen = torch.Generator().manual_seed(6)
+        wide = torch.nn.Parameter(torch.randn(300, generator=gen))
+        narrow = torch.nn.Parameter(torch.randn(200, generator=gen).bfloat16())
+        ref = [wide.detach().clone().requires_grad_(), narrow.detach().float().requires_grad_()]
+        opt_ref = torch.optim.AdamW(ref, lr=1e-3)
+        with ours([wide, narrow], lr=1e-3) as opt:
+            self.assertEqual(opt._layouts[0].group.grad_dtype, "fp32")
+            for _ in range(10):
+                wide.grad = torch.randn(300, generator=gen)
+                narrow.grad = torch.randn(200, generator=gen).bfloat16()
+                ref[0].grad, ref[1].grad = wide.grad.clone(), narrow.grad.float()
+                opt.step()
+                opt_ref.step()
+            master = opt.state_dict()["state"][1]["master_param"]
+        assert_close(self, [wide, master], ref)
+        self.assertEqual(narrow.dtype, torch.bfloat16)
+        self.assertTrue(torch.equal(narrow.detach(), master.bfloat16()))
+
+    def test_bf16_checkpoint_keeps_the_master(self):
+        model = mlp(dtype=torch.bfloat16)
+        gen = torch.Generator().manual_seed(4)
+        with ours(model.parameters(), lr=1e-4) as opt:
+            for _ in range(5):
+                for p in model.parameters():
+                    p.grad = torch.randn(p.shape, generator=gen).bfloat16()
+                opt.step()
+            sd = opt.state_dict()
+        with ours(model.parameters()) as opt:
+            opt.load_state_dict(sd)
+            got = opt.state_dict()["state"]
+        for i, state in sd["state"].items():
+            self.assertFalse(torch.equal(state["master_param"].bfloat16().float(),
+                                         state["master_param"]))  # more than bf16 holds
+            self.assertTrue(torch.equal(got[i]["master_param"], state["master_param"]))
+
+
+class Overlap(unittest.TestCase):
+    def test_update_lands_one_step_later(self):
+        # The same gradients in both modes: after step() k the overlapped model holds the
+        # blocking model's weights after k - 1 steps, and after synchronize() those after k.
+        gen = torch.Generator().manual_seed(9)
+        grads = [[torch.randn(p.shape, generator=gen) for p in mlp().parameters()]
+                 for _ in range(8)]
+        blocking, overlapped = twins()
+        history = [[p.detach().clone() for p in blocking.parameters()]]
+        with ours(blocking.parameters(), lr=1e-2) as opt:
+            for gs in grads:
+                for p, g in zip(blocking.parameters(), gs):
+                    p.grad = g.clone()
+                opt.step()
+                history.append([p.detach().clone() for p in blocking.parameters()])
+        with ours(overlapped.parameters(), lr=1e-2, overlap=True) as opt:
+            for k, gs in enumerate(grads, 1):
+                opt.zero_grad()
+                for p, g in zip(overlapped.parameters(), gs):
+                    if p.grad is None:
+                        p.grad = g.clone()
+                    else:
+                        p.grad += g  # in place, as backward does
+                opt.step()
+                assert_equal(self, overlapped.parameters(), history[k - 1])
+                assert_equal(self, [p.grad for p in overlapped.parameters()], gs)
+            opt.synchronize()
+            assert_equal(self, overlapped.parameters(), history[-1])
+
+    def test_training_with_overlap_lowers_the_loss(self):
+        model = mlp()
+        target = mlp(seed=4)
+        gen = torch.Generator().manual_seed(2)
+        losses = []
+        with ours(model.parameters(), lr=3e-3, overlap=True) as opt:
+            for _ in range(150):
+                x = torch.randn(32, 16, generator=gen)
+                with torch.no_grad():
+                    y = target(x)
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss))
+        self.assertLess(sum(losses[-10:]) / 10, 0.3 * sum(losses[:10]) / 10)
+
+
+class Environment(unittest.TestCase):
+    def test_worker_takes_the_plugin_environment_unless_told(self):
+        cpus = sorted(os.sched_getaffinity(0))
+        saved = {k: os.environ.get(k) for k in ("ZENFLOW_OPT_CPUS", "ZENFLOW_OPT_THREADS")}
+        os.environ.update(ZENFLOW_OPT_CPUS=str(cpus[0]), ZENFLOW_OPT_THREADS="1")
+        try:
+            with zt.AdamW(mlp().parameters()) as opt:
+                self.assertEqual([cpu for _, cpu in opt.worker.threads()], [cpus[0]])
+            with zt.AdamW(mlp().parameters(), cpus=str(cpus[-1]), threads=2) as opt:
+                self.assertEqual([cpu for _, cpu in opt.worker.threads()], [cpus[-1]] * 2)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+class Errors(unittest.TestCase):
+    def test_refused_arguments_say_why(self):
+        params = mlp().parameters
+        for kw, why in (({"amsgrad": True}, "fourth state stream"),
+                        ({"capturable": True}, "CUDA graph"),
+                        ({"differentiable": True}, "outside autograd"),
+                        ({"lr": -1.0}, "learning rate"),
+                        ({"betas": (1.0, 0.9)}, "betas"),
+                        ({"eps": -1e-8}, "eps"),
+                        ({"weight_decay": -0.1}, "weight_decay"),
+                        ({"max_grad_norm": -1.0}, "max_grad_norm")):
+            with self.assertRaisesRegex(ValueError, why):
+                ours(params(), **kw)
+        with self.assertRaisesRegex(TypeError, "torch.float64"):
+            ours([torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))])
+        with self.assertRaisesRegex(ValueError, "amsgrad"):
+            opt = ours(params())
+            opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))],
+                                 "amsgrad": True})
+        self.assertEqual(len(opt.param_groups), 1)  # the refused group was not kept
+        opt.close()
+
+    def test_mixed_maximize_is_refused(self):
+        a, _ = twins()
+        with ours([{"params": a[0].parameters(), "maximize": True},
+                   {"params": a[2].parameters()}]) as opt:
+            for p in a.parameters():
+                p.grad = torch.ones_like(p)
+            with self.assertRaisesRegex(ValueError, "maximize"):
+                opt.step()
+
+    def test_closed_optimizer(self):
+        a, _ = twins()
+        opt = ours(a.parameters())
+        opt.close()
+        for call in (opt.step, opt.state_dict, opt.synchronize):
+            with self.assertRaisesRegex(ZenbindError, "was closed"):
+                call()
+
+    def test_dead_worker(self):
+        a, _ = twins()
+        opt = ours(a.parameters())
+        os.kill(opt.worker.pid, signal.SIGKILL)
+        for p in a.parameters():
+            p.grad = torch.ones_like(p)
+        with self.assertRaises(ZenbindError) as ctx:
+            opt.step()
+            opt.step()
+        self.assertEqual(ctx.exception.status, "EDEAD")
+        opt.close()
+
+    def test_timeout_leaves_the_step_in_flight(self):
+        big = torch.nn.Parameter(torch.zeros(1 << 23))
+        opt = ours([big], timeout_ms=0)
+        big.grad = torch.ones_like(big)
+        with self.assertRaises(ZenbindError) as ctx:
+            opt.step()
+        self.assertEqual(ctx.exception.status, "ETIMEDOUT")
+        opt.timeout_ms = 60_000
+        opt.synchronize()
+        self.assertTrue(bool((big < 0).all()))  # the step landed
+        opt.close()
+
+    def test_bad_cpus(self):
+        with self.assertRaises(ZenbindError) as ctx:
+            ours(mlp().parameters(), cpus="no-such-list")
+        self.assertEqual(ctx.exception.status, "EINVAL")
+
+
+if __name__ == "__main__":
+    unittest.main()

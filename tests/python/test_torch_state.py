@@ -1,0 +1,159 @@
+"""zenflow_bind.torch.AdamW's state: torch's state dict format both ways with torch.optim.AdamW,
+checkpoints through torch.save/torch.load into a new optimizer (a new worker), the overflow skip
+that writes nothing, and clipping by the global norm."""
+
+import io
+import unittest
+
+import torch
+
+from torch_cases import assert_close, assert_equal, batches, groups_of, mlp, ours, train, twins
+
+
+def moved_state(opt):
+    return {i: {k: v.clone() for k, v in s.items()} for i, s in opt.state_dict()["state"].items()}
+
+
+class StateDict(unittest.TestCase):
+    def test_moves_both_ways_with_torch(self):
+        data = batches(20)
+        ref, a, b = mlp(), mlp(), mlp()
+        train(ref, torch.optim.AdamW(groups_of(ref), lr=1e-2), data)
+
+        # ours for 10 steps, then torch.optim.AdamW from our state dict
+        with ours(groups_of(a), lr=1e-2) as opt:
+            train(a, opt, data[:10])
+            sd = opt.state_dict()
+        self.assertIsInstance(sd["state"][0]["step"], torch.Tensor)  # as torch 1.13 stores it
+        opt = torch.optim.AdamW(groups_of(a), lr=1e-2)
+        opt.load_state_dict(sd)
+        train(a, opt, data[10:])
+        assert_close(self, a.parameters(), ref.parameters())
+
+        # torch.optim.AdamW for 10 steps, then ours from its state dict
+        opt = torch.optim.AdamW(groups_of(b), lr=1e-2)
+        train(b, opt, data[:10])
+        sd = opt.state_dict()
+        with ours(groups_of(b), lr=5e-4) as opt:  # lr comes from the state dict's groups
+            opt.load_state_dict(sd)
+            self.assertEqual(opt.param_groups[0]["lr"], 1e-2)
+            train(b, opt, data[10:])
+            assert_close(self, b.parameters(), ref.parameters())
+
+    def test_checkpoint_resume_in_a_new_worker_is_bit_identical(self):
+        data = batches(20)
+        straight, resumed = mlp(), mlp()
+        with ours(groups_of(straight), lr=1e-2) as opt:
+            sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.9)
+            train(straight, opt, data, sched)
+            want = moved_state(opt)
+
+        opt = ours(groups_of(resumed), lr=1e-2)
+        sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.9)
+        train(resumed, opt, data[:10], sched)
+        blob = io.BytesIO()
+        torch.save({"model": resumed.state_dict(), "opt": opt.state_dict(),
+                    "sched": sched.state_dict()}, blob)
+        first_pid = opt.worker.pid
+        opt.close()
+
+        blob.seek(0)
+        ckpt = torch.load(blob)
+        model = mlp(seed=7)  # other weights: all must come from the checkpoint
+        model.load_state_dict(ckpt["model"])
+        with ours(groups_of(model), lr=1.0) as opt:
+            self.assertNotEqual(opt.worker.pid, first_pid)
+            sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.9)
+            opt.load_state_dict(ckpt["opt"])
+            sched.load_state_dict(ckpt["sched"])
+            train(model, opt, data[10:], sched)
+            assert_equal(self, model.parameters(), straight.parameters())
+            got = moved_state(opt)
+        self.assertEqual(sorted(got), sorted(want))
+        for i in want:
+            assert_equal(self, [got[i][k] for k in sorted(want[i])],
+                         [want[i][k] for k in sorted(want[i])])
+
+    def test_mismatched_state_dict_is_refused(self):
+        a, _ = twins()
+        with ours(groups_of(a)) as opt:
+            sd = opt.state_dict()
+            sd["param_groups"] = sd["param_groups"][:2]
+            with self.assertRaisesRegex(ValueError, "3 param groups|2 param groups"):
+                opt.load_state_dict(sd)
+            sd = torch.optim.AdamW(groups_of(a), amsgrad=True).state_dict()
+            with self.assertRaisesRegex(ValueError, "amsgrad"):
+                opt.load_state_dict(sd)
+
+
+class Overflow(unittest.TestCase):
+    def snapshot(self, model, opt):
+        return ([p.detach().clone() for p in model.parameters()], moved_state(opt),
+                [s.master.clone() for l in opt._layouts for s in l.slots])
+
+    def test_nonfinite_step_writes_nothing(self):
+        # fp16 parameters (grads set directly: CPU fp16 matmul is not everywhere)
+        model = mlp(dtype=torch.float16)
+        ref = mlp(dtype=torch.float16)
+        gen = torch.Generator().manual_seed(5)
+        grads = [[torch.randn(p.shape, generator=gen).half() for p in model.parameters()]
+                 for _ in range(6)]
+        with ours(model.parameters(), lr=1e-2, skip_nonfinite=True) as opt, \
+                ours(ref.parameters(), lr=1e-2, skip_nonfinite=True) as opt_ref:
+            for step, gs in enumerate(grads):
+                if step == 3:
+                    before = self.snapshot(model, opt)
+                    bad = [g.clone() for g in gs]
+                    bad[2].view(-1)[7] = float("inf")
+                    for p, g in zip(model.parameters(), bad):
+                        p.grad = g
+                    opt.step(grad_scale=0.5)
+                    self.assertTrue(opt.last_step_skipped)
+                    after = self.snapshot(model, opt)
+                    assert_equal(self, after[0], before[0])
+                    assert_equal(self, after[2], before[2])
+                    self.assertEqual(sorted(after[1]), sorted(before[1]))
+                    for i in before[1]:
+                        for k in before[1][i]:
+                            self.assertTrue(torch.equal(after[1][i][k], before[1][i][k]), k)
+                for m, o in ((model, opt), (ref, opt_ref)):
+                    for p, g in zip(m.parameters(), gs):
+                        p.grad = g.clone()
+                    o.step(grad_scale=0.5)
+                    self.assertFalse(o.last_step_skipped)
+            # the skipped step left no trace: same as a run that never saw it
+            assert_equal(self, model.parameters(), ref.parameters())
+
+    def test_without_the_flag_nonfinite_is_applied_and_counted(self):
+        a, _ = twins()
+        with ours(a.parameters()) as opt:
+            for p in a.parameters():
+                p.grad = torch.zeros_like(p)
+            a[0].weight.grad[0, 0] = float("nan")
+            opt.step()
+            self.assertFalse(opt.last_step_skipped)
+            self.assertEqual(opt.last_nonfinite, 1)
+            self.assertTrue(torch.isnan(a[0].weight[0, 0]))
+
+
+class Clipping(unittest.TestCase):
+    def test_max_grad_norm_is_clip_grad_norm(self):
+        a, b = twins()
+        data = batches(20)
+        opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2)
+        with ours(a.parameters(), lr=1e-2, max_grad_norm=0.05) as opt_a:
+            for x, y in data:
+                opt_a.zero_grad()
+                opt_b.zero_grad()
+                torch.nn.functional.mse_loss(a(x), y).backward()
+                torch.nn.functional.mse_loss(b(x), y).backward()
+                norm = torch.nn.utils.clip_grad_norm_(b.parameters(), 0.05)
+                opt_a.step()
+                opt_b.step()
+                self.assertAlmostEqual(opt_a.last_grad_norm, float(norm), delta=1e-5 * float(norm))
+            self.assertGreater(float(norm), 0.05)  # the clip was active
+            assert_close(self, a.parameters(), b.parameters())
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,59 @@
+"""Shared pieces of the zenflow_bind.torch tests: seeded models, data and comparisons."""
+
+import copy
+
+import torch
+
+import zenflow_bind.torch as zt
+
+THREADS = 2  # the worker's; the tests' machine has 2 shared cores
+
+
+def mlp(seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 48), torch.nn.GELU(),
+                               torch.nn.Linear(48, 32), torch.nn.GELU(),
+                               torch.nn.Linear(32, 4)).to(dtype)
+
+
+def batches(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(24, 16, generator=g), torch.randn(24, 4, generator=g)) for _ in range(n)]
+
+
+def groups_of(model):
+    """Three groups with their own lr and weight decay, as a user would split a model."""
+    m = model
+    return [{"params": [m[0].weight, m[2].weight], "weight_decay": 0.1},
+            {"params": [m[0].bias, m[2].bias, m[4].bias], "weight_decay": 0.0},
+            {"params": [m[4].weight], "lr": 3e-3, "weight_decay": 0.02}]
+
+
+def train(model, opt, data, scheduler=None):
+    for x, y in data:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        if scheduler is not None:
+            scheduler.step()
+
+
+def twins(seed=0, dtype=torch.float32):
+    """Two identical models."""
+    a = mlp(seed, dtype)
+    return a, copy.deepcopy(a)
+
+
+def ours(params, **kw):
+    kw.setdefault("threads", THREADS)
+    return zt.AdamW(params, **kw)
+
+
+def assert_close(test, ours_params, ref_params, rtol=1e-5, atol=1e-5):
+    for a, b in zip(ours_params, ref_params):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=rtol, atol=atol)
+
+
+def assert_equal(test, xs, ys):
+    for a, b in zip(xs, ys):
+        test.assertTrue(torch.equal(a.detach(), b.detach()), "not bit-identical")
