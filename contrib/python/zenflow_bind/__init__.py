@@ -14,9 +14,10 @@ exposed as numpy arrays that alias it. Every libzenbind error raises ZenbindErro
         ...                                   # forward/backward of the next step
         w.wait(timeout_ms=10_000)
 
-The library is found through $ZENFLOW_BIND_LIB, else the system's libzenbind.so.0
-(_native.library_path); the worker executable through the path argument, else
-$ZENFLOW_OPTIMIZER, else libzenbind's default (_native.optimizer_path).
+The library is found through $ZENFLOW_BIND_LIB, else the copy `pip install contrib/python`
+bundled in zenflow_bind/_lib, else the system's libzenbind.so.0 (_native.library_path); the
+worker executable through the path argument, else $ZENFLOW_OPTIMIZER, else the bundled copy,
+else libzenbind's default (_native.optimizer_path).
 """
 
 from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError, library

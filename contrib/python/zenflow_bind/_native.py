@@ -10,7 +10,8 @@ import os
 import numpy as np
 
 STATUS = {0: "OK", -1: "EINVAL", -2: "ENOMEM", -3: "ESYS", -4: "ETOPOLOGY",
-          -5: "EIMPOSSIBLE", -6: "ETIMEDOUT", -7: "EDEAD", -8: "EVERSION", -9: "EINTERNAL"}
+          -5: "EIMPOSSIBLE", -6: "ETIMEDOUT", -7: "EDEAD", -8: "EVERSION", -9: "EINTERNAL",
+          -10: "ENOENT"}
 DTYPES = {None: 0, "none": 0, "fp32": 1, "bf16": 2, "fp16": 3}
 DTYPE_NAMES = {1: "fp32", 2: "bf16", 3: "fp16"}
 
@@ -72,16 +73,27 @@ class Memory(ctypes.Structure):
                  "trainer_rss", "trainer_rss_anon", "trainer_rss_shmem")]
 
 
+# A wheel built by `pip install contrib/python` carries both native parts here
+# (contrib/python/_build/backend.py); the Debian and RPM packages install them system-wide.
+_BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib")
+
+
 def library_path():
-    """Where libzenbind is loaded from: $ZENFLOW_BIND_LIB, else the system's libzenbind.so.0."""
-    return os.environ.get("ZENFLOW_BIND_LIB") or ctypes.util.find_library("zenbind") \
-        or "libzenbind.so.0"
+    """Where libzenbind is loaded from: $ZENFLOW_BIND_LIB, else the one pip bundled with this
+    package, else the system's libzenbind.so.0."""
+    bundled = os.path.join(_BUNDLED, "libzenbind.so.0")
+    return os.environ.get("ZENFLOW_BIND_LIB") or \
+        (bundled if os.path.exists(bundled) else None) or \
+        ctypes.util.find_library("zenbind") or "libzenbind.so.0"
 
 
 def optimizer_path(path=None):
-    """The zenflow-optimizer executable to spawn: `path`, else $ZENFLOW_OPTIMIZER; None leaves
-    the choice to libzenbind (the same variable, then its installed libexec path)."""
-    return path or os.environ.get("ZENFLOW_OPTIMIZER") or None
+    """The zenflow-optimizer executable to spawn: `path`, else $ZENFLOW_OPTIMIZER, else the one
+    pip bundled with this package; None leaves the choice to libzenbind (its installed libexec
+    path)."""
+    bundled = os.path.join(_BUNDLED, "zenflow-optimizer")
+    return path or os.environ.get("ZENFLOW_OPTIMIZER") or \
+        (bundled if os.access(bundled, os.X_OK) else None)
 
 
 _P = ctypes.POINTER
@@ -111,11 +123,35 @@ _PROTOS = {
 _lib = None
 
 
+# The C structs mirrored above, by their names in zenbind/worker.h.
+_MIRRORS = {"zb_worker_attr": Attr, "zb_adam_hyper": Hyper, "zb_group_attr": GroupAttr,
+            "zb_group_buffers": Buffers, "zb_worker_step": Step, "zb_worker_result": Result,
+            "zb_worker_memory": Memory}
+
+
+def _check_layouts(lib, path):
+    """Refuse a library whose structs are not the ones mirrored here: passing a struct of the
+    wrong size would corrupt memory instead of failing."""
+    size = getattr(lib, "zb_struct_size", None)
+    if size is None:
+        raise ZenbindError(-8, f"{path} has no zb_struct_size(): it is older than this binding; "
+                               "install the matching libzenbind")
+    size.restype, size.argtypes = ctypes.c_size_t, [ctypes.c_char_p]
+    for name, mirror in _MIRRORS.items():
+        if size(name.encode()) != ctypes.sizeof(mirror):
+            raise ZenbindError(-8, f"{path}: struct {name} is {size(name.encode())} bytes, this "
+                                   f"binding's mirror {ctypes.sizeof(mirror)}: install matching "
+                                   "versions of libzenbind and the zenflow_bind package")
+
+
 def library():
-    """The loaded libzenbind (ctypes.CDLL), with the worker API's prototypes."""
+    """The loaded libzenbind (ctypes.CDLL), with the worker API's prototypes, after checking that
+    its struct layouts are the ones this module mirrors."""
     global _lib
     if _lib is None:
-        lib = ctypes.CDLL(library_path())
+        path = library_path()
+        lib = ctypes.CDLL(path)
+        _check_layouts(lib, path)
         for name, (restype, argtypes) in _PROTOS.items():
             fn = getattr(lib, name, None)
             if fn is not None:  # an older library lacks the newest calls: see function()

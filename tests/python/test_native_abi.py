@@ -1,0 +1,62 @@
+"""What keeps the Python package and the C library in step: every struct the package mirrors has
+the size the library was built with (checked at load, a mismatch refused with EVERSION), the
+environment names are the header's, and the status names cover the header's statuses."""
+import ctypes
+import os
+import re
+import unittest
+
+from zenflow_bind import _native
+import zenflow_bind.deepspeed  # noqa: F401  (its variable names are checked below)
+
+HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include",
+                      "zenbind", "zenbind.h")
+
+
+def header():
+    with open(HEADER) as f:
+        return f.read()
+
+
+class Layouts(unittest.TestCase):
+    def test_the_library_loads_and_every_mirror_matches(self):
+        lib = _native.library()
+        size = lib.zb_struct_size
+        for name, mirror in _native._MIRRORS.items():
+            self.assertEqual(size(name.encode()), ctypes.sizeof(mirror), name)
+
+    def test_a_mirror_of_another_size_is_refused(self):
+        class Shorter(ctypes.Structure):
+            _fields_ = [("step", ctypes.c_int64)]
+
+        saved = dict(_native._MIRRORS)
+        _native._MIRRORS["zb_worker_step"] = Shorter
+        try:
+            path = _native.library_path()
+            with self.assertRaises(_native.ZenbindError) as e:
+                _native._check_layouts(ctypes.CDLL(path), path)
+            self.assertEqual(e.exception.status, "EVERSION")
+            self.assertIn("zb_worker_step", str(e.exception))
+        finally:
+            _native._MIRRORS.clear()
+            _native._MIRRORS.update(saved)
+
+
+class Names(unittest.TestCase):
+    def test_environment_names_are_the_headers(self):
+        names = dict(re.findall(r'#define ZB_ENV_(\w+) "(\w+)"', header()))
+        self.assertEqual(names["TRAIN_CPUS"], "ZENFLOW_TRAIN_CPUS")
+        source = open(zenflow_bind.deepspeed.__file__).read()
+        for key in ("TRAIN_CPUS", "OPT_CPUS", "OPT_THREADS"):
+            self.assertIn(f'"{names[key]}"', source, key)
+        native = open(_native.__file__).read()
+        self.assertIn(f'"{names["OPTIMIZER"]}"', native)
+
+    def test_every_status_has_its_name(self):
+        statuses = {int(v): k for k, v in re.findall(r"ZB_(E?[A-Z]+) = (-?\d+)", header())}
+        for code, name in statuses.items():
+            self.assertEqual(_native.STATUS.get(code), name, code)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
