@@ -83,30 +83,6 @@ void apply_opt(zb_options &o, std::string_view value) {
     o.set |= ZB_SET_OPT;
 }
 
-void apply_smt(zb_options &o, std::string_view value) {
-    if (value == "idle")
-        o.smt = ZB_SMT_IDLE;
-    else if (value == "train")
-        o.smt = ZB_SMT_TRAIN;
-    else if (value == "opt")
-        o.smt = ZB_SMT_OPT;
-    else
-        bad_value("smt", value, "idle, train, opt");
-    o.set |= ZB_SET_SMT;
-}
-
-void apply_numa(zb_options &o, std::string_view value) {
-    if (value == "prefer")
-        o.numa = ZB_NUMA_PREFER;
-    else if (value == "strict")
-        o.numa = ZB_NUMA_STRICT;
-    else if (value == "ignore")
-        o.numa = ZB_NUMA_IGNORE;
-    else
-        bad_value("numa", value, "prefer, strict, ignore");
-    o.set |= ZB_SET_NUMA;
-}
-
 void apply_profile(zb_options &o, std::string_view value) {
     bool ok = value.size() > 1 && value.front() == '/' && value.size() < ZB_PROFILE_PATH_MAX;
     for (char c : value)
@@ -157,15 +133,35 @@ std::string format_train(const zb_options &o) {
     return "train=" + fraction_text(o.train_fraction);
 }
 
-std::string format_enum(int value, const char *key, const char *const names[], int count) {
-    if (value < 0 || value >= count)
+// The keys whose value is one word of a list, the list's index being the enum's value (0 is the
+// default): one table of names parses and formats each of them.
+template <size_t N> using Names = const char *const[N];
+Names<3> smt_names = {"idle", "train", "opt"};
+Names<3> numa_names = {"prefer", "strict", "ignore"};
+Names<2> mode_names = {"split", "offload"};
+
+template <class E, size_t N>
+void apply_enum(E &field, unsigned bit, zb_options &o, std::string_view key, std::string_view value,
+                Names<N> &names) {
+    for (size_t i = 0; i < N; ++i)
+        if (value == names[i]) {
+            field = static_cast<E>(i);
+            o.set |= bit;
+            return;
+        }
+    std::string accepted;
+    for (size_t i = 0; i < N; ++i)
+        accepted += (i ? ", " : "") + std::string(names[i]);
+    bad_value(key, value, accepted.c_str());
+}
+
+template <class E, size_t N>
+std::string format_enum(const E &field, const char *key, Names<N> &names) {
+    const int value = enum_bits(field);
+    if (value < 0 || static_cast<size_t>(value) >= N)
         zb::fail(ZB_EINVAL, std::string(key) + " holds no value of its enum");
     return value == 0 ? "" : std::string(key) + "=" + names[value];
 }
-
-const char *const smt_names[] = {"idle", "train", "opt"};
-const char *const mode_names[] = {"split", "offload"};
-const char *const numa_names[] = {"prefer", "strict", "ignore"};
 
 std::string format_profile(const zb_options &o) {
     const size_t len = strnlen(o.profile, sizeof o.profile);
@@ -216,13 +212,16 @@ const Key keys[] = {
     {"opt", ZB_SET_OPT, false, true, "opt=N", "cores 1..4096", apply_opt,
      [](const zb_options &o) { return o.opt_cores ? "opt=" + std::to_string(o.opt_cores) : ""; },
      ZB_SAME(opt_cores)},
-    {"smt", ZB_SET_SMT, false, true, "smt=idle|train|opt", "idle, train, opt", apply_smt,
-     [](const zb_options &o) { return format_enum(enum_bits(o.smt), "smt", smt_names, 3); },
-     ZB_SAME(smt)},
+    {"smt", ZB_SET_SMT, false, true, "smt=idle|train|opt", "idle, train, opt",
+     [](zb_options &o, std::string_view v) {
+         apply_enum(o.smt, ZB_SET_SMT, o, "smt", v, smt_names);
+     },
+     [](const zb_options &o) { return format_enum(o.smt, "smt", smt_names); }, ZB_SAME(smt)},
     {"numa", ZB_SET_NUMA, false, true, "numa=prefer|strict|ignore", "prefer, strict, ignore",
-     apply_numa,
-     [](const zb_options &o) { return format_enum(enum_bits(o.numa), "numa", numa_names, 3); },
-     ZB_SAME(numa)},
+     [](zb_options &o, std::string_view v) {
+         apply_enum(o.numa, ZB_SET_NUMA, o, "numa", v, numa_names);
+     },
+     [](const zb_options &o) { return format_enum(o.numa, "numa", numa_names); }, ZB_SAME(numa)},
     {"profile", ZB_SET_PROFILE, false, true, "profile=PATH", "an absolute path", apply_profile,
      format_profile,
      [](const zb_options &a, const zb_options &b) {
@@ -235,16 +234,9 @@ const Key keys[] = {
      [](const zb_options &o) { return std::string(o.batch ? "batch" : ""); }, ZB_SAME(batch)},
     {"mode", ZB_SET_MODE, false, true, "mode=split|offload", "split, offload",
      [](zb_options &o, std::string_view v) {
-         if (v == "split")
-             o.mode = ZB_MODE_SPLIT;
-         else if (v == "offload")
-             o.mode = ZB_MODE_OFFLOAD;
-         else
-             bad_value("mode", v, "split, offload");
-         o.set |= ZB_SET_MODE;
+         apply_enum(o.mode, ZB_SET_MODE, o, "mode", v, mode_names);
      },
-     [](const zb_options &o) { return format_enum(enum_bits(o.mode), "mode", mode_names, 2); },
-     ZB_SAME(mode)},
+     [](const zb_options &o) { return format_enum(o.mode, "mode", mode_names); }, ZB_SAME(mode)},
     {"default", ZB_SET_DEFAULT, true, true, "default=on|off", "on, off",
      [](zb_options &o, std::string_view v) {
          apply_switch(o.default_on, ZB_SET_DEFAULT, o, "default", v, "on", "off");

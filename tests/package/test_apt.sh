@@ -36,17 +36,8 @@ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$
 echo "ok   apt-get install ${pkgs[*]}"
 
 clean_env=(env -u ZENFLOW_BIND_LIB -u ZENFLOW_OPTIMIZER -u PYTHONPATH -u LD_LIBRARY_PATH)
-(cd "$work" && "${clean_env[@]}" /usr/bin/python3 -c '
-import numpy as np, zenflow_bind
-assert zenflow_bind.__file__.startswith("/usr/lib/python3/dist-packages/"), zenflow_bind.__file__
-with zenflow_bind.Worker(threads=1) as w:
-    g = w.add_group(1000, lr=0.1, weight_decay=0.0)
-    g.params[:] = 1.0
-    g.grads[0][:] = 1.0
-    w.step(step=1)
-    assert np.allclose(g.params, 0.9), g.params[:4]
-print("ok   import zenflow_bind and a worker step, from the packages alone")
-')
+(cd "$work" && "${clean_env[@]}" /usr/bin/python3 "$src/tests/package/installed_step.py" \
+  /usr/lib/python3/dist-packages)
 "${clean_env[@]}" zenbind plan --tasks 2 --synthetic "pack:2 [numa] core:4 pu:2" >/dev/null
 echo "ok   zenbind plan"
 
