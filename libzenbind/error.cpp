@@ -22,10 +22,6 @@ void set_last_error(const char *message) noexcept {
     }
 }
 
-void clear_last_error() noexcept {
-    last_error.clear();
-}
-
 } // namespace zb
 
 extern "C" {

@@ -29,7 +29,6 @@ class Error : public std::runtime_error {
 [[noreturn]] void fail_errno(const std::string &what);
 
 void set_last_error(const char *message) noexcept;
-void clear_last_error() noexcept;
 
 template <class F> zb_status guard(F &&body) noexcept {
     try {

@@ -1,6 +1,7 @@
 #include "text_file.hpp"
 
 #include "error.hpp"
+#include "unique_fd.hpp"
 
 #include <cerrno>
 #include <fcntl.h>
@@ -8,17 +9,9 @@
 #include <unistd.h>
 
 namespace zb {
-namespace {
-
-struct Fd {
-    int fd;
-    ~Fd() { ::close(fd); }
-};
-
-} // namespace
 
 std::optional<std::string> read_text_file(const std::string &path, size_t limit) {
-    const Fd f{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY)};
+    const UniqueFd f{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY)};
     if (f.fd < 0) {
         if (errno == ENOENT || errno == ENOTDIR) return std::nullopt;
         fail_errno("cannot open " + path);

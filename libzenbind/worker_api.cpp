@@ -18,8 +18,12 @@ namespace {
 using zb::fail;
 namespace proto = zb::proto;
 
+// The public header states the protocol's values and limits; the protocol module is their source.
 static_assert(ZB_STEP_SKIP_NONFINITE == proto::kStepSkipNonfinite &&
               ZB_STEP_GRAD_NORM == proto::kStepGradNorm);
+static_assert(ZB_WORKER_MAX_GROUPS == proto::kMaxGroups &&
+              ZB_WORKER_MAX_THREADS == proto::kMaxThreads &&
+              ZB_WORKER_MAX_NODES == proto::kMaxNodes);
 
 zb_worker &handle(zb_worker *w, const char *fn) {
     if (!w) fail(ZB_EINVAL, std::string(fn) + ": worker is NULL");

@@ -3,6 +3,7 @@
 // start zenflow-optimizer with the segment and a socket as fds 3 and 4, and wait, bounded, until
 // it has checked the header and pinned its threads.
 #include "error.hpp"
+#include "unique_fd.hpp"
 #include "worker_handle.hpp"
 #include <zbproto/futex.hpp>
 #include <zbproto/pidfd.hpp>
@@ -145,22 +146,15 @@ struct FileActions {
     ~FileActions() { posix_spawn_file_actions_destroy(&fa); }
 };
 
-struct Fd {
-    int fd = -1;
-    ~Fd() {
-        if (fd >= 0) close(fd);
-    }
-};
-
 void start(zb_worker &w, const std::string &path, const std::vector<std::string> &env) {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
         zb::fail_errno("socketpair");
     w.sock = sv[0];
-    Fd child_sock{sv[1]};
+    zb::UniqueFd child_sock{sv[1]};
     // Above 10 so that the dup2s to 3 and 4 in the child cannot clobber each other.
-    Fd ctl{fcntl(w.control.fd(), F_DUPFD_CLOEXEC, 10)};
-    Fd sock{fcntl(child_sock.fd, F_DUPFD_CLOEXEC, 10)};
+    zb::UniqueFd ctl{fcntl(w.control.fd(), F_DUPFD_CLOEXEC, 10)};
+    zb::UniqueFd sock{fcntl(child_sock.fd, F_DUPFD_CLOEXEC, 10)};
     if (ctl.fd < 0 || sock.fd < 0) zb::fail_errno("fcntl(F_DUPFD_CLOEXEC)");
     FileActions fa;
     if (posix_spawn_file_actions_adddup2(&fa.fa, ctl.fd, proto::kControlFd) != 0 ||

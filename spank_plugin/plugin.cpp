@@ -50,7 +50,7 @@ template <class F> int guarded(const char *where, F &&body) noexcept {
     try {
         return body();
     } catch (...) {
-        slurm_error("zenflow_bind: %s: internal error (out of memory?)", where);
+        slurm_error("zenflow-bind: %s: internal error (out of memory?)", where);
         return -1;
     }
 }
@@ -62,7 +62,8 @@ int on_option(int, const char *optarg, int remote) noexcept {
         // literal text "(null)" (a NULL printed with %s): that, too, is the bare option.
         const char *text = optarg && std::strcmp(optarg, "(null)") != 0 ? optarg : "";
         if (strnlen(text, max_option_bytes + 1) > max_option_bytes) {
-            slurm_error("--zenflow-bind: value longer than %zu bytes", max_option_bytes);
+            slurm_error("zenflow-bind: --zenflow-bind value longer than %zu bytes",
+                        max_option_bytes);
             return -1;
         }
         // Slurm may deliver the option twice (command line, then environment): last one wins.
@@ -72,7 +73,7 @@ int on_option(int, const char *optarg, int remote) noexcept {
             Resolved check;
             std::string error;
             if (!resolve(s.admin, text, check, error)) {
-                slurm_error("%s", error.c_str());
+                slurm_error("zenflow-bind: %s", error.c_str());
                 return -1;
             }
         }
@@ -108,12 +109,12 @@ ZB_SPANK_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av) {
         s = State{};
         std::string error;
         if (!parse_admin(ac, av, s.admin, error)) {
-            slurm_error("zenflow_bind: refusing to load: %s", error.c_str());
+            slurm_error("zenflow-bind: refusing to load: %s", error.c_str());
             return -1;
         }
         fill_usage();
         if (spank_option_register(sp, &option) != ESPANK_SUCCESS) {
-            slurm_error("zenflow_bind: cannot register --%s", opt_name);
+            slurm_error("zenflow-bind: cannot register --%s", opt_name);
             return -1;
         }
         return 0;
@@ -136,12 +137,12 @@ ZB_SPANK_EXPORT int slurm_spank_local_user_init(spank_t, int, char **) {
         case CpuBindAction::none:
             return 0;
         case CpuBindAction::refuse:
-            slurm_error("--zenflow-bind: %s", d.message.c_str());
+            slurm_error("zenflow-bind: %s", d.message.c_str());
             return -1;
         case CpuBindAction::defer:
             // srun hands its own environment to the tasks (spank_setenv is for slurmstepd).
             if (setenv(kDeferVariable, "cpu-bind", 1) != 0) {
-                slurm_error("--zenflow-bind: cannot pass the --cpu-bind decision to the tasks");
+                slurm_error("zenflow-bind: cannot pass the --cpu-bind decision to the tasks");
                 return -1;
             }
             [[fallthrough]];
@@ -161,7 +162,7 @@ ZB_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int, char **) {
         if (step_id == SLURM_EXTERN_CONT) return 0;
         std::string error;
         if (!resolve(s.admin, s.user_given ? s.user_text.c_str() : nullptr, s.resolved, error)) {
-            slurm_error("%s", error.c_str());
+            slurm_error("zenflow-bind: %s", error.c_str());
             return -1;
         }
         if (!s.resolved.enabled) return 0;

@@ -38,23 +38,23 @@ bool resolve(const zb_options &admin, const char *user_text, Resolved &out, std:
     zb_options_init(&user);
     if (zb_options_parse(&user, user_text, ZB_SCOPE_USER) != ZB_OK ||
         zb_options_parse(&out.options, user_text, ZB_SCOPE_USER) != ZB_OK) {
-        error = std::string("--zenflow-bind: ") + zb_last_error();
+        error = zb_last_error(); // names the key and quotes the value safely
         return false;
     }
     if (!admin.allow_override) {
         if (const char *key = zb_options_overridden(&admin, &out.options, user.set)) {
-            error = std::string("--zenflow-bind: '") + key +
+            error = std::string("'") + key +
                     "' is fixed by the administrator (override=deny; site options: " +
                     admin_text(admin) + ")";
             return false;
         }
         if (admin.default_on && (user.set & ZB_SET_ENABLED) && !user.enabled) {
-            error = "--zenflow-bind: 'off' is refused: binding is on by default and the "
+            error = "'off' is refused: binding is on by default and the "
                     "administrator does not allow overrides (override=deny)";
             return false;
         }
         if (admin_off && !((user.set & ZB_SET_ENABLED) && !user.enabled)) {
-            error = "--zenflow-bind: binding is turned off by the administrator (off, "
+            error = "binding is turned off by the administrator (off, "
                     "override=deny in plugstack.conf)";
             return false;
         }
