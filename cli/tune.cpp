@@ -12,6 +12,7 @@
 #include "adam.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,8 @@
 #include <omp.h>
 #include <sched.h>
 #include <string>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <vector>
 
 namespace {
@@ -36,7 +39,7 @@ constexpr size_t kMinElements = size_t(16) << 20; // 16 Mi elements = 256 MiB of
 constexpr size_t kBytesPerElement = 28;           // fp32 AdamW: read p,g,m,v, write p,m,v
 
 int usage_error(const char *message) {
-    std::fprintf(stderr, "zenbind tune: %s\n", message);
+    std::fprintf(stderr, "zenbind: tune: %s\n", message);
     std::fprintf(stderr, "usage: zenbind tune --output FILE [--elements N] [--steps K] "
                          "[--max-cores N] [--json]\n");
     return 2;
@@ -66,8 +69,9 @@ int parse_args(int argc, char **argv, TuneArgs &a) {
         if (arg == "--output") {
             a.output = value;
         } else if (arg == "--elements") {
-            if (!parse_count(value, size_t(1) << 34, n))
-                return usage_error("--elements takes a count from 1 to 2^34");
+            // Smaller buffers would fit in the caches and measure them, not memory.
+            if (!parse_count(value, size_t(1) << 34, n) || n < kMinElements)
+                return usage_error("--elements takes a count from 16777216 (16 Mi) to 2^34");
             a.elements = n;
         } else if (arg == "--steps") {
             if (!parse_count(value, 1000, n)) return usage_error("--steps takes 1 to 1000");
@@ -80,6 +84,36 @@ int parse_args(int argc, char **argv, TuneArgs &a) {
     if (a.output.empty()) return usage_error("--output FILE is required");
     return 0;
 }
+
+// The profile is written only after minutes of measuring: find out first whether it can be.
+bool output_writable(const std::string &output) {
+    struct stat st {};
+    if (stat(output.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+        std::fprintf(stderr, "zenbind: tune: --output %s is a directory\n", output.c_str());
+        return false;
+    }
+    const size_t slash = output.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : output.substr(0, slash + 1);
+    if (access(dir.c_str(), W_OK) != 0) {
+        std::fprintf(stderr, "zenbind: tune: cannot write %s: %s: %s\n", output.c_str(),
+                     dir.c_str(), std::strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+// The 1-minute load average: on a node that is not idle, another job's memory traffic lowers
+// what the optimizer gets and moves the saturation point.
+double load_average() {
+    double load = 0;
+    if (FILE *f = std::fopen("/proc/loadavg", "r")) {
+        if (std::fscanf(f, "%lf", &load) != 1) load = 0;
+        std::fclose(f);
+    }
+    return load;
+}
+
+constexpr double kBusyLoad = 0.5;
 
 // One CPU (the first allowed hardware thread) of each physical core of `node`.
 std::vector<unsigned> node_core_cpus(hwloc_topology_t topo, hwloc_obj_t node,
@@ -200,18 +234,54 @@ struct NodeResult {
     size_t elements;
 };
 
+// Why the measurements cannot be trusted ("" when they can).
+struct Trust {
+    std::string why;
+    void distrust(const std::string &reason) {
+        std::fprintf(stderr, "zenbind: tune: warning: %s\n", reason.c_str());
+        if (why.empty()) why = reason;
+    }
+};
+
+// Memory bandwidth does not fall when cores are added to a stream on an idle node: a drop says
+// that something else used the node meanwhile.
+void check_monotonic(const NodeResult &r, Trust &trust) {
+    double best = 0;
+    for (size_t c = 0; c < r.gbps.size(); ++c) {
+        if (best > 0 && r.gbps[c] < 0.9 * best) {
+            char why[200];
+            std::snprintf(why, sizeof why,
+                          "node %u: %.1f GB/s on %zu cores after %.1f GB/s on fewer: another job "
+                          "probably used the node",
+                          r.node, r.gbps[c], c + 1, best);
+            trust.distrust(why);
+            return;
+        }
+        best = std::max(best, r.gbps[c]);
+    }
+}
+
 int run(const TuneArgs &a) {
     zb_topology_t *topology = nullptr;
     hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
     zb_profile_t *profile = nullptr;
     int rc = 1;
     std::vector<NodeResult> results;
+    Trust trust;
+    if (const double load = load_average(); load >= kBusyLoad) {
+        char why[160];
+        std::snprintf(why, sizeof why,
+                      "the node is not idle (load average %.2f): the figures will be low and the "
+                      "saturation point unreliable",
+                      load);
+        trust.distrust(why);
+    }
     if (numa_available() < 0) {
-        std::fprintf(stderr, "zenbind tune: libnuma reports no NUMA support on this machine\n");
+        std::fprintf(stderr, "zenbind: tune: libnuma reports no NUMA support on this machine\n");
     } else if (zb_topology_load(&topology) != ZB_OK ||
                zb_allowed_cpus(nullptr, 0, allowed, nullptr, 0) != ZB_OK ||
                zb_profile_create(&profile) != ZB_OK) {
-        std::fprintf(stderr, "zenbind tune: %s\n", zb_last_error());
+        std::fprintf(stderr, "zenbind: tune: %s\n", zb_last_error());
     } else {
         hwloc_topology_t topo = zb_topology_hwloc(topology);
         rc = 0;
@@ -224,35 +294,45 @@ int run(const TuneArgs &a) {
             if (!elements) elements = std::max(kMinElements, 4 * node_cache_bytes(topo, node) / 16);
             NodeResult r{node->os_index, cpus, {}, elements};
             if (!a.json)
-                std::fprintf(stderr, "zenbind tune: node %u, %zu cores, %zu elements (%.0f MiB)\n",
+                std::fprintf(stderr, "zenbind: tune: node %u, %zu cores, %zu elements (%.0f MiB)\n",
                              r.node, cpus.size(), elements,
                              static_cast<double>(elements * 16) / (1 << 20));
             NodeBuffers buf(elements, r.node);
             first_touch(buf, cpus);
+            const auto started = std::chrono::steady_clock::now();
             for (unsigned c = 1; c <= cpus.size(); ++c) {
                 r.gbps.push_back(measure(buf, cpus, c, a.steps));
-                if (!a.json) std::fprintf(stderr, "  %3u cores  %8.2f GB/s\n", c, r.gbps.back());
+                // Every core count runs the same steps, and more cores take no longer: the mean
+                // time per count so far bounds what the counts left take.
+                const double spent =
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+                        .count();
+                std::fprintf(stderr, "  node %u: %3u/%zu cores  %8.2f GB/s  (about %.0f s left)\n",
+                             r.node, c, cpus.size(), r.gbps.back(),
+                             spent / c * double(cpus.size() - c));
             }
+            check_monotonic(r, trust);
             if (zb_profile_add_node(profile, r.node, r.gbps.data(),
                                     static_cast<unsigned>(r.gbps.size())) != ZB_OK) {
-                std::fprintf(stderr, "zenbind tune: %s\n", zb_last_error());
+                std::fprintf(stderr, "zenbind: tune: %s\n", zb_last_error());
                 rc = 1;
             }
             results.push_back(std::move(r));
         }
         if (rc == 0 && results.empty()) {
-            std::fprintf(stderr, "zenbind tune: no NUMA node holds an allowed CPU\n");
+            std::fprintf(stderr, "zenbind: tune: no NUMA node holds an allowed CPU\n");
             rc = 1;
         }
         if (rc == 0 && zb_profile_save(profile, a.output.c_str()) != ZB_OK) {
-            std::fprintf(stderr, "zenbind tune: %s\n", zb_last_error());
+            std::fprintf(stderr, "zenbind: tune: %s\n", zb_last_error());
             rc = 1;
         }
     }
     if (rc == 0) {
         if (a.json) {
-            std::printf("{\"profile\": \"%s\", \"isa\": \"%s\", \"nodes\": [", a.output.c_str(),
-                        zf::isa_name(zf::active_isa()));
+            std::printf("{\"profile\": \"%s\", \"isa\": \"%s\", \"trusted\": %s, \"nodes\": [",
+                        a.output.c_str(), zf::isa_name(zf::active_isa()),
+                        trust.why.empty() ? "true" : "false");
             for (size_t i = 0; i < results.size(); ++i) {
                 const NodeResult &r = results[i];
                 std::printf("%s{\"node\": %u, \"elements\": %zu, \"saturate\": %u, \"gb_per_s\": [",
@@ -270,6 +350,9 @@ int run(const TuneArgs &a) {
                             zb_profile_saturation(profile, r.node),
                             *std::max_element(r.gbps.begin(), r.gbps.end()));
             std::printf("profile written to %s\n", a.output.c_str());
+            if (!trust.why.empty())
+                std::printf("NOT TRUSTWORTHY: %s; measure again on an idle node\n",
+                            trust.why.c_str());
         }
     }
     zb_profile_free(profile);
@@ -283,10 +366,11 @@ int run(const TuneArgs &a) {
 int zb_cli_tune(int argc, char **argv) {
     TuneArgs a;
     if (int rc = parse_args(argc, argv, a)) return rc;
+    if (!output_writable(a.output)) return 1;
     try {
         return run(a);
     } catch (const std::bad_alloc &) {
-        std::fprintf(stderr, "zenbind tune: cannot allocate the node-local buffers; try a "
+        std::fprintf(stderr, "zenbind: tune: cannot allocate the node-local buffers; try a "
                              "smaller --elements\n");
         return 1;
     }

@@ -98,10 +98,15 @@ class Tune(unittest.TestCase):
     def test_tune_writes_a_profile_that_plan_reads(self):
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "node.profile")
-            r = run("tune", "--output", out, "--elements", "1048576", "--steps", "2", "--json")
+            r = run("tune", "--output", out, "--elements", "16777216", "--steps", "2", "--json",
+                    "--max-cores", "2")
             self.assertEqual(r.returncode, 0, r.stderr)
             result = json.loads(r.stdout)
             self.assertEqual(result["profile"], out)
+            # Progress with the time left, per core count; a busy node is said, and marked.
+            self.assertRegex(r.stderr, r"node \d+: +1/\d+ cores .* \(about \d+ s left\)")
+            self.assertIsInstance(result["trusted"], bool)
+            self.assertEqual(result["trusted"], "warning:" not in r.stderr, r.stderr)
             self.assertGreaterEqual(len(result["nodes"]), 1)
             for node in result["nodes"]:
                 self.assertTrue(1 <= node["saturate"] <= len(node["gb_per_s"]))
@@ -115,10 +120,19 @@ class Tune(unittest.TestCase):
         r = run("tune")
         self.assertEqual(r.returncode, 2)
         self.assertIn("--output FILE is required", r.stderr)
-        r = run("tune", "--output", "/nonexistent-dir/x.profile", "--elements", "65536",
-                "--steps", "1")
+        # An output that cannot be written fails before any measuring (no progress line).
+        r = run("tune", "--output", "/nonexistent-dir/x.profile", "--steps", "1")
         self.assertEqual(r.returncode, 1)
-        self.assertIn("/nonexistent-dir/x.profile", r.stderr)
+        self.assertIn("cannot write /nonexistent-dir/x.profile", r.stderr)
+        self.assertNotIn("cores", r.stderr)
+        with tempfile.TemporaryDirectory() as d:
+            r = run("tune", "--output", d)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("is a directory", r.stderr)
+        # Buffers that fit in the caches would measure them, not memory (zenbind(1): 16 Mi).
+        r = run("tune", "--output", "/tmp/x.profile", "--elements", "10")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("16777216", r.stderr)
 
 
 class Errors(unittest.TestCase):
