@@ -20,7 +20,7 @@ struct Command {
 const Command commands[] = {
     {"plan", cli::cmd_plan,
      "zenbind plan --tasks N [--synthetic STRING | --topology FILE.xml] [--cpuset LIST]\n"
-     "             [--options OPTS] [--json]\n"
+     "             [--options OPTS] [--json] [--picture FILE.svg|FILE.png]\n"
      "  What each of N local tasks gets: training and optimizer CPUs, thread counts, NUMA\n"
      "  nodes. Default: this machine and this process's allowed CPUs."},
     {"show", cli::cmd_show,

@@ -1,6 +1,7 @@
 // `zenbind plan`: what every local task would get, for any topology, allowed set and options.
 #include "commands.hpp"
 #include "common.hpp"
+#include "picture.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -14,7 +15,7 @@ namespace {
 
 struct PlanArgs {
     unsigned tasks = 0;
-    std::string synthetic, topology_file, cpuset, options;
+    std::string synthetic, topology_file, cpuset, options, picture;
     bool has_cpuset = false, json = false;
 };
 
@@ -25,7 +26,7 @@ int parse(int argc, char **argv, PlanArgs &a) {
         if (arg == "--json") {
             a.json = true;
         } else if (arg == "--tasks" || arg == "--synthetic" || arg == "--topology" ||
-                   arg == "--cpuset" || arg == "--options") {
+                   arg == "--cpuset" || arg == "--options" || arg == "--picture") {
             if (!take_value(argc, argv, i, value)) return error(kUsage, arg + " needs a value");
             if (arg == "--tasks") {
                 char *end = nullptr;
@@ -41,6 +42,8 @@ int parse(int argc, char **argv, PlanArgs &a) {
             } else if (arg == "--cpuset") {
                 a.cpuset = value;
                 a.has_cpuset = true;
+            } else if (arg == "--picture") {
+                a.picture = value;
             } else {
                 a.options = value;
             }
@@ -156,6 +159,11 @@ int cmd_plan(int argc, char **argv) {
         print_json(o);
     else
         print_table(o, source);
+    if (!a.picture.empty()) {
+        std::string why;
+        if (!draw_plan(o.topology, o.plan, a.picture, why)) return error(kRuntime, "plan: " + why);
+        if (!a.json) std::printf("\npicture written to %s\n", a.picture.c_str());
+    }
     return kOk;
 }
 

@@ -1,5 +1,6 @@
 """The zenbind CLI end to end: plan --json on the seed layouts, the table, show, and errors."""
 import json
+import re
 import os
 import subprocess
 import sys
@@ -12,6 +13,15 @@ SEED = "pack:2 [numa] core:16 pu:2(indexes=core:pack)"
 
 def run(*args):
     return subprocess.run([ZENBIND, *args], capture_output=True, text=True, timeout=60)
+
+
+def cpus(text):
+    """A cpu-list ("0-2,5") as a set of ints."""
+    out = set()
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def plan(*args):
@@ -52,6 +62,41 @@ class Plan(unittest.TestCase):
         t0 = p["tasks"][0]
         self.assertEqual((t0["train_cpus"], t0["opt_cpus"]), ("0-15,32-47", ""))
         self.assertEqual((t0["train_threads"], t0["opt_threads"]), (16, 0))
+
+    def test_picture_colours_each_tasks_cpus(self):
+        mask = "0,4-11,21-26,30-46"
+        p = plan("--tasks", "2", "--synthetic", SEED, "--cpuset", mask)
+        with tempfile.TemporaryDirectory() as d:
+            svg = os.path.join(d, "plan.svg")
+            r = run("plan", "--tasks", "2", "--synthetic", SEED, "--cpuset", mask,
+                    "--picture", svg)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            text = open(svg).read()
+            # lstopo's native SVG: rect PU_<logical>_rect with its fill, text PU_<logical>_text_1
+            # holding "P#<os index>".
+            fills = dict(re.findall(r"id='PU_(\d+)_rect'[^>]* fill='([^']+)'", text))
+            os_of = dict(re.findall(r"id='PU_(\d+)_text_1'[^>]*>P#(\d+)<", text))
+            fill_of_cpu = {int(os_of[l]): f for l, f in fills.items()}
+            self.assertEqual(len(fill_of_cpu), 64)
+            seen = set()
+            for t in p["tasks"]:
+                for role in ("train_cpus", "opt_cpus"):
+                    colours = {fill_of_cpu[c] for c in cpus(t[role])}
+                    self.assertEqual(len(colours), 1, (t["task"], role, colours))
+                    seen |= colours
+                    self.assertIn(f"task {t['task']}: ", text)
+                    self.assertIn(t[role], text, "the legend lists the CPUs")
+            self.assertEqual(len(seen), 4, "training and optimizer of each task: 4 colours")
+            outside = set(range(64)) - cpus(mask)
+            self.assertEqual({fill_of_cpu[c] for c in outside}, {"rgb(255,255,255)"})
+            png = os.path.join(d, "plan.png")
+            r = run("plan", "--tasks", "2", "--synthetic", SEED, "--picture", png)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(png, "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+            r = run("plan", "--tasks", "2", "--synthetic", SEED, "--picture", d + "/plan.gif")
+            self.assertEqual(r.returncode, 1)
+            self.assertIn(".svg or .png", r.stderr)
 
     def test_sparse_slurm_mask(self):
         p = plan("--tasks", "2", "--synthetic", SEED, "--cpuset", "0,4-11,21-26,30-46")
