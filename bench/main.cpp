@@ -58,8 +58,8 @@ int main(int argc, char **argv) {
     if (argc < 2) return usage(stderr);
     if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) return usage(stdout);
     prefer_build_tree_worker();
-    std::vector<std::string> args = cli::gnu_args(argc, argv, 1);
-    std::vector<char *> ptrs = cli::argv_of(args);
+    std::vector<std::string> args = zb::cli::gnu_args(argc, argv, 1);
+    std::vector<char *> ptrs = zb::cli::argv_of(args);
     for (const Subcommand &s : kSubcommands)
         if (!std::strcmp(argv[1], s.name)) return s.run(static_cast<int>(args.size()), ptrs.data());
     std::fprintf(stderr, "zenflow-bench: unknown subcommand '%s'\n", argv[1]);

@@ -1,9 +1,9 @@
 // The zenbind subcommands; argv holds the arguments after the subcommand's name.
 #pragma once
 
-namespace cli {
+namespace zb::cli {
 
 int cmd_plan(int argc, char **argv);
 int cmd_show(int argc, char **argv);
 
-} // namespace cli
+} // namespace zb::cli

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-namespace cli {
+namespace zb::cli {
 
 int error(int status, const std::string &message) {
     std::fprintf(stderr, "zenbind: %s\n", message.c_str());
@@ -45,4 +45,4 @@ bool take_value(int argc, char **argv, int &i, std::string &value) {
     return true;
 }
 
-} // namespace cli
+} // namespace zb::cli

@@ -5,7 +5,7 @@
 
 #include <string>
 
-namespace cli {
+namespace zb::cli {
 
 // Exit statuses of every subcommand.
 inline constexpr int kOk = 0, kRuntime = 1, kUsage = 2;
@@ -21,4 +21,4 @@ std::string json_string(const std::string &text);
 // Reads the value of flag argv[i] into `value`, advancing i; false if it is missing.
 bool take_value(int argc, char **argv, int &i, std::string &value);
 
-} // namespace cli
+} // namespace zb::cli

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-namespace cli {
+namespace zb::cli {
 
 // argv[first..argc) with every "--opt=value" split in two.
 inline std::vector<std::string> gnu_args(int argc, char **argv, int first) {
@@ -31,4 +31,4 @@ inline std::vector<char *> argv_of(std::vector<std::string> &args) {
     return ptrs;
 }
 
-} // namespace cli
+} // namespace zb::cli

@@ -18,12 +18,12 @@ struct Command {
 };
 
 const Command commands[] = {
-    {"plan", cli::cmd_plan,
+    {"plan", zb::cli::cmd_plan,
      "zenbind plan --tasks N [--synthetic STRING | --topology FILE.xml] [--cpuset LIST]\n"
      "             [--options OPTS] [--json] [--picture FILE.svg|FILE.png]\n"
      "  What each of N local tasks gets: training and optimizer CPUs, thread counts, NUMA\n"
      "  nodes. Default: this machine and this process's allowed CPUs."},
-    {"show", cli::cmd_show,
+    {"show", zb::cli::cmd_show,
      "zenbind show [--json]\n"
      "  This process's allowed CPUs, the cgroup file they came from, and the topology by NUMA\n"
      "  node."},
@@ -50,34 +50,34 @@ const Command *find(const char *name) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
-        return cli::kUsage;
+        return zb::cli::kUsage;
     }
     const std::string first = argv[1];
     if (first == "--help" || first == "-h" || (first == "help" && argc == 2)) {
         usage(stdout);
-        return cli::kOk;
+        return zb::cli::kOk;
     }
     if (first == "--version") {
         std::printf("zenbind %s\n", zb_version());
-        return cli::kOk;
+        return zb::cli::kOk;
     }
     if (first == "help") {
         const Command *c = find(argv[2]);
-        if (!c) return cli::error(cli::kUsage, std::string("no command '") + argv[2] + "'");
+        if (!c) return zb::cli::error(zb::cli::kUsage, std::string("no command '") + argv[2] + "'");
         std::printf("%s\n", c->usage);
-        return cli::kOk;
+        return zb::cli::kOk;
     }
     const Command *c = find(argv[1]);
     if (!c)
-        return cli::error(cli::kUsage,
-                          "unknown command '" + first + "' (commands: plan, show, tune)");
+        return zb::cli::error(zb::cli::kUsage,
+                              "unknown command '" + first + "' (commands: plan, show, tune)");
     // GNU style for every command: CMD --help, and --opt=value as well as --opt value.
-    std::vector<std::string> args = cli::gnu_args(argc, argv, 2);
+    std::vector<std::string> args = zb::cli::gnu_args(argc, argv, 2);
     for (const std::string &a : args)
         if (a == "--help" || a == "-h") {
             std::printf("%s\n", c->usage);
-            return cli::kOk;
+            return zb::cli::kOk;
         }
-    std::vector<char *> ptrs = cli::argv_of(args);
+    std::vector<char *> ptrs = zb::cli::argv_of(args);
     return c->run(static_cast<int>(args.size()), ptrs.data());
 }

@@ -13,7 +13,7 @@
 
 extern char **environ;
 
-namespace cli {
+namespace zb::cli {
 namespace {
 
 // A light shade for training and a dark one for the optimizer, per task, cycling; the names go
@@ -105,4 +105,4 @@ bool draw_plan(zb_topology_t *topology, const zb_plan_t *plan, const std::string
     return error.empty();
 }
 
-} // namespace cli
+} // namespace zb::cli

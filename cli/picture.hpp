@@ -6,11 +6,11 @@
 
 #include <string>
 
-namespace cli {
+namespace zb::cli {
 
 // Writes the picture (.svg or .png, from FILE's name) of `plan` on `topology`; false with
 // `error` set when it cannot (unknown extension, no lstopo, lstopo failing).
 bool draw_plan(zb_topology_t *topology, const zb_plan_t *plan, const std::string &file,
                std::string &error);
 
-} // namespace cli
+} // namespace zb::cli

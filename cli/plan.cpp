@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace cli {
+namespace zb::cli {
 namespace {
 
 struct PlanArgs {
@@ -167,4 +167,4 @@ int cmd_plan(int argc, char **argv) {
     return kOk;
 }
 
-} // namespace cli
+} // namespace zb::cli

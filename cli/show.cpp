@@ -8,7 +8,7 @@
 #include <unistd.h>
 #include <vector>
 
-namespace cli {
+namespace zb::cli {
 namespace {
 
 struct Node {
@@ -100,4 +100,4 @@ int cmd_show(int argc, char **argv) {
     return kOk;
 }
 
-} // namespace cli
+} // namespace zb::cli

@@ -2,7 +2,7 @@
 
 #include <memory>
 
-namespace zbspank {
+namespace zb::spank {
 
 // Slurm numbers a node's cores 0..sockets*cores-1 in its credential, socket by socket, which is
 // hwloc's logical core order (slurmd builds its abstract-to-machine map from hwloc the same way).
@@ -35,4 +35,4 @@ bool alloc_cores_to_cpus(const char *cores, const zb_topology_t *topology, hwloc
     return true;
 }
 
-} // namespace zbspank
+} // namespace zb::spank

@@ -13,7 +13,7 @@
 
 namespace {
 
-using namespace zbspank;
+using namespace zb::spank;
 
 struct Step {
     zb_topology_t *topology = nullptr;

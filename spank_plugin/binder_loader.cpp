@@ -2,7 +2,7 @@
 
 #include <dlfcn.h>
 
-namespace zbspank {
+namespace zb::spank {
 namespace {
 
 constexpr const char *kBinderFile = "zenflow_bind_binder.so";
@@ -46,4 +46,4 @@ const zb_binder *load_binder(std::string &error) {
     return nullptr;
 }
 
-} // namespace zbspank
+} // namespace zb::spank

@@ -2,7 +2,7 @@
 
 #include <string_view>
 
-namespace zbspank {
+namespace zb::spank {
 namespace {
 
 // The type words Slurm writes into SLURM_CPU_BIND_TYPE that choose CPUs or turn binding off.
@@ -43,4 +43,4 @@ CpuBindDecision decide_cpu_bind(const char *type, const char *list, bool asked) 
                                           "on by the site's default, stays off)"};
 }
 
-} // namespace zbspank
+} // namespace zb::spank

@@ -5,7 +5,7 @@
 
 #include <string>
 
-namespace zbspank {
+namespace zb::spank {
 
 enum class CpuBindAction {
     none,   // no --cpu-bind type given (or only verbose/quiet): nothing to decide
@@ -27,4 +27,4 @@ struct CpuBindDecision {
 // (as opposed to the admin's default=on).
 CpuBindDecision decide_cpu_bind(const char *type, const char *list, bool asked);
 
-} // namespace zbspank
+} // namespace zb::spank

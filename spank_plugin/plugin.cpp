@@ -24,7 +24,7 @@ ZB_SPANK_EXPORT extern const unsigned int spank_plugin_version = 1;
 
 namespace {
 
-using namespace zbspank;
+using namespace zb::spank;
 
 // Set by srun in the step's environment when the user's --cpu-bind wins over default=on.
 constexpr const char *kDeferVariable = "ZENFLOW_BIND_DEFERRED";

@@ -1,6 +1,6 @@
 #include "policy.hpp"
 
-namespace zbspank {
+namespace zb::spank {
 namespace {
 
 std::string admin_text(const zb_options &admin) {
@@ -65,4 +65,4 @@ bool resolve(const zb_options &admin, const char *user_text, Resolved &out, std:
     return true;
 }
 
-} // namespace zbspank
+} // namespace zb::spank

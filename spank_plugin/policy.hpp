@@ -7,7 +7,7 @@
 
 #include <string>
 
-namespace zbspank {
+namespace zb::spank {
 
 // Parses plugstack.conf arguments (each one key[=value] or a comma list) in admin scope.
 // On failure `error` names the argument and the key.
@@ -22,4 +22,4 @@ struct Resolved {
 // not given. Refuses user keys that change what the admin fixed under override=deny.
 bool resolve(const zb_options &admin, const char *user_text, Resolved &out, std::string &error);
 
-} // namespace zbspank
+} // namespace zb::spank

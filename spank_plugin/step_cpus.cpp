@@ -3,7 +3,7 @@
 #include "alloc_cores.hpp"
 #include "step_source.hpp"
 
-namespace zbspank {
+namespace zb::spank {
 namespace {
 
 bool alloc_cores(spank_t sp, const zb_topology_t *topology, hwloc_bitmap_t out,
@@ -48,4 +48,4 @@ bool step_cpus(spank_t sp, const zb_topology_t *topology, uint32_t job_id, uint3
     return true;
 }
 
-} // namespace zbspank
+} // namespace zb::spank

@@ -9,10 +9,10 @@
 #include <cstdint>
 #include <string>
 
-namespace zbspank {
+namespace zb::spank {
 
 // Fills `out`; `source` says where the set came from (a cgroup file, or S_STEP_ALLOC_CORES).
 bool step_cpus(spank_t sp, const zb_topology_t *topology, uint32_t job_id, uint32_t step_id,
                hwloc_bitmap_t out, std::string &source, std::string &error);
 
-} // namespace zbspank
+} // namespace zb::spank

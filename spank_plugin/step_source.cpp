@@ -2,7 +2,7 @@
 
 #include "slurm_api.hpp"
 
-namespace zbspank {
+namespace zb::spank {
 namespace {
 
 std::string step_dir_name(uint32_t step_id) {
@@ -31,4 +31,4 @@ StepSource step_source(zb_status status, const std::string &file, uint32_t job_i
                                                             : StepSource::step_cgroup;
 }
 
-} // namespace zbspank
+} // namespace zb::spank

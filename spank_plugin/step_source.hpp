@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-namespace zbspank {
+namespace zb::spank {
 
 enum class StepSource {
     step_cgroup,       // the cgroup read is the step's own (.../job_J/step_S/...)
@@ -22,4 +22,4 @@ enum class StepSource {
 StepSource step_source(zb_status status, const std::string &file, uint32_t job_id,
                        uint32_t step_id);
 
-} // namespace zbspank
+} // namespace zb::spank

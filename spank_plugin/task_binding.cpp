@@ -7,7 +7,7 @@
 #include <cstring>
 #include <memory>
 
-namespace zbspank {
+namespace zb::spank {
 namespace {
 
 using PlanPtr = std::unique_ptr<zb_plan_t, void (*)(zb_plan_t *)>;
@@ -143,4 +143,4 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
     return true;
 }
 
-} // namespace zbspank
+} // namespace zb::spank

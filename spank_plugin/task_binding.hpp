@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-namespace zbspank {
+namespace zb::spank {
 
 struct TaskInfo {
     unsigned ntasks;    // tasks of the step on this node
@@ -35,4 +35,4 @@ void clear_env(spank_t sp);
 // A bitmap as a Linux cpu-list ("0-3,8").
 std::string cpulist(hwloc_const_bitmap_t set);
 
-} // namespace zbspank
+} // namespace zb::spank

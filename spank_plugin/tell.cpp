@@ -4,7 +4,7 @@
 
 #include <cerrno>
 
-namespace zbspank {
+namespace zb::spank {
 
 void tell_user(const std::string &line) {
     const std::string text = "zenflow-bind: " + line + "\n";
@@ -21,4 +21,4 @@ void tell_user(const std::string &line) {
     }
 }
 
-} // namespace zbspank
+} // namespace zb::spank

@@ -3,8 +3,8 @@
 
 #include <string>
 
-namespace zbspank {
+namespace zb::spank {
 
 void tell_user(const std::string &line);
 
-} // namespace zbspank
+} // namespace zb::spank

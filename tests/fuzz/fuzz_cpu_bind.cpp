@@ -14,9 +14,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const std::string type = input.substr(0, cut);
     const std::string list = cut == std::string::npos ? "" : input.substr(cut + 1);
     if (list.find('\0') != std::string::npos) return 0;
-    using zbspank::CpuBindAction;
+    using zb::spank::CpuBindAction;
     for (bool asked : {true, false}) {
-        const auto d = zbspank::decide_cpu_bind(type.c_str(), list.c_str(), asked);
+        const auto d = zb::spank::decide_cpu_bind(type.c_str(), list.c_str(), asked);
         ZB_FUZZ_CHECK((d.action == CpuBindAction::none) == d.message.empty());
         if (d.action == CpuBindAction::none) continue;
         ZB_FUZZ_CHECK(d.message.rfind("--cpu-bind=", 0) == 0);

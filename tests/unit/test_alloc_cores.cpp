@@ -23,7 +23,7 @@ std::string cpus_of(const char *synthetic, const char *cores, std::string &error
     assert_int_equal(zb_topology_load_synthetic(synthetic, &topo), ZB_OK);
     hwloc_bitmap_t out = hwloc_bitmap_alloc();
     std::string list = "(failed)";
-    if (zbspank::alloc_cores_to_cpus(cores, topo, out, error)) {
+    if (zb::spank::alloc_cores_to_cpus(cores, topo, out, error)) {
         char buf[256];
         const int len = zb_cpulist_format(out, buf, sizeof buf);
         assert_true(len >= 0 && static_cast<size_t>(len) < sizeof buf);

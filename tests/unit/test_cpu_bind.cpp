@@ -13,8 +13,8 @@ extern "C" {
 
 namespace {
 
-using zbspank::CpuBindAction;
-using zbspank::decide_cpu_bind;
+using zb::spank::CpuBindAction;
+using zb::spank::decide_cpu_bind;
 
 void no_type_means_nothing_to_decide(void **) {
     for (const char *type : {static_cast<const char *>(nullptr), "", "verbose", "quiet", "v,q"}) {

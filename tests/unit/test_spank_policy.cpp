@@ -21,44 +21,44 @@ zb_options admin_from(std::initializer_list<const char *> args) {
     std::vector<char *> argv;
     for (const char *a : args)
         argv.push_back(const_cast<char *>(a));
-    assert_true(zbspank::parse_admin(static_cast<int>(argv.size()), argv.data(), admin, error));
+    assert_true(zb::spank::parse_admin(static_cast<int>(argv.size()), argv.data(), admin, error));
     return admin;
 }
 
 bool refuses(const zb_options &admin, const char *user, const char *needle) {
-    zbspank::Resolved r;
+    zb::spank::Resolved r;
     std::string error;
-    if (zbspank::resolve(admin, user, r, error)) return false;
+    if (zb::spank::resolve(admin, user, r, error)) return false;
     return error.find(needle) != std::string::npos;
 }
 
 void without_option_binds_only_when_default_on(void **) {
-    zbspank::Resolved r;
+    zb::spank::Resolved r;
     std::string error;
-    assert_true(zbspank::resolve(admin_from({}), nullptr, r, error));
+    assert_true(zb::spank::resolve(admin_from({}), nullptr, r, error));
     assert_false(r.enabled);
-    assert_true(zbspank::resolve(admin_from({"default=on", "opt=2"}), nullptr, r, error));
+    assert_true(zb::spank::resolve(admin_from({"default=on", "opt=2"}), nullptr, r, error));
     assert_true(r.enabled);
     assert_int_equal(r.options.opt_cores, 2);
-    assert_true(zbspank::resolve(admin_from({"default=on,off"}), nullptr, r, error));
+    assert_true(zb::spank::resolve(admin_from({"default=on,off"}), nullptr, r, error));
     assert_false(r.enabled);
 }
 
 void bare_option_turns_binding_on_with_admin_values(void **) {
-    zbspank::Resolved r;
+    zb::spank::Resolved r;
     std::string error;
-    assert_true(zbspank::resolve(admin_from({"opt=3", "verbose"}), "", r, error));
+    assert_true(zb::spank::resolve(admin_from({"opt=3", "verbose"}), "", r, error));
     assert_true(r.enabled);
     assert_int_equal(r.options.opt_cores, 3);
     assert_true(r.options.verbose);
-    assert_true(zbspank::resolve(admin_from({"default=on"}), "off", r, error));
+    assert_true(zb::spank::resolve(admin_from({"default=on"}), "off", r, error));
     assert_false(r.enabled);
 }
 
 void user_values_win_under_override_allow(void **) {
-    zbspank::Resolved r;
+    zb::spank::Resolved r;
     std::string error;
-    assert_true(zbspank::resolve(admin_from({"opt=1"}), "opt=2,train=3", r, error));
+    assert_true(zb::spank::resolve(admin_from({"opt=1"}), "opt=2,train=3", r, error));
     assert_int_equal(r.options.opt_cores, 2);
     assert_int_equal(r.options.train_cores, 3);
 }
@@ -68,9 +68,9 @@ void override_deny_refuses_changes_to_admin_keys_only(void **) {
     assert_true(refuses(admin, "opt=2", "'opt'"));
     assert_true(refuses(admin, "opt=2", "override=deny"));
     assert_true(refuses(admin, "off", "off"));
-    zbspank::Resolved r;
+    zb::spank::Resolved r;
     std::string error;
-    assert_true(zbspank::resolve(admin, "opt=1,train=1,verbose", r, error)); // restated + open
+    assert_true(zb::spank::resolve(admin, "opt=1,train=1,verbose", r, error)); // restated + open
     assert_int_equal(r.options.train_cores, 1);
     assert_true(refuses(admin_from({"off", "override=deny"}), "", "turned off"));
 }
@@ -87,7 +87,7 @@ void bad_admin_argument_names_argument_and_key(void **) {
     std::string error;
     char good[] = "default=on", bad[] = "frobnicate=1";
     char *argv[] = {good, bad};
-    assert_false(zbspank::parse_admin(2, argv, admin, error));
+    assert_false(zb::spank::parse_admin(2, argv, admin, error));
     assert_non_null(std::strstr(error.c_str(), "frobnicate"));
     assert_non_null(std::strstr(error.c_str(), "plugstack.conf"));
 }

@@ -14,8 +14,8 @@ extern "C" {
 
 namespace {
 
-using zbspank::step_source;
-using zbspank::StepSource;
+using zb::spank::step_source;
+using zb::spank::StepSource;
 
 int source(zb_status status, const char *file, uint32_t step = 3) {
     return static_cast<int>(step_source(status, file, 42, step));
