@@ -1,7 +1,15 @@
 // zenflow-bench: one subcommand per benchmark; each prints figures measured side by side in one
 // run.
+#include "gnu_args.hpp"
+
+#include <zenbind/zenbind.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <unistd.h>
+#include <vector>
 
 int bench_adam(int argc, char **argv);
 int bench_ipc(int argc, char **argv);
@@ -28,13 +36,32 @@ int usage(FILE *out) {
     return out == stdout ? 0 : 2;
 }
 
+// Run from a build tree (build/default/bench/zenflow-bench), the worker to measure is that tree's
+// (build/default/optimizer/zenflow-optimizer), not an installed one: set ZENFLOW_OPTIMIZER to it
+// unless the user did.
+void prefer_build_tree_worker() {
+    if (std::getenv(ZB_ENV_OPTIMIZER)) return;
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return;
+    const std::string exe(self, static_cast<size_t>(n));
+    const std::string dir = exe.substr(0, exe.rfind('/'));
+    const std::string worker = dir.substr(0, dir.rfind('/')) + "/optimizer/zenflow-optimizer";
+    if (dir.size() > 6 && dir.compare(dir.size() - 6, 6, "/bench") == 0 &&
+        access(worker.c_str(), X_OK) == 0)
+        setenv(ZB_ENV_OPTIMIZER, worker.c_str(), 0);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
     if (argc < 2) return usage(stderr);
     if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) return usage(stdout);
+    prefer_build_tree_worker();
+    std::vector<std::string> args = cli::gnu_args(argc, argv, 1);
+    std::vector<char *> ptrs = cli::argv_of(args);
     for (const Subcommand &s : kSubcommands)
-        if (!std::strcmp(argv[1], s.name)) return s.run(argc - 1, argv + 1);
+        if (!std::strcmp(argv[1], s.name)) return s.run(static_cast<int>(args.size()), ptrs.data());
     std::fprintf(stderr, "zenflow-bench: unknown subcommand '%s'\n", argv[1]);
     return usage(stderr);
 }

@@ -1,11 +1,13 @@
 // zenbind: preview and inspect zenflow-bind's core plans (zenbind(1)).
 #include "commands.hpp"
 #include "common.hpp"
+#include "gnu_args.hpp"
 #include "tune.hpp"
 
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -22,7 +24,7 @@ const Command commands[] = {
      "  What each of N local tasks gets: training and optimizer CPUs, thread counts, NUMA\n"
      "  nodes. Default: this machine and this process's allowed CPUs."},
     {"show", cli::cmd_show,
-     "zenbind show\n"
+     "zenbind show [--json]\n"
      "  This process's allowed CPUs, the cgroup file they came from, and the topology by NUMA\n"
      "  node."},
     {"tune", zb_cli_tune,
@@ -69,5 +71,13 @@ int main(int argc, char **argv) {
     if (!c)
         return cli::error(cli::kUsage,
                           "unknown command '" + first + "' (commands: plan, show, tune)");
-    return c->run(argc - 2, argv + 2);
+    // GNU style for every command: CMD --help, and --opt=value as well as --opt value.
+    std::vector<std::string> args = cli::gnu_args(argc, argv, 2);
+    for (const std::string &a : args)
+        if (a == "--help" || a == "-h") {
+            std::printf("%s\n", c->usage);
+            return cli::kOk;
+        }
+    std::vector<char *> ptrs = cli::argv_of(args);
+    return c->run(static_cast<int>(args.size()), ptrs.data());
 }

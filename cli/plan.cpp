@@ -145,7 +145,7 @@ int cmd_plan(int argc, char **argv) {
     zb_options_init(&options);
     if (zb_options_parse(&options, a.options.c_str(), ZB_SCOPE_USER) != ZB_OK)
         return zb_error(kUsage, "--options");
-    if (options.profile[0]) {
+    if (options.profile[0] && options.mode != ZB_MODE_OFFLOAD) {
         if (zb_profile_load(options.profile, &o.profile) != ZB_OK ||
             zb_profile_apply(o.profile, o.topology, o.allowed, a.tasks, &options) != ZB_OK)
             return zb_error(kRuntime, "profile");

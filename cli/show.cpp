@@ -1,17 +1,85 @@
 // `zenbind show`: what this process has: its allowed CPUs, where they came from, and the
-// machine's topology by NUMA node.
+// machine's topology by NUMA node; a table, or JSON with --json.
 #include "commands.hpp"
 #include "common.hpp"
 
 #include <cstdio>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 namespace cli {
+namespace {
+
+struct Node {
+    unsigned os_index;
+    std::string cpus, allowed, kind;
+    int cores, pus_per_core;
+    double memory_gib;
+};
+
+std::vector<Node> nodes_of(const zb_topology_t *topology, hwloc_const_bitmap_t allowed) {
+    hwloc_topology_t topo = zb_topology_hwloc(topology);
+    const int core_depth = hwloc_get_type_or_below_depth(topo, HWLOC_OBJ_CORE);
+    std::vector<Node> nodes;
+    for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr); n;
+         n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n)) {
+        const int cores = hwloc_get_nbobjs_inside_cpuset_by_depth(topo, n->cpuset, core_depth);
+        hwloc_bitmap_t mine = hwloc_bitmap_alloc();
+        hwloc_bitmap_and(mine, n->cpuset, allowed);
+        nodes.push_back({n->os_index, cpulist(n->cpuset), cpulist(mine),
+                         n->subtype ? n->subtype : "DRAM", cores,
+                         cores > 0 ? hwloc_bitmap_weight(n->cpuset) / cores : 0,
+                         static_cast<double>(n->attr->numanode.local_memory) / (1u << 30)});
+        hwloc_bitmap_free(mine);
+    }
+    return nodes;
+}
+
+void print_table(const std::string &allowed, const char *source, const std::string &machine,
+                 const std::vector<Node> &nodes) {
+    std::printf("allowed CPUs  %s\n", allowed.c_str());
+    std::printf("  from        %s, intersected with the affinity of pid %d\n", source,
+                static_cast<int>(getpid()));
+    std::printf("machine CPUs  %s\n\n", machine.c_str());
+    std::printf("%-5s %-20s %-20s %-6s %-10s %-12s %s\n", "node", "CPUs", "allowed", "cores",
+                "PUs/core", "memory", "kind");
+    for (const Node &n : nodes) {
+        char memory[32];
+        std::snprintf(memory, sizeof memory, "%.1f GiB", n.memory_gib);
+        std::printf("%-5u %-20s %-20s %-6d %-10s %-12s %s\n", n.os_index, n.cpus.c_str(),
+                    n.allowed.c_str(), n.cores,
+                    n.cores > 0 ? std::to_string(n.pus_per_core).c_str() : "-", memory,
+                    n.kind.c_str());
+    }
+}
+
+void print_json(const std::string &allowed, const char *source, const std::string &machine,
+                const std::vector<Node> &nodes) {
+    std::printf("{\"allowed\": %s, \"source\": %s, \"machine\": %s, \"nodes\": [",
+                json_string(allowed).c_str(), json_string(source).c_str(),
+                json_string(machine).c_str());
+    for (size_t i = 0; i < nodes.size(); ++i) {
+        const Node &n = nodes[i];
+        std::printf("%s{\"node\": %u, \"cpus\": %s, \"allowed\": %s, \"cores\": %d, "
+                    "\"pus_per_core\": %d, \"memory_gib\": %.3f, \"kind\": %s}",
+                    i ? ", " : "", n.os_index, json_string(n.cpus).c_str(),
+                    json_string(n.allowed).c_str(), n.cores, n.pus_per_core, n.memory_gib,
+                    json_string(n.kind).c_str());
+    }
+    std::printf("]}\n");
+}
+
+} // namespace
 
 int cmd_show(int argc, char **argv) {
-    for (int i = 0; i < argc; ++i)
-        return error(kUsage, std::string("show: unknown argument '") + argv[i] + "'");
+    bool json = false;
+    for (int i = 0; i < argc; ++i) {
+        if (std::string(argv[i]) == "--json")
+            json = true;
+        else
+            return error(kUsage, std::string("show: unknown argument '") + argv[i] + "'");
+    }
     zb_topology_t *topology = nullptr;
     if (zb_topology_load(&topology) != ZB_OK) return zb_error(kRuntime, "cannot load the topology");
     hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
@@ -21,29 +89,12 @@ int cmd_show(int argc, char **argv) {
         zb_topology_free(topology);
         return zb_error(kRuntime, "cannot read this process's allowed CPUs");
     }
-    hwloc_topology_t topo = zb_topology_hwloc(topology);
-    std::printf("allowed CPUs  %s\n", cpulist(allowed).c_str());
-    std::printf("  from        %s, intersected with the affinity of pid %d\n", source,
-                static_cast<int>(getpid()));
-    std::printf("machine CPUs  %s\n\n", cpulist(zb_topology_cpuset(topology)).c_str());
-    std::printf("%-5s %-20s %-20s %-6s %-10s %-12s %s\n", "node", "CPUs", "allowed", "cores",
-                "PUs/core", "memory", "kind");
-    const int core_depth = hwloc_get_type_or_below_depth(topo, HWLOC_OBJ_CORE);
-    for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr); n;
-         n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n)) {
-        const int cores = hwloc_get_nbobjs_inside_cpuset_by_depth(topo, n->cpuset, core_depth);
-        const int pus = hwloc_bitmap_weight(n->cpuset);
-        hwloc_bitmap_t mine = hwloc_bitmap_alloc();
-        hwloc_bitmap_and(mine, n->cpuset, allowed);
-        char memory[32];
-        std::snprintf(memory, sizeof memory, "%.1f GiB",
-                      static_cast<double>(n->attr->numanode.local_memory) / (1u << 30));
-        std::printf("%-5u %-20s %-20s %-6d %-10s %-12s %s\n", n->os_index,
-                    cpulist(n->cpuset).c_str(), cpulist(mine).c_str(), cores,
-                    cores > 0 ? std::to_string(pus / cores).c_str() : "-", memory,
-                    n->subtype ? n->subtype : "DRAM");
-        hwloc_bitmap_free(mine);
-    }
+    const std::vector<Node> nodes = nodes_of(topology, allowed);
+    const std::string mine = cpulist(allowed), machine = cpulist(zb_topology_cpuset(topology));
+    if (json)
+        print_json(mine, source, machine, nodes);
+    else
+        print_table(mine, source, machine, nodes);
     hwloc_bitmap_free(allowed);
     zb_topology_free(topology);
     return kOk;

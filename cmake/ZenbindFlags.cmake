@@ -1,5 +1,11 @@
-# Warnings and hardening for every target of the project (not for imported ones).
-add_compile_options(-Wall -Wextra -Werror)
+# Warnings and hardening for every target of the project (not for imported ones). Warnings are
+# errors only where the project's own checks ask for it (the presets and CI): a packager's or a
+# user's build must not depend on the warning set of one compiler release.
+option(ZB_WERROR "Treat compiler warnings as errors (the presets and CI turn it on)" OFF)
+add_compile_options(-Wall -Wextra)
+if(ZB_WERROR)
+  add_compile_options(-Werror)
+endif()
 add_compile_options(-fstack-protector-strong -fno-strict-aliasing)
 if(NOT CMAKE_BUILD_TYPE STREQUAL "Debug")
   add_compile_definitions(_FORTIFY_SOURCE=2)

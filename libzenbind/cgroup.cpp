@@ -83,7 +83,7 @@ struct Mount {
     bool noprefix = false;         // v1 mounted with noprefix: "cpus" instead of "cpuset.cpus"
 };
 
-enum class Kind { v1_cpuset, v2 };
+enum class Kind { v1_cpuset, v1_memory, v2 };
 
 std::vector<Mount> cgroup_mounts(const std::string &mountinfo, Kind kind) {
     std::vector<Mount> mounts;
@@ -96,6 +96,8 @@ std::vector<Mount> cgroup_mounts(const std::string &mountinfo, Kind kind) {
         const std::string_view fstype = after[0];
         const std::string_view super = after[2];
         if (kind == Kind::v1_cpuset && !(fstype == "cgroup" && has_token(super, "cpuset", ',')))
+            continue;
+        if (kind == Kind::v1_memory && !(fstype == "cgroup" && has_token(super, "memory", ',')))
             continue;
         if (kind == Kind::v2 && fstype != "cgroup2") continue;
         auto root = components(unescape_octal(before[3]));
@@ -278,6 +280,93 @@ class CpusetReader {
     std::string why_none_;
 };
 
+// How much more memory a process's memory cgroup lets it use: at every level from its cgroup up
+// to the mount's root that sets a limit, the limit minus the working set (usage less inactive
+// file pages, which the kernel reclaims before it would kill), and the least of those.
+struct Room {
+    uint64_t headroom = 0, limit = 0, in_use = 0;
+    std::string source; // the limit file that binds
+};
+
+std::optional<uint64_t> read_u64(const std::string &file) {
+    const auto text = read_file(file);
+    if (!text) return std::nullopt;
+    std::string_view v = *text;
+    if (!v.empty() && v.back() == '\n') v.remove_suffix(1);
+    if (v == "max") return UINT64_MAX;
+    uint64_t value = 0;
+    if (v.empty()) fail(ZB_ESYS, "empty " + file);
+    for (char c : v) {
+        if (c < '0' || c > '9' || value > (UINT64_MAX - 9) / 10)
+            fail(ZB_ESYS, "unexpected content in " + file + ": " + std::string(v.substr(0, 32)));
+        value = value * 10 + static_cast<uint64_t>(c - '0');
+    }
+    return value;
+}
+
+uint64_t stat_field(const std::string &file, std::string_view name) {
+    const auto text = read_file(file);
+    if (!text) return 0;
+    for (std::string_view line : split(*text, '\n')) {
+        const size_t sp = line.find(' ');
+        if (sp == std::string_view::npos || line.substr(0, sp) != name) continue;
+        uint64_t value = 0;
+        for (char c : line.substr(sp + 1))
+            if (c >= '0' && c <= '9') value = value * 10 + static_cast<uint64_t>(c - '0');
+        return value;
+    }
+    return 0;
+}
+
+std::optional<Room> memory_room(const std::string &root, pid_t pid, std::string &why_none) {
+    const std::string proc =
+        root + "/proc/" + (pid == 0 ? std::string("self") : std::to_string(pid));
+    const std::string cgroups = require_file(proc + "/cgroup");
+    std::optional<std::string_view> v1_path, v2_path;
+    for (std::string_view line : split(cgroups, '\n')) {
+        const size_t c1 = line.find(':');
+        const size_t c2 = c1 == line.npos ? line.npos : line.find(':', c1 + 1);
+        if (c2 == line.npos) continue;
+        const std::string_view controllers = line.substr(c1 + 1, c2 - c1 - 1);
+        if (line.substr(0, c1) == "0" && controllers.empty())
+            v2_path = line.substr(c2 + 1);
+        else if (has_token(controllers, "memory", ','))
+            v1_path = line.substr(c2 + 1);
+    }
+    const std::string mountinfo = require_file(proc + "/mountinfo");
+    const bool v1 = v1_path.has_value();
+    if (!v1 && !v2_path) {
+        why_none = "no memory cgroup in " + proc + "/cgroup";
+        return std::nullopt;
+    }
+    const auto where =
+        locate(cgroup_mounts(mountinfo, v1 ? Kind::v1_memory : Kind::v2), v1 ? *v1_path : *v2_path);
+    if (!where) {
+        why_none = "its memory cgroup is not under any mount in " + proc + "/mountinfo";
+        return std::nullopt;
+    }
+    // v1 reports "unlimited" as a huge page-rounded number.
+    constexpr uint64_t unlimited = uint64_t(1) << 62;
+    std::optional<Room> best;
+    for (size_t depth = where->below.size() + 1; depth-- > 0;) {
+        std::string dir = root + where->point;
+        for (size_t i = 0; i < depth; ++i)
+            dir += "/" + where->below[i];
+        const std::string limit_file = dir + (v1 ? "/memory.limit_in_bytes" : "/memory.max");
+        const auto limit = read_u64(limit_file);
+        if (!limit || *limit >= unlimited) continue;
+        const auto usage = read_u64(dir + (v1 ? "/memory.usage_in_bytes" : "/memory.current"));
+        if (!usage) continue;
+        const uint64_t inactive =
+            stat_field(dir + "/memory.stat", v1 ? "total_inactive_file" : "inactive_file");
+        const uint64_t in_use = *usage > inactive ? *usage - inactive : 0;
+        const uint64_t headroom = *limit > in_use ? *limit - in_use : 0;
+        if (!best || headroom < best->headroom) best = Room{headroom, *limit, in_use, limit_file};
+    }
+    if (!best) why_none = "no memory limit on its cgroup or above it";
+    return best;
+}
+
 void affinity(pid_t pid, hwloc_bitmap_t out) {
     // The kernel refuses a mask smaller than its CPU count, so grow until it fits.
     for (size_t ncpus = 1024; ncpus <= (1u << 22); ncpus *= 2) {
@@ -312,7 +401,7 @@ zb_status zb_cgroup_cpuset(const char *fsroot, pid_t pid, unsigned levels_up, hw
         zb::CpusetReader reader(fsroot, pid);
         auto found = reader.read(levels_up);
         if (!found)
-            zb::fail(ZB_ESYS,
+            zb::fail(ZB_ENOENT,
                      "no cpuset controller for " +
                          (pid == 0 ? std::string("this process") : "pid " + std::to_string(pid)) +
                          ": " + reader.why_none());
@@ -332,6 +421,25 @@ zb_status zb_allowed_cpus(const char *fsroot, pid_t pid, hwloc_cpuset_t out, cha
         if (found) hwloc_bitmap_and(allowed, allowed, found->set);
         if (hwloc_bitmap_copy(out, allowed) != 0) throw std::bad_alloc();
         zb::copy_to_buffer(found ? found->source : "sched_getaffinity", source, source_len);
+    });
+}
+
+zb_status zb_cgroup_memory_headroom(const char *fsroot, pid_t pid, uint64_t *headroom,
+                                    uint64_t *limit, uint64_t *in_use, char *source,
+                                    size_t source_len) {
+    return zb::guard([&] {
+        if (!headroom) zb::fail(ZB_EINVAL, "zb_cgroup_memory_headroom: headroom is NULL");
+        if (pid < 0) zb::fail(ZB_EINVAL, "pid " + std::to_string(pid) + " is negative");
+        std::string root = fsroot ? fsroot : "";
+        while (!root.empty() && root.back() == '/')
+            root.pop_back();
+        std::string why;
+        const auto room = zb::memory_room(root, pid, why);
+        if (!room) zb::fail(ZB_ENOENT, "no memory limit applies: " + why);
+        *headroom = room->headroom;
+        if (limit) *limit = room->limit;
+        if (in_use) *in_use = room->in_use;
+        zb::copy_to_buffer(room->source, source, source_len);
     });
 }
 }

@@ -16,8 +16,4 @@ void parse_cpulist(std::string_view text, hwloc_bitmap_t out, std::string_view w
 // Canonical cpu-list of a finite `set`; throws zb::Error(ZB_EINVAL) for an infinite one.
 std::string format_cpulist(hwloc_const_bitmap_t set);
 
-// `text` between single quotes, safe to show to a user: control and non-ASCII bytes become \xNN,
-// and text longer than a message should carry is cut to a window around byte `around`.
-std::string quote_input(std::string_view text, size_t around = 0);
-
 } // namespace zb

@@ -56,11 +56,17 @@ const char *zb_status_name(zb_status status) {
         return "EVERSION";
     case ZB_EINTERNAL:
         return "EINTERNAL";
+    case ZB_ENOENT:
+        return "ENOENT";
     }
     return "EUNKNOWN";
 }
 
 const char *zb_version(void) {
     return ZB_VERSION_STRING;
+}
+
+unsigned zb_api_version(void) {
+    return ZB_VERSION_NUMBER;
 }
 }

@@ -2,8 +2,8 @@
 // hostile (slurmstepd parses it as root), so every length is bounded and every number is read
 // by hand with its range checked before it can overflow.
 #include "cbuf.hpp"
-#include "cpulist.hpp"
 #include "error.hpp"
+#include "quote.hpp"
 
 #include <charconv>
 #include <cstring>
@@ -19,9 +19,6 @@ constexpr unsigned max_cores = 4096;
 // Longest fraction accepted; enough for any share of any machine, and it keeps the shortest
 // fixed-point text of every accepted value inside the same bound (format -> parse round trip).
 constexpr size_t max_fraction_digits = 30;
-
-constexpr const char *user_keys = "on, off, train=, opt=, smt=, numa=, profile=, verbose, batch";
-constexpr const char *admin_keys = "default=, override=, onerror=";
 
 [[noreturn]] void bad_value(std::string_view key, std::string_view value, const char *accepted) {
     zb::fail(ZB_EINVAL, "bad value " + quote_input(value) + " for " + std::string(key) +
@@ -134,54 +131,163 @@ void apply_switch(int &field, unsigned bit, zb_options &o, std::string_view key,
     o.set |= bit;
 }
 
+// The value a C caller stored in an enum field, read as bytes: loading an out-of-range value
+// through the enum type itself would be undefined behaviour.
+template <class E> int enum_bits(const E &field) {
+    int value;
+    static_assert(sizeof value == sizeof field);
+    std::memcpy(&value, &field, sizeof value);
+    return value;
+}
+
+// Shortest fixed-point text that reads back as the same double: "0.5", never "5e-01".
+std::string fraction_text(double f) {
+    char buf[400];
+    const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, f, std::chars_format::fixed);
+    if (ec != std::errc()) zb::fail(ZB_EINTERNAL, "cannot print train fraction");
+    return std::string(buf, end);
+}
+
+std::string format_train(const zb_options &o) {
+    if (o.train_cores) return "train=" + std::to_string(o.train_cores);
+    if (o.train_fraction == 0) return "";
+    if (!(o.train_fraction > 0 && o.train_fraction < 1))
+        zb::fail(ZB_EINVAL,
+                 "train_fraction " + std::to_string(o.train_fraction) + " is outside 0 < F < 1");
+    return "train=" + fraction_text(o.train_fraction);
+}
+
+std::string format_enum(int value, const char *key, const char *const names[], int count) {
+    if (value < 0 || value >= count)
+        zb::fail(ZB_EINVAL, std::string(key) + " holds no value of its enum");
+    return value == 0 ? "" : std::string(key) + "=" + names[value];
+}
+
+const char *const smt_names[] = {"idle", "train", "opt"};
+const char *const mode_names[] = {"split", "offload"};
+const char *const numa_names[] = {"prefer", "strict", "ignore"};
+
+std::string format_profile(const zb_options &o) {
+    const size_t len = strnlen(o.profile, sizeof o.profile);
+    if (len == sizeof o.profile) zb::fail(ZB_EINVAL, "profile is not NUL-terminated");
+    return len ? "profile=" + std::string(o.profile, len) : "";
+}
+
+// One row per key: the only place a key is described. Parsing, formatting, the admin override
+// check and the usage text all walk this table, so a new key is one row (and its man page entry).
 struct Key {
     const char *name;
-    bool takes_value;
-    bool admin;
-    const char *accepted; // shown when the value is missing
+    unsigned bit;         // its ZB_SET_* bit (on and off share one)
+    bool admin;           // plugstack.conf only
+    bool takes_value;     // key=value, else a bare word
+    const char *usage;    // in the usage text ("" when another row's usage covers it)
+    const char *accepted; // shown with a missing or bad value
     void (*apply)(zb_options &, std::string_view);
+    std::string (*format)(const zb_options &); // canonical item, "" at the default
+    bool (*same)(const zb_options &, const zb_options &);
 };
 
+#define ZB_SAME(field) [](const zb_options &a, const zb_options &b) { return a.field == b.field; }
+#define ZB_FLAG(field, bit)                                                                        \
+    [](zb_options &o, std::string_view) {                                                          \
+        o.field = 1;                                                                               \
+        o.set |= bit;                                                                              \
+    }
+
 const Key keys[] = {
-    {"on", false, false, "on",
+    {"on", ZB_SET_ENABLED, false, false, "on|off", "on",
      [](zb_options &o, std::string_view) {
          o.enabled = 1;
          o.set |= ZB_SET_ENABLED;
-     }},
-    {"off", false, false, "off",
+     },
+     [](const zb_options &) { return std::string(); }, ZB_SAME(enabled)},
+    {"off", ZB_SET_ENABLED, false, false, "", "off",
      [](zb_options &o, std::string_view) {
          o.enabled = 0;
          o.set |= ZB_SET_ENABLED;
+     },
+     [](const zb_options &o) { return std::string(o.enabled ? "" : "off"); }, ZB_SAME(enabled)},
+    {"train", ZB_SET_TRAIN, false, true, "train=N|F",
+     "cores 1..4096 such as train=8, or a fraction 0 < F < 1 such as train=0.5", apply_train,
+     format_train,
+     [](const zb_options &a, const zb_options &b) {
+         return a.train_cores == b.train_cores && a.train_fraction == b.train_fraction;
      }},
-    {"train", true, false,
-     "cores 1..4096 such as train=8, or a fraction 0 < F < 1 such as train=0.5", apply_train},
-    {"opt", true, false, "cores 1..4096", apply_opt},
-    {"smt", true, false, "idle, train, opt", apply_smt},
-    {"numa", true, false, "prefer, strict, ignore", apply_numa},
-    {"profile", true, false, "an absolute path", apply_profile},
-    {"verbose", false, false, "verbose",
-     [](zb_options &o, std::string_view) {
-         o.verbose = 1;
-         o.set |= ZB_SET_VERBOSE;
+    {"opt", ZB_SET_OPT, false, true, "opt=N", "cores 1..4096", apply_opt,
+     [](const zb_options &o) { return o.opt_cores ? "opt=" + std::to_string(o.opt_cores) : ""; },
+     ZB_SAME(opt_cores)},
+    {"smt", ZB_SET_SMT, false, true, "smt=idle|train|opt", "idle, train, opt", apply_smt,
+     [](const zb_options &o) { return format_enum(enum_bits(o.smt), "smt", smt_names, 3); },
+     ZB_SAME(smt)},
+    {"numa", ZB_SET_NUMA, false, true, "numa=prefer|strict|ignore", "prefer, strict, ignore",
+     apply_numa,
+     [](const zb_options &o) { return format_enum(enum_bits(o.numa), "numa", numa_names, 3); },
+     ZB_SAME(numa)},
+    {"profile", ZB_SET_PROFILE, false, true, "profile=PATH", "an absolute path", apply_profile,
+     format_profile,
+     [](const zb_options &a, const zb_options &b) {
+         return std::strncmp(a.profile, b.profile, sizeof a.profile) == 0;
      }},
-    {"batch", false, false, "batch",
-     [](zb_options &o, std::string_view) {
-         o.batch = 1;
-         o.set |= ZB_SET_BATCH;
-     }},
-    {"default", true, true, "on, off",
+    {"verbose", ZB_SET_VERBOSE, false, false, "verbose", "verbose",
+     ZB_FLAG(verbose, ZB_SET_VERBOSE),
+     [](const zb_options &o) { return std::string(o.verbose ? "verbose" : ""); }, ZB_SAME(verbose)},
+    {"batch", ZB_SET_BATCH, false, false, "batch", "batch", ZB_FLAG(batch, ZB_SET_BATCH),
+     [](const zb_options &o) { return std::string(o.batch ? "batch" : ""); }, ZB_SAME(batch)},
+    {"mode", ZB_SET_MODE, false, true, "mode=split|offload", "split, offload",
+     [](zb_options &o, std::string_view v) {
+         if (v == "split")
+             o.mode = ZB_MODE_SPLIT;
+         else if (v == "offload")
+             o.mode = ZB_MODE_OFFLOAD;
+         else
+             bad_value("mode", v, "split, offload");
+         o.set |= ZB_SET_MODE;
+     },
+     [](const zb_options &o) { return format_enum(enum_bits(o.mode), "mode", mode_names, 2); },
+     ZB_SAME(mode)},
+    {"default", ZB_SET_DEFAULT, true, true, "default=on|off", "on, off",
      [](zb_options &o, std::string_view v) {
          apply_switch(o.default_on, ZB_SET_DEFAULT, o, "default", v, "on", "off");
-     }},
-    {"override", true, true, "allow, deny",
+     },
+     [](const zb_options &o) { return std::string(o.default_on ? "default=on" : ""); },
+     ZB_SAME(default_on)},
+    {"override", ZB_SET_OVERRIDE, true, true, "override=allow|deny", "allow, deny",
      [](zb_options &o, std::string_view v) {
          apply_switch(o.allow_override, ZB_SET_OVERRIDE, o, "override", v, "allow", "deny");
-     }},
-    {"onerror", true, true, "fail, warn",
+     },
+     [](const zb_options &o) { return std::string(o.allow_override ? "" : "override=deny"); },
+     ZB_SAME(allow_override)},
+    {"onerror", ZB_SET_ONERROR, true, true, "onerror=fail|warn", "fail, warn",
      [](zb_options &o, std::string_view v) {
          apply_switch(o.fail_on_error, ZB_SET_ONERROR, o, "onerror", v, "fail", "warn");
-     }},
+     },
+     [](const zb_options &o) { return std::string(o.fail_on_error ? "onerror=fail" : ""); },
+     ZB_SAME(fail_on_error)},
 };
+
+#undef ZB_SAME
+#undef ZB_FLAG
+
+// "on, off, train=, ..." for error messages: the keys a scope accepts.
+std::string key_names(zb_scope scope) {
+    std::string out;
+    for (const Key &k : keys) {
+        if (k.admin && scope != ZB_SCOPE_ADMIN) continue;
+        out += out.empty() ? "" : ", ";
+        out += std::string(k.name) + (k.takes_value ? "=" : "");
+    }
+    return out;
+}
+
+std::string usage_text(zb_scope scope) {
+    std::string out;
+    for (const Key &k : keys) {
+        if ((k.admin && scope != ZB_SCOPE_ADMIN) || !*k.usage) continue;
+        out += out.empty() ? "" : ", ";
+        out += k.usage;
+    }
+    return out;
+}
 
 void apply_item(zb_options &o, std::string_view item, zb_scope scope) {
     const size_t eq = item.find('=');
@@ -189,12 +295,9 @@ void apply_item(zb_options &o, std::string_view item, zb_scope scope) {
     const Key *key = nullptr;
     for (const Key &k : keys)
         if (name == k.name) key = &k;
-    if (!key) {
-        std::string accepted = user_keys;
-        if (scope == ZB_SCOPE_ADMIN) accepted += std::string(", ") + admin_keys;
+    if (!key)
         zb::fail(ZB_EINVAL,
-                 "unknown key " + quote_input(name) + " (accepted keys: " + accepted + ")");
-    }
+                 "unknown key " + quote_input(name) + " (accepted keys: " + key_names(scope) + ")");
     if (key->admin && scope != ZB_SCOPE_ADMIN)
         zb::fail(ZB_EINVAL,
                  "key '" + std::string(key->name) + "' is admin-only (set it in plugstack.conf)");
@@ -231,71 +334,14 @@ void parse_options(zb_options &o, std::string_view text, zb_scope scope) {
     }
 }
 
-// The value a C caller stored in an enum field, read as bytes: loading an out-of-range value
-// through the enum type itself would be undefined behaviour.
-template <class E> int enum_bits(const E &field) {
-    int value;
-    static_assert(sizeof value == sizeof field);
-    std::memcpy(&value, &field, sizeof value);
-    return value;
-}
-
-// Shortest fixed-point text that reads back as the same double: "0.5", never "5e-01".
-std::string fraction_text(double f) {
-    char buf[400];
-    const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, f, std::chars_format::fixed);
-    if (ec != std::errc()) zb::fail(ZB_EINTERNAL, "cannot print train fraction");
-    return std::string(buf, end);
-}
-
 std::string format_options(const zb_options &o) {
     std::string out;
-    const auto add = [&out](const std::string &item) {
-        if (!out.empty()) out += ',';
+    for (const Key &k : keys) {
+        const std::string item = k.format(o);
+        if (item.empty()) continue;
+        out += out.empty() ? "" : ",";
         out += item;
-    };
-    if (!o.enabled) add("off");
-    if (o.train_cores)
-        add("train=" + std::to_string(o.train_cores));
-    else if (o.train_fraction != 0) {
-        if (!(o.train_fraction > 0 && o.train_fraction < 1))
-            zb::fail(ZB_EINVAL, "train_fraction " + std::to_string(o.train_fraction) +
-                                    " is outside 0 < F < 1");
-        add("train=" + fraction_text(o.train_fraction));
     }
-    if (o.opt_cores) add("opt=" + std::to_string(o.opt_cores));
-    switch (enum_bits(o.smt)) {
-    case ZB_SMT_IDLE:
-        break;
-    case ZB_SMT_TRAIN:
-        add("smt=train");
-        break;
-    case ZB_SMT_OPT:
-        add("smt=opt");
-        break;
-    default:
-        zb::fail(ZB_EINVAL, "smt holds no zb_smt value");
-    }
-    switch (enum_bits(o.numa)) {
-    case ZB_NUMA_PREFER:
-        break;
-    case ZB_NUMA_STRICT:
-        add("numa=strict");
-        break;
-    case ZB_NUMA_IGNORE:
-        add("numa=ignore");
-        break;
-    default:
-        zb::fail(ZB_EINVAL, "numa holds no zb_numa value");
-    }
-    const size_t profile_len = strnlen(o.profile, sizeof o.profile);
-    if (profile_len == sizeof o.profile) zb::fail(ZB_EINVAL, "profile is not NUL-terminated");
-    if (profile_len > 0) add("profile=" + std::string(o.profile, profile_len));
-    if (o.verbose) add("verbose");
-    if (o.batch) add("batch");
-    if (o.default_on) add("default=on");
-    if (!o.allow_override) add("override=deny");
-    if (o.fail_on_error) add("onerror=fail");
     return out;
 }
 
@@ -335,5 +381,26 @@ int zb_options_format(const zb_options *options, char *buf, size_t len) {
     });
     if (status != ZB_OK && buf && len > 0) buf[0] = '\0';
     return result;
+}
+
+int zb_options_usage(zb_scope scope, char *buf, size_t len) {
+    int result = -1;
+    const zb_status status = zb::guard([&] {
+        if (const int s = enum_bits(scope); s != ZB_SCOPE_USER && s != ZB_SCOPE_ADMIN)
+            zb::fail(ZB_EINVAL, "zb_options_usage: scope is neither ZB_SCOPE_USER nor "
+                                "ZB_SCOPE_ADMIN");
+        result = static_cast<int>(zb::copy_to_buffer(usage_text(scope), buf, len));
+    });
+    if (status != ZB_OK && buf && len > 0) buf[0] = '\0';
+    return result;
+}
+
+const char *zb_options_overridden(const zb_options *admin, const zb_options *merged,
+                                  unsigned user_set) {
+    if (!admin || !merged) return nullptr;
+    for (const Key &k : keys)
+        if (!k.admin && (user_set & k.bit) && (admin->set & k.bit) && !k.same(*admin, *merged))
+            return k.name;
+    return nullptr;
 }
 }

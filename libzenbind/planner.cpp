@@ -13,6 +13,8 @@
 //    i shares core i mod C.
 // 4. Inside a task: the optimizer gets its cores from the node holding most of the task's cores,
 //    the last ones in sequence order; training gets the rest with all their PUs.
+// 5. mode=offload: no split; the training process gets every PU of its share and one thread per
+//    core, for optimizers that run inside it (rules 1-3 unchanged).
 #include "bitmap.hpp"
 #include "cpulist.hpp"
 #include "error.hpp"
@@ -213,9 +215,24 @@ zb_plan::Task shared_core_task(const Machine &m, const Core &core) {
     return t;
 }
 
+// Rule 5: the whole share trains, one thread per core; memory on the share's nodes.
+zb_plan::Task offload_task(const Machine &m, std::vector<Core>::const_iterator begin,
+                           size_t count) {
+    zb_plan::Task t;
+    for (size_t i = 0; i < count; ++i) {
+        hwloc_bitmap_or(t.train, t.train, begin[i].pus);
+        hwloc_bitmap_set(t.nodes, m.node_os[static_cast<size_t>(begin[i].node)]);
+    }
+    t.cpus = t.train;
+    t.mems = t.nodes;
+    t.cores = t.train_threads = static_cast<unsigned>(count);
+    return t;
+}
+
 zb_plan::Task make_task(const Machine &m, size_t first, size_t count, const zb_options &o,
                         unsigned index, Warnings &warn) {
     const auto begin = m.seq.begin() + static_cast<long>(first);
+    if (o.mode == ZB_MODE_OFFLOAD) return offload_task(m, begin, count);
     if (count == 1) {
         warn.add(index, "a single core: training and optimizer share it");
         return shared_core_task(m, *begin);
@@ -290,15 +307,22 @@ std::unique_ptr<zb_plan> compute(const zb_topology_t *topology, hwloc_const_cpus
     const size_t ncores = m.seq.size();
     auto plan = std::make_unique<zb_plan>();
     Warnings warn;
+    if (o.mode == ZB_MODE_OFFLOAD && (o.train_cores || o.train_fraction > 0 || o.opt_cores))
+        warn.add_global("mode=offload gives each task its whole share: train= and opt= do not "
+                        "apply");
 
     if (ntasks > ncores) {
         warn.add_global(std::to_string(ntasks) + " tasks but only " + std::to_string(ncores) +
                         (ncores == 1 ? " core" : " cores") +
                         ": tasks share whole cores round-robin (task i gets core i mod " +
-                        std::to_string(ncores) +
-                        "), and each task's training and optimizer share its core");
+                        std::to_string(ncores) + ")" +
+                        (o.mode == ZB_MODE_OFFLOAD
+                             ? ""
+                             : ", and each task's training and optimizer share its core"));
         for (unsigned i = 0; i < ntasks; ++i)
-            plan->tasks.push_back(shared_core_task(m, m.seq[i % ncores]));
+            plan->tasks.push_back(o.mode == ZB_MODE_OFFLOAD
+                                      ? offload_task(m, m.seq.begin() + i % ncores, 1)
+                                      : shared_core_task(m, m.seq[i % ncores]));
     } else {
         const std::vector<size_t> sizes = share_sizes(m.seq, ntasks);
         size_t first = 0;

@@ -13,7 +13,10 @@ class Segment {
   public:
     Segment() = default;
     // `what` names the segment in error messages; `nodes` may be empty (no placement).
-    Segment(const char *what, size_t size, const std::vector<int> &nodes);
+    // `worker_bytes` is what the worker will allocate privately for it (a group's Adam moments):
+    // the job's memory cgroup must hold both, or the segment is refused (ZB_ENOMEM) before anything
+    // is reserved.
+    Segment(const char *what, size_t size, const std::vector<int> &nodes, size_t worker_bytes = 0);
     ~Segment();
     Segment(Segment &&other) noexcept;
     Segment &operator=(Segment &&other) noexcept;

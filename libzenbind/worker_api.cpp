@@ -113,7 +113,9 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
         proto::GroupDesc d = proto::lay_out_group(n, static_cast<proto::Dtype>(grad),
                                                   static_cast<proto::Dtype>(copy), attr->stale);
         d.hyper = to_shm(attr->hyper);
-        zb::shm::Segment seg("zenflow parameter group", d.segment_size, w.mems);
+        // The worker allocates the group's two moments, page-rounded, when it registers it.
+        zb::shm::Segment seg("zenflow parameter group", d.segment_size, w.mems,
+                             2 * proto::page_round(4 * n));
         w.ctl->groups[g] = d;
         send_segment(w.sock, seg.fd(), g, "group's shared memory");
         w.ctl->command = proto::Command::add_group;

@@ -60,8 +60,8 @@ std::vector<int> parse_list(const char *text, const char *what, unsigned max_id)
 }
 
 std::vector<int> resolve_cpus(const zb_worker_attr &a) {
-    if (const char *list = env_or(a.cpus, "ZENFLOW_OPT_CPUS"))
-        return parse_list(list, a.cpus[0] ? "attr.cpus" : "ZENFLOW_OPT_CPUS", CPU_SETSIZE - 1);
+    if (const char *list = env_or(a.cpus, ZB_ENV_OPT_CPUS))
+        return parse_list(list, a.cpus[0] ? "attr.cpus" : ZB_ENV_OPT_CPUS, CPU_SETSIZE - 1);
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) != 0) zb::fail_errno("sched_getaffinity");
     std::vector<int> cpus;
@@ -77,12 +77,12 @@ unsigned resolve_threads(const zb_worker_attr &a, size_t ncpus) {
                                 std::to_string(proto::kMaxThreads));
         return a.threads;
     }
-    if (const char *t = env_or(nullptr, "ZENFLOW_OPT_THREADS")) {
+    if (const char *t = env_or(nullptr, ZB_ENV_OPT_THREADS)) {
         char *end = nullptr;
         errno = 0;
         const unsigned long n = std::strtoul(t, &end, 10);
         if (errno || *end || t[0] < '0' || t[0] > '9' || n == 0 || n > proto::kMaxThreads)
-            fail(ZB_EINVAL, std::string("ZENFLOW_OPT_THREADS \"") + t +
+            fail(ZB_EINVAL, std::string(ZB_ENV_OPT_THREADS " \"") + t +
                                 "\" is not a thread count from 1 to " +
                                 std::to_string(proto::kMaxThreads));
         return static_cast<unsigned>(n);
@@ -92,8 +92,8 @@ unsigned resolve_threads(const zb_worker_attr &a, size_t ncpus) {
 
 std::vector<int> resolve_mems(const zb_worker_attr &a, const std::vector<int> &cpus) {
     const int max_node = numa_available() >= 0 ? numa_max_node() : 0;
-    if (const char *list = env_or(a.mems, "ZENFLOW_OPT_MEMS")) {
-        auto nodes = parse_list(list, a.mems[0] ? "attr.mems" : "ZENFLOW_OPT_MEMS",
+    if (const char *list = env_or(a.mems, ZB_ENV_OPT_MEMS)) {
+        auto nodes = parse_list(list, a.mems[0] ? "attr.mems" : ZB_ENV_OPT_MEMS,
                                 static_cast<unsigned>(max_node));
         if (nodes.size() > proto::kMaxNodes)
             fail(ZB_EINVAL, "too many NUMA nodes in the mems list");
@@ -111,7 +111,7 @@ std::vector<int> resolve_mems(const zb_worker_attr &a, const std::vector<int> &c
 }
 
 std::string resolve_path(const zb_worker_attr &a) {
-    if (const char *p = env_or(a.path, "ZENFLOW_OPTIMIZER")) return p;
+    if (const char *p = env_or(a.path, ZB_ENV_OPTIMIZER)) return p;
     return std::string(ZB_LIBEXECDIR) + "/zenflow-optimizer";
 }
 

@@ -9,7 +9,7 @@ pkgs=(
   libcmocka-dev                                                     # unit tests
   libslurm-dev slurmctld slurmd slurm-client                        # spank.h and the test cluster
   python3 python3-numpy python3-torch                               # the Python binding and its tests
-  procps util-linux dpkg-dev                                                 # ps, taskset, prlimit in tests
+  procps util-linux dpkg-dev lintian rpm                             # ps, taskset, prlimit; packages
 )
 
 missing=()

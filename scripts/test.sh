@@ -10,10 +10,18 @@ bash scripts/check-format.sh
 
 step() { printf '\n=== %s\n' "$*"; }
 
+# ctest hides a skipped test's output: name every skip and the reason it printed ("SKIP: why").
+report_skips() {
+  local log=$1/Testing/Temporary/LastTest.log
+  [ -f "$log" ] || return 0
+  awk '/^[0-9]+\/[0-9]+ Testing: /{name=$3} /^SKIP: /{print "skipped: " name ": " substr($0, 7)}' "$log"
+}
+
 step "build and test (default preset)"
 cmake --preset default >/dev/null
 cmake --build --preset default
-ctest --preset default
+ctest --preset default || { report_skips build/default; exit 1; }
+report_skips build/default
 
 step "unit tests under ASan+UBSan (asan preset)"
 cmake --preset asan >/dev/null

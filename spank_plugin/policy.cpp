@@ -1,42 +1,15 @@
 #include "policy.hpp"
 
-#include <cstring>
-
 namespace zbspank {
 namespace {
 
 std::string admin_text(const zb_options &admin) {
-    char buf[512];
-    const int n = zb_options_format(&admin, buf, sizeof buf);
+    const int n = zb_options_format(&admin, nullptr, 0);
     if (n < 0) return "?";
-    return buf;
-}
-
-// The user key under `bit` that sets a value different from the admin's, or nullptr.
-const char *changed_key(unsigned bit, const zb_options &admin, const zb_options &merged) {
-    switch (bit) {
-    case ZB_SET_ENABLED:
-        return admin.enabled != merged.enabled ? "on/off" : nullptr;
-    case ZB_SET_TRAIN:
-        return admin.train_cores != merged.train_cores ||
-                       admin.train_fraction != merged.train_fraction
-                   ? "train"
-                   : nullptr;
-    case ZB_SET_OPT:
-        return admin.opt_cores != merged.opt_cores ? "opt" : nullptr;
-    case ZB_SET_SMT:
-        return admin.smt != merged.smt ? "smt" : nullptr;
-    case ZB_SET_NUMA:
-        return admin.numa != merged.numa ? "numa" : nullptr;
-    case ZB_SET_PROFILE:
-        return std::strcmp(admin.profile, merged.profile) ? "profile" : nullptr;
-    case ZB_SET_VERBOSE:
-        return admin.verbose != merged.verbose ? "verbose" : nullptr;
-    case ZB_SET_BATCH:
-        return admin.batch != merged.batch ? "batch" : nullptr;
-    default:
-        return nullptr;
-    }
+    std::string text(static_cast<size_t>(n) + 1, '\0');
+    zb_options_format(&admin, text.data(), text.size());
+    text.resize(static_cast<size_t>(n));
+    return text;
 }
 
 } // namespace
@@ -69,14 +42,11 @@ bool resolve(const zb_options &admin, const char *user_text, Resolved &out, std:
         return false;
     }
     if (!admin.allow_override) {
-        for (unsigned bit = 1; bit <= ZB_SET_BATCH; bit <<= 1) {
-            if (!(user.set & bit) || !(admin.set & bit)) continue;
-            if (const char *key = changed_key(bit, admin, out.options)) {
-                error = std::string("--zenflow-bind: '") + key +
-                        "' is fixed by the administrator (override=deny; site options: " +
-                        admin_text(admin) + ")";
-                return false;
-            }
+        if (const char *key = zb_options_overridden(&admin, &out.options, user.set)) {
+            error = std::string("--zenflow-bind: '") + key +
+                    "' is fixed by the administrator (override=deny; site options: " +
+                    admin_text(admin) + ")";
+            return false;
         }
         if (admin.default_on && (user.set & ZB_SET_ENABLED) && !user.enabled) {
             error = "--zenflow-bind: 'off' is refused: binding is on by default and the "

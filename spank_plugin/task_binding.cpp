@@ -13,9 +13,9 @@ namespace {
 using PlanPtr = std::unique_ptr<zb_plan_t, void (*)(zb_plan_t *)>;
 
 // What a bound task finds in its environment (zenflow_bind(8), ENVIRONMENT), in this order.
-constexpr const char *kVariables[] = {
-    "OMP_NUM_THREADS",  "ZENFLOW_TRAIN_CPUS", "ZENFLOW_OPT_CPUS",  "ZENFLOW_OPT_THREADS",
-    "ZENFLOW_OPT_MEMS", "ZENFLOW_TASK_CPUS",  "ZENFLOW_STEP_CPUS", "ZENFLOW_BIND_OPTIONS"};
+constexpr const char *kVariables[] = {"OMP_NUM_THREADS",  ZB_ENV_TRAIN_CPUS,  ZB_ENV_OPT_CPUS,
+                                      ZB_ENV_OPT_THREADS, ZB_ENV_OPT_MEMS,    ZB_ENV_TASK_CPUS,
+                                      ZB_ENV_STEP_CPUS,   ZB_ENV_BIND_OPTIONS};
 constexpr size_t kVariableCount = sizeof kVariables / sizeof *kVariables;
 
 bool set_affinity(hwloc_const_bitmap_t cpus, std::string &error) {
@@ -71,26 +71,13 @@ void clear_env(spank_t sp) {
         if (std::strncmp(name, "ZENFLOW_", 8) == 0) spank_unsetenv(sp, name);
 }
 
-void tell_user(const std::string &line) {
-    const std::string text = "zenflow-bind: " + line + "\n";
-    size_t done = 0;
-    while (done < text.size()) {
-        const ssize_t n = write(STDERR_FILENO, text.data() + done, text.size() - done);
-        if (n > 0) {
-            done += static_cast<size_t>(n);
-        } else if (n < 0 && errno == EINTR) {
-            continue;
-        } else {
-            return; // nobody listens; never block or fail the task over a message
-        }
-    }
-}
-
 bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *profile,
                hwloc_const_bitmap_t step_cpus, const zb_options &given, const TaskInfo &task,
                std::string &error) {
     zb_options options = given;
-    if (profile && zb_profile_apply(profile, topology, step_cpus, task.ntasks, &options) != ZB_OK) {
+    // A profile sizes the optimizer worker's share; offload has none.
+    if (profile && options.mode != ZB_MODE_OFFLOAD &&
+        zb_profile_apply(profile, topology, step_cpus, task.ntasks, &options) != ZB_OK) {
         error = std::string("cannot apply profile=") + options.profile + ": " + zb_last_error();
         return false;
     }
@@ -125,19 +112,34 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
                                                 cpulist(share.cpus),
                                                 cpulist(step_cpus),
                                                 options_text(options)};
-    for (size_t i = 0; i < kVariableCount; ++i)
+    // mode=offload has no optimizer worker: the ZENFLOW_OPT_* variables stay unset.
+    const bool offload = options.mode == ZB_MODE_OFFLOAD;
+    for (size_t i = 0; i < kVariableCount; ++i) {
+        if (offload && std::strncmp(kVariables[i], "ZENFLOW_OPT_", 12) == 0) {
+            spank_unsetenv(sp, kVariables[i]);
+            continue;
+        }
         if (spank_setenv(sp, kVariables[i], values[i].c_str(), 1) != ESPANK_SUCCESS) {
             error = std::string("cannot set ") + kVariables[i] + " in the task's environment";
             return false;
         }
+    }
     if (!set_affinity(share.train_cpus, error)) return false;
 
-    if (options.verbose)
-        tell_user(task.host + " task " + std::to_string(task.local_id) + " (rank " +
-                  std::to_string(task.global_id) + "): train " + train + " (" +
-                  threads(share.train_threads) + "), optimizer " + opt + " (" +
-                  threads(share.opt_threads) + ", memory on node " + mems + "), NUMA node " +
-                  nodes + ", step CPUs " + cpulist(step_cpus) + " from " + task.step_cpus_source);
+    // After Slurm's own --cpu-bind=verbose line, say that its mask is no longer the task's.
+    if (!options.verbose && !task.slurm_verbose) return true;
+    const std::string who = task.host + " task " + std::to_string(task.local_id) + " (rank " +
+                            std::to_string(task.global_id) + "): ";
+    const std::string where = ", NUMA node " + nodes + ", step CPUs " + cpulist(step_cpus) +
+                              " from " + task.step_cpus_source +
+                              (task.slurm_verbose ? "; replaces the --cpu-bind mask above" : "");
+    if (offload)
+        tell_user(who + "offload " + train + " (" + threads(share.train_threads) +
+                  ", training and optimizer in-process)" + where);
+    else
+        tell_user(who + "train " + train + " (" + threads(share.train_threads) + "), optimizer " +
+                  opt + " (" + threads(share.opt_threads) + ", memory on node " + mems + ")" +
+                  where);
     return true;
 }
 

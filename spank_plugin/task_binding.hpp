@@ -4,6 +4,7 @@
 #pragma once
 
 #include "slurm_api.hpp"
+#include "tell.hpp"
 #include <zenbind/zenbind.h>
 
 #include <cstdint>
@@ -17,6 +18,7 @@ struct TaskInfo {
     uint32_t global_id; // its rank in the step
     std::string host;
     std::string step_cpus_source; // for the verbose line
+    bool slurm_verbose = false;   // --cpu-bind=verbose: Slurm printed a mask this replaces
 };
 
 // `profile` (may be null) sets the optimizer core count unless the options fix the split.
@@ -30,8 +32,6 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
 void clear_env(spank_t sp);
 
 // One line to the user's stderr (the task's, in remote context), written at once.
-void tell_user(const std::string &line);
-
 // A bitmap as a Linux cpu-list ("0-3,8").
 std::string cpulist(hwloc_const_bitmap_t set);
 

@@ -11,21 +11,46 @@
  *  - Cpusets and nodesets are hwloc bitmaps, indexed by OS (physical) number, as in
  *    /sys/devices/system/cpu. Objects returned by a zb_*_new/load/compute call are freed by the
  *    matching zb_*_free; pointers into an object live as long as the object.
+ *
+ * How the ABI grows:
+ *  - Every exported symbol carries the version node of the release that added it (ZENBIND_0.1
+ *    for everything in 0.1); a new release adds a node for its new symbols, and programs linked
+ *    against an older library keep running.
+ *  - Structs a caller fills have an _init() function that sets every field to its default; a
+ *    new field is only ever appended, and its default keeps the old behaviour.
+ *  - Until 1.0 a struct that a caller allocates may still grow: the SONAME is bumped when one
+ *    does, so a program built against another layout is refused at load time instead of passing
+ *    a struct of the wrong size. zb_struct_size() lets a binding in another language check the
+ *    layouts it mirrors (the Python package does, at import).
+ *  - zb_api_version() is the version the library was built as, to compare with
+ *    ZB_VERSION_NUMBER from the header a program was compiled against.
  */
 #ifndef ZENBIND_ZENBIND_H
 #define ZENBIND_ZENBIND_H
 
 #include <hwloc.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define ZB_VERSION_MAJOR 0
-#define ZB_VERSION_MINOR 1
-#define ZB_VERSION_PATCH 0
+/* ZB_VERSION_MAJOR, _MINOR, _PATCH and ZB_VERSION_NUMBER, generated from the build. */
+#include <zenbind/version.h>
+
+/* The environment the SPANK plugin exports into each task and the worker reads by default
+ * (zenflow_bind(8), ENVIRONMENT). */
+#define ZB_ENV_TRAIN_CPUS "ZENFLOW_TRAIN_CPUS"
+#define ZB_ENV_OPT_CPUS "ZENFLOW_OPT_CPUS"
+#define ZB_ENV_OPT_THREADS "ZENFLOW_OPT_THREADS"
+#define ZB_ENV_OPT_MEMS "ZENFLOW_OPT_MEMS"
+#define ZB_ENV_TASK_CPUS "ZENFLOW_TASK_CPUS"
+#define ZB_ENV_STEP_CPUS "ZENFLOW_STEP_CPUS"
+#define ZB_ENV_BIND_OPTIONS "ZENFLOW_BIND_OPTIONS"
+/* Where the worker executable is, when not given to zb_worker_spawn(). */
+#define ZB_ENV_OPTIMIZER "ZENFLOW_OPTIMIZER"
 
 /* ---- errors ----------------------------------------------------------------------------- */
 
@@ -39,7 +64,8 @@ typedef enum zb_status {
     ZB_ETIMEDOUT = -6,   /* a bounded wait ran out */
     ZB_EDEAD = -7,       /* the peer process (worker or trainer) died */
     ZB_EVERSION = -8,    /* shared-memory layout or protocol version mismatch */
-    ZB_EINTERNAL = -9    /* a bug: please report the message */
+    ZB_EINTERNAL = -9,   /* a bug: please report the message */
+    ZB_ENOENT = -10      /* not present, which is not a failure: e.g. no cpuset controller */
 } zb_status;
 
 /* Message describing the last failure in the calling thread ("" if none). Valid until the next
@@ -49,6 +75,12 @@ const char *zb_last_error(void);
 const char *zb_status_name(zb_status status);
 /* Library version as "MAJOR.MINOR.PATCH". */
 const char *zb_version(void);
+/* The library's version as ZB_VERSION_NUMBER (0x00MMmmpp): a program compares it with the
+ * ZB_VERSION_NUMBER it was compiled against. */
+unsigned zb_api_version(void);
+/* sizeof of a public struct, by its name ("zb_worker_step", ...), as this library was built; 0
+ * for a name it does not know. For bindings that mirror the layouts. */
+size_t zb_struct_size(const char *name);
 
 /* ---- cpu lists ---------------------------------------------------------------------------- */
 
@@ -86,9 +118,19 @@ hwloc_const_cpuset_t zb_topology_cpuset(const zb_topology_t *topology);
  * that many ancestors up (1: the parent, e.g. a Slurm step above its task_N cgroup). Reads the
  * effective set of the level that confines the process: v1, the nearest non-empty one; v2, the
  * nearest that configures cpuset.cpus, else the mount's root. `fsroot` NULL or "" means "/". The
- * file read is written to `source` (may be NULL). ZB_ESYS when there is no cpuset controller. */
+ * file read is written to `source` (may be NULL). ZB_ENOENT when there is no cpuset controller;
+ * ZB_ESYS when a file that should be there cannot be read. */
 zb_status zb_cgroup_cpuset(const char *fsroot, pid_t pid, unsigned levels_up, hwloc_cpuset_t out,
                            char *source, size_t source_len);
+
+/* How many more bytes process `pid` (0: the caller) may use before its memory cgroup's limit (v1
+ * memory.limit_in_bytes, v2 memory.max) at its own level or any above it: the least of limit
+ * minus working set (usage less inactive file pages) over those levels. `limit` and `in_use`
+ * (may be NULL) are those of the binding level, whose limit file goes to `source`. ZB_ENOENT when
+ * no limit applies (no memory controller, or none set). */
+zb_status zb_cgroup_memory_headroom(const char *fsroot, pid_t pid, uint64_t *headroom,
+                                    uint64_t *limit, uint64_t *in_use, char *source,
+                                    size_t source_len);
 
 /* The CPUs process `pid` (0: the caller) may run on: its cgroup cpuset intersected with its
  * affinity. Without a cpuset controller, its affinity alone (`source` says "sched_getaffinity"). */
@@ -114,6 +156,12 @@ typedef enum zb_numa {
 /* Where a string of options comes from: admin keys are accepted only from plugstack.conf. */
 typedef enum zb_scope { ZB_SCOPE_USER = 0, ZB_SCOPE_ADMIN = 1 } zb_scope;
 
+/* What a task's share is for (mode=). */
+typedef enum zb_mode {
+    ZB_MODE_SPLIT = 0, /* training + an optimizer worker on CPUs of its own (default) */
+    ZB_MODE_OFFLOAD    /* the whole share trains; the optimizer runs inside the training process */
+} zb_mode;
+
 /* Bits of zb_options.set: which keys a parse has set explicitly. */
 enum {
     ZB_SET_ENABLED = 1u << 0,
@@ -126,7 +174,8 @@ enum {
     ZB_SET_BATCH = 1u << 7,
     ZB_SET_DEFAULT = 1u << 8,
     ZB_SET_OVERRIDE = 1u << 9,
-    ZB_SET_ONERROR = 1u << 10
+    ZB_SET_ONERROR = 1u << 10,
+    ZB_SET_MODE = 1u << 11
 };
 
 #define ZB_PROFILE_PATH_MAX 4096
@@ -142,6 +191,8 @@ enum {
  *     profile=PATH      a tuning profile written by `zenbind tune` (absolute path)
  *     verbose           print each task's binding to stderr
  *     batch             bind the batch step (the sbatch script) too
+ *     mode=split|offload  training + optimizer worker (split, default), or the whole share for a
+ *                       training process that runs its optimizer itself (offload)
  *   admin keys (ZB_SCOPE_ADMIN only):
  *     default=on|off    bind every step without the option (on) or only on request (off, default)
  *     override=allow|deny  may users change the admin's values (allow, default)
@@ -161,6 +212,7 @@ typedef struct zb_options {
     int allow_override;                /* admin */
     int fail_on_error;                 /* admin */
     unsigned set;                      /* ZB_SET_* bits set by parses */
+    zb_mode mode;
 } zb_options;
 
 void zb_options_init(zb_options *options);
@@ -169,6 +221,13 @@ void zb_options_init(zb_options *options);
 zb_status zb_options_parse(zb_options *options, const char *text, zb_scope scope);
 /* Canonical text of `options` (every key that differs from zb_options_init), like snprintf. */
 int zb_options_format(const zb_options *options, char *buf, size_t len);
+/* The keys `scope` accepts with their values ("on|off, train=N|F, opt=N, ..."), like snprintf. */
+int zb_options_usage(zb_scope scope, char *buf, size_t len);
+/* The admin override check (override=deny): the first user key that the user set (bits of
+ * `user_set`) and the admin set too, whose value in `merged` differs from the admin's; NULL if
+ * none. Every user key is checked; admin-only keys never are. */
+const char *zb_options_overridden(const zb_options *admin, const zb_options *merged,
+                                  unsigned user_set);
 
 /* ---- planner ------------------------------------------------------------------------------ */
 

@@ -37,6 +37,22 @@ class Plan(unittest.TestCase):
                     "nodes", "cores"):
             self.assertIn(key, t1)
 
+    def test_gnu_style_arguments(self):
+        joined = plan("--tasks=2", f"--synthetic={SEED}", "--options=train=0.75")
+        split = plan("--tasks", "2", "--synthetic", SEED, "--options", "train=0.75")
+        self.assertEqual(joined, split)
+        self.assertEqual(joined["tasks"][0]["train_threads"], 12)
+        for command in ("plan", "show", "tune"):
+            r = run(command, "--help")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertTrue(r.stdout.startswith(f"zenbind {command}"), r.stdout)
+
+    def test_offload_mode(self):
+        p = plan("--tasks", "2", "--synthetic", SEED, "--options", "mode=offload")
+        t0 = p["tasks"][0]
+        self.assertEqual((t0["train_cpus"], t0["opt_cpus"]), ("0-15,32-47", ""))
+        self.assertEqual((t0["train_threads"], t0["opt_threads"]), (16, 0))
+
     def test_sparse_slurm_mask(self):
         p = plan("--tasks", "2", "--synthetic", SEED, "--cpuset", "0,4-11,21-26,30-46")
         self.assertEqual(p["allowed"], "0,4-11,21-26,30-46")
@@ -55,9 +71,20 @@ class Plan(unittest.TestCase):
         self.assertTrue(any("3 tasks but only 2 cores" in w for w in p["warnings"]))
 
     def test_live_machine_uses_the_allowed_cpus(self):
-        p = plan("--tasks", "1")
-        allowed = run("show").stdout
-        self.assertIn(p["allowed"], allowed)
+        # Under an affinity of one CPU both commands see exactly that CPU, not the machine's.
+        cpu = str(max(os.sched_getaffinity(0)))
+        narrowed = lambda *args: subprocess.run(["taskset", "-c", cpu, ZENBIND, *args],
+                                                capture_output=True, text=True, timeout=60)
+        r = narrowed("plan", "--tasks", "1", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["allowed"], cpu)
+        r = narrowed("show", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        shown = json.loads(r.stdout)
+        self.assertEqual(shown["allowed"], cpu)
+        self.assertTrue(shown["source"], "says where the CPUs came from")
+        self.assertEqual(sorted(n["node"] for n in shown["nodes"])[:1], [0])
+        self.assertIn(cpu, ",".join(n["allowed"] for n in shown["nodes"]))
 
     def test_table(self):
         r = run("plan", "--tasks", "8", "--synthetic", SEED)

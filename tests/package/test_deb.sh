@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# Builds the Debian package of this build tree with cpack, unpacks it into a scratch root and
-# checks its layout and metadata.   usage: test_deb.sh BUILD_DIR
+# Builds the Debian packages of this build tree with cpack, checks them with lintian, unpacks them
+# into a scratch root and checks the layout and the metadata each package needs.
+#   usage: test_deb.sh BUILD_DIR [OUT_DIR]   (OUT_DIR keeps the .debs, for test_apt.sh)
 set -euo pipefail
 build=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+out=${2:-$work/out}
 
-(cd "$work" && cpack -G DEB --config "$build/CPackConfig.cmake" -B "$work/out" >"$work/cpack.log" 2>&1) ||
+(cd "$work" && cpack -G DEB --config "$build/CPackConfig.cmake" -B "$out" >"$work/cpack.log" 2>&1) ||
   { cat "$work/cpack.log"; exit 1; }
-deb=$(ls "$work"/out/*.deb)
 root="$work/root"
-dpkg-deb -x "$deb" "$root"
-
 fail=0
+deb_of() { ls "$out"/"$1"_*.deb 2>/dev/null | head -1; }
+for pkg in libzenbind0 libzenbind-dev zenflow-bind zenflow-bind-slurm python3-zenflow-bind; do
+  deb=$(deb_of "$pkg")
+  if [ -z "$deb" ]; then echo "FAIL no package $pkg"; fail=1; continue; fi
+  dpkg-deb -x "$deb" "$root"
+  contents=$(dpkg-deb -c "$deb")
+  for f in copyright changelog.gz; do
+    grep -q "usr/share/doc/$pkg/$f$" <<<"$contents" || { echo "FAIL $pkg has no $f"; fail=1; }
+  done
+done
+
 expect() { # expect PATH-GLOB DESCRIPTION
   if compgen -G "$root/$1" >/dev/null; then echo "ok   $2 ($1)"; else echo "FAIL $2: nothing at /$1"; fail=1; fi
 }
@@ -26,24 +36,58 @@ expect "usr/bin/zenbind" "zenbind CLI"
 expect "usr/bin/zenflow-bench" "benchmark tool"
 expect "usr/libexec/zenflow-bind/zenflow-optimizer" "optimizer worker"
 expect "usr/lib/$multiarch/slurm-wlm/zenflow_bind.so" "SPANK plugin in Slurm's PluginDir"
+expect "usr/lib/$multiarch/zenflow-bind/zenflow_bind_binder.so" "the plugin's binder, loaded per binding step"
+expect "usr/lib/python3/dist-packages/zenflow_bind/__init__.py" "Python package where python3 imports it"
 for page in man1/zenbind.1 man1/zenflow-bench.1 man1/zenflow-optimizer.1 man3/libzenbind.3 man8/zenflow_bind.8; do
-  expect "usr/share/man/$page*" "man page $page"
+  expect "usr/share/man/$page.gz" "man page $page, compressed"
 done
 snippet="$root/etc/slurm/plugstack.conf.d/zenflow-bind.conf"
 expect "etc/slurm/plugstack.conf.d/zenflow-bind.conf" "plugstack.conf.d snippet"
 if [ -f "$snippet" ] && grep -qE '^[[:space:]]*(required|optional)' "$snippet"; then
   echo "FAIL the plugstack.conf.d snippet is enabled; it must be installed disabled"; fail=1
 fi
+conffiles=$(dpkg-deb -I "$(deb_of zenflow-bind-slurm)" conffiles 2>/dev/null || true)
+if ! grep -qx "/etc/slurm/plugstack.conf.d/zenflow-bind.conf" <<<"$conffiles"; then
+  echo "FAIL the snippet is not a conffile: an upgrade would undo the admin's edit"; fail=1
+fi
 
-# No build-tree paths may leak into installed binaries.
+# Every srun, sbatch, salloc and slurmstepd loads the plugin: it may need the C library (and the
+# dynamic loader) and nothing else; libzenbind and hwloc come with the binder, per binding step.
+plugin_so="$root/usr/lib/$multiarch/slurm-wlm/zenflow_bind.so"
+if [ -f "$plugin_so" ]; then
+  extra=$(readelf -d "$plugin_so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' |
+    grep -vxE 'libc\.so\.6|libm\.so\.6|ld-linux-x86-64\.so\.2' | tr '\n' ' ' || true)
+  if [ -z "$extra" ]; then echo "ok   the plugin needs only the C library"
+  else echo "FAIL the plugin loads more than the C library: $extra"; fail=1; fi
+fi
+
+# No build-tree paths, and no RUNPATH at all (lintian: custom-library-search-path).
 while IFS= read -r f; do
-  if readelf -d "$f" 2>/dev/null | grep -E 'R(UN)?PATH' | grep -q "$build"; then
-    echo "FAIL $f has a RUNPATH into the build tree"; fail=1
+  if readelf -d "$f" 2>/dev/null | grep -qE 'R(UN)?PATH'; then
+    echo "FAIL $f has a RUNPATH"; fail=1
   fi
 done < <(find "$root" -type f \( -name '*.so*' -o -perm -u+x \))
 
-depends=$(dpkg-deb -f "$deb" Depends)
-echo "Depends: $depends"
-case "$depends" in *libhwloc*) ;; *) echo "FAIL Depends lacks libhwloc"; fail=1 ;; esac
-case "$depends" in *"slurm-client (>= "*) ;; *) echo "FAIL Depends does not pin slurm-client"; fail=1 ;; esac
+depends() { dpkg-deb -f "$(deb_of "$1")" Depends; }
+need() { # need PACKAGE TEXT WHY
+  case "$(depends "$1")" in *"$2"*) echo "ok   $1 depends on $2" ;;
+  *) echo "FAIL $1 Depends lacks $2 ($3): $(depends "$1")"; fail=1 ;; esac
+}
+need libzenbind0 libhwloc "the library links hwloc"
+need zenflow-bind-slurm "slurm-wlm-basic-plugins (>= " "srun and slurmstepd load only plugins of their release"
+need zenflow-bind-slurm "libzenbind0 (=" "the binder links libzenbind"
+need python3-zenflow-bind "zenflow-bind (=" "the Python package starts zenflow-optimizer"
+case "$(depends zenflow-bind-slurm)" in *slurm-client*)
+  echo "FAIL zenflow-bind-slurm depends on slurm-client, which compute nodes lack"; fail=1 ;; esac
+
+if command -v lintian >/dev/null; then
+  report=$(lintian "$out"/*.deb 2>/dev/null || true)
+  if grep -E '^E: ' <<<"$report"; then
+    echo "FAIL lintian reports errors"; fail=1
+  else
+    echo "ok   lintian: no errors"
+  fi
+else
+  echo "FAIL lintian is not installed (scripts/install-deps.sh installs it)"; fail=1
+fi
 exit $fail

@@ -41,6 +41,15 @@ void cores_map_to_both_siblings(void **) {
     assert_string_equal(cpus_of(kSeed, "31", error).c_str(), "31,63");
 }
 
+// Siblings numbered next to each other (hwloc's default numbering): core k is CPUs 2k and 2k+1,
+// so code that took core ids for CPU ids would bind the wrong CPUs.
+void core_ids_are_not_cpu_ids(void **) {
+    std::string error;
+    assert_string_equal(cpus_of("pack:2 core:4 pu:2", "3", error).c_str(), "6-7");
+    assert_string_equal(cpus_of("pack:2 core:4 pu:2", "0,5", error).c_str(), "0-1,10-11");
+    assert_string_equal(cpus_of("pack:2 core:4 pu:2", "4-7", error).c_str(), "8-15");
+}
+
 void socket_major_order_without_smt(void **) {
     std::string error;
     assert_string_equal(cpus_of("pack:2 core:4 pu:1", "3-4", error).c_str(), "3-4");
@@ -61,6 +70,7 @@ void errors_name_the_problem(void **) {
 int main() {
     const CMUnitTest tests[] = {
         cmocka_unit_test(cores_map_to_both_siblings),
+        cmocka_unit_test(core_ids_are_not_cpu_ids),
         cmocka_unit_test(socket_major_order_without_smt),
         cmocka_unit_test(errors_name_the_problem),
     };

@@ -237,7 +237,7 @@ static void test_v2_without_cpuset(void **state) {
              "no cpuset controller for this process: cpuset is not enabled in "
              "%s/sys/fs/cgroup/cgroup.controllers",
              root);
-    assert_string_equal(expect_failure(0, 0, ZB_ESYS), want);
+    assert_string_equal(expect_failure(0, 0, ZB_ENOENT), want);
     /* zb_allowed_cpus falls back to the affinity alone */
     hwloc_bitmap_t set = hwloc_bitmap_alloc(), aff = hwloc_bitmap_alloc();
     char source[64];
@@ -297,10 +297,10 @@ static void test_subtree_mount(void **state) {
              "no cpuset controller for this process: its cgroup v1 cpuset cgroup /system/other is "
              "not under any cpuset mount in %s/proc/self/mountinfo",
              root);
-    assert_string_equal(expect_failure(0, 0, ZB_ESYS), want);
+    assert_string_equal(expect_failure(0, 0, ZB_ENOENT), want);
     /* a path outside the cgroup namespace */
     put("proc/self/cgroup", "3:cpuset:/../../slurm/x\n");
-    expect_failure(0, 0, ZB_ESYS);
+    expect_failure(0, 0, ZB_ENOENT);
 }
 
 static void test_escaped_mount_point(void **state) {
@@ -351,7 +351,7 @@ static void test_no_controller_and_bad_content(void **state) {
              "no cpuset controller for this process: %s/proc/self/cgroup lists neither a cpuset "
              "nor a cgroup v2 hierarchy",
              root);
-    assert_string_equal(expect_failure(0, 0, ZB_ESYS), want);
+    assert_string_equal(expect_failure(0, 0, ZB_ENOENT), want);
 
     put("proc/self/cgroup", "3:cpuset:/bad\n");
     put("sys/fs/cgroup/cpuset/bad/cpuset.effective_cpus", "0-3x\n");
@@ -398,12 +398,83 @@ static void test_live_machine(void **state) {
                     strstr(source, "/effective_cpus"));
         print_message("this machine: cpuset from %s\n", source);
     } else {
-        assert_int_equal(st, ZB_ESYS);
+        assert_int_equal(st, ZB_ENOENT);
         assert_non_null(strstr(zb_last_error(), "no cpuset controller"));
         print_message("this machine: %s\n", zb_last_error());
     }
     hwloc_bitmap_free(aff);
     hwloc_bitmap_free(set);
+}
+
+/* zb_cgroup_memory_headroom: the least of limit - working set over the levels with a limit. */
+static void expect_headroom(uint64_t headroom, uint64_t limit, uint64_t in_use, const char *file) {
+    uint64_t h = 0, l = 0, u = 0;
+    char source[1024], want[1024];
+    zb_status st = zb_cgroup_memory_headroom(root, 0, &h, &l, &u, source, sizeof source);
+    if (st != ZB_OK) fail_msg("%s: %s", zb_status_name(st), zb_last_error());
+    assert_int_equal(h, headroom);
+    assert_int_equal(l, limit);
+    assert_int_equal(u, in_use);
+    snprintf(want, sizeof want, "%s/%s", root, file);
+    assert_string_equal(source, want);
+}
+
+static void test_memory_v1(void **state) {
+    (void)state;
+    put("proc/self/mountinfo", "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n");
+    put("proc/self/cgroup", "4:memory:/slurm/uid_0/job_7/step_0\n3:cpuset:/\n");
+    const char *m = "sys/fs/cgroup/memory";
+    char p[256];
+    /* unlimited everywhere: ENOENT */
+    snprintf(p, sizeof p, "%s/slurm/uid_0/job_7/step_0/memory.limit_in_bytes", m);
+    put(p, "9223372036854771712\n");
+    snprintf(p, sizeof p, "%s/slurm/uid_0/job_7/step_0/memory.usage_in_bytes", m);
+    put(p, "1000\n");
+    uint64_t h = 0;
+    assert_int_equal(zb_cgroup_memory_headroom(root, 0, &h, NULL, NULL, NULL, 0), ZB_ENOENT);
+    assert_non_null(strstr(zb_last_error(), "no memory limit"));
+    /* the job's limit binds: 2 GiB, 1.5 GiB used of which 0.5 GiB inactive file pages */
+    snprintf(p, sizeof p, "%s/slurm/uid_0/job_7/memory.limit_in_bytes", m);
+    put(p, "2147483648\n");
+    snprintf(p, sizeof p, "%s/slurm/uid_0/job_7/memory.usage_in_bytes", m);
+    put(p, "1610612736\n");
+    snprintf(p, sizeof p, "%s/slurm/uid_0/job_7/memory.stat", m);
+    put(p, "cache 1\ninactive_file 7\ntotal_inactive_file 536870912\n");
+    expect_headroom(1073741824, 2147483648, 1073741824,
+                    "sys/fs/cgroup/memory/slurm/uid_0/job_7/memory.limit_in_bytes");
+    /* a tighter step limit below wins; working set above the limit leaves no room */
+    snprintf(p, sizeof p, "%s/slurm/uid_0/job_7/step_0/memory.limit_in_bytes", m);
+    put(p, "500\n");
+    expect_headroom(0, 500, 1000,
+                    "sys/fs/cgroup/memory/slurm/uid_0/job_7/step_0/memory.limit_in_bytes");
+}
+
+static void test_memory_v2(void **state) {
+    (void)state;
+    put("proc/self/mountinfo", "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+    put("proc/self/cgroup", "0::/system.slice/slurmstepd.scope/job_3/step_1/user/task_0\n");
+    const char *job = "sys/fs/cgroup/system.slice/slurmstepd.scope/job_3";
+    char p[256];
+    snprintf(p, sizeof p, "%s/memory.max", job);
+    put(p, "1073741824\n");
+    snprintf(p, sizeof p, "%s/memory.current", job);
+    put(p, "73741824\n");
+    snprintf(p, sizeof p, "%s/memory.stat", job);
+    put(p, "anon 1\nfile 2\ninactive_file 0\n");
+    snprintf(p, sizeof p, "%s/step_1/memory.max", job);
+    put(p, "max\n");
+    snprintf(p, sizeof p, "%s/step_1/memory.current", job);
+    put(p, "12\n");
+    char file[256];
+    snprintf(file, sizeof file, "%s/memory.max", job);
+    expect_headroom(1000000000, 1073741824, 73741824, file);
+    /* garbage in a limit file is an error, not "unlimited" */
+    snprintf(p, sizeof p, "%s/memory.max", job);
+    put(p, "lots\n");
+    uint64_t h = 0;
+    assert_int_equal(zb_cgroup_memory_headroom(root, 0, &h, NULL, NULL, NULL, 0), ZB_ESYS);
+    assert_non_null(strstr(zb_last_error(), "unexpected content"));
+    assert_int_equal(zb_cgroup_memory_headroom(root, 0, NULL, NULL, NULL, NULL, 0), ZB_EINVAL);
 }
 
 int main(void) {
@@ -423,6 +494,8 @@ int main(void) {
         T(test_no_controller_and_bad_content),
         T(test_allowed_intersects_affinity),
         T(test_live_machine),
+        T(test_memory_v1),
+        T(test_memory_v2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

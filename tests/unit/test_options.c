@@ -128,6 +128,11 @@ static void test_every_key(void **state) {
     assert_int_equal(o.numa, ZB_NUMA_IGNORE);
     assert_int_equal(o.set, ZB_SET_NUMA);
 
+    assert_int_equal(parsed("mode=split", ZB_SCOPE_USER).mode, ZB_MODE_SPLIT);
+    o = parsed("mode=offload", ZB_SCOPE_USER);
+    assert_int_equal(o.mode, ZB_MODE_OFFLOAD);
+    assert_int_equal(o.set, ZB_SET_MODE);
+
     o = parsed("profile=/etc/zenflow/a100.prof", ZB_SCOPE_USER);
     assert_string_equal(o.profile, "/etc/zenflow/a100.prof");
     assert_int_equal(o.set, ZB_SET_PROFILE);
@@ -216,10 +221,12 @@ static void test_messages(void **state) {
     (void)state;
     assert_string_equal(rejected("trian=2", ZB_SCOPE_USER),
                         "unknown key 'trian' (accepted keys: on, off, train=, opt=, smt=, numa=, "
-                        "profile=, verbose, batch)");
+                        "profile=, verbose, batch, mode=)");
     assert_string_equal(rejected("trian", ZB_SCOPE_ADMIN),
                         "unknown key 'trian' (accepted keys: on, off, train=, opt=, smt=, numa=, "
-                        "profile=, verbose, batch, default=, override=, onerror=)");
+                        "profile=, verbose, batch, mode=, default=, override=, onerror=)");
+    assert_string_equal(rejected("mode=inproc", ZB_SCOPE_USER),
+                        "bad value 'inproc' for mode= (accepted: split, offload)");
     assert_string_equal(rejected("smt=x", ZB_SCOPE_USER),
                         "bad value 'x' for smt= (accepted: idle, train, opt)");
     assert_string_equal(rejected("numa=loose", ZB_SCOPE_USER),
@@ -333,6 +340,7 @@ static void test_format_round_trip(void **state) {
                            "train=0.000000000000000000000000000001",
                            "opt=3,smt=opt,numa=ignore",
                            "smt=train,numa=strict,profile=/p/q.prof,verbose,batch",
+                           "mode=offload",
                            "default=on,override=deny,onerror=fail,off",
                            "default=off,override=allow,onerror=warn,on",
                            "train=0.7,opt=1,smt=idle,numa=prefer"};
@@ -371,13 +379,117 @@ static void test_null_arguments(void **state) {
     zb_options_init(NULL); /* harmless */
 }
 
+/* The usage text lists every key of its scope with its values, and admin keys only for admins. */
+static void test_usage(void **state) {
+    (void)state;
+    char user[1024], admin[1024];
+    assert_true(zb_options_usage(ZB_SCOPE_USER, user, sizeof user) > 0);
+    assert_true(zb_options_usage(ZB_SCOPE_ADMIN, admin, sizeof admin) > 0);
+    const char *user_items[] = {
+        "on|off",       "train=N|F", "opt=N", "smt=idle|train|opt", "numa=prefer|strict|ignore",
+        "profile=PATH", "verbose",   "batch"};
+    for (size_t i = 0; i < sizeof user_items / sizeof *user_items; ++i) {
+        assert_non_null(strstr(user, user_items[i]));
+        assert_non_null(strstr(admin, user_items[i]));
+    }
+    const char *admin_items[] = {"default=on|off", "override=allow|deny", "onerror=fail|warn"};
+    for (size_t i = 0; i < sizeof admin_items / sizeof *admin_items; ++i) {
+        assert_null(strstr(user, admin_items[i]));
+        assert_non_null(strstr(admin, admin_items[i]));
+    }
+    assert_int_equal(zb_options_usage((zb_scope)7, user, sizeof user), -1);
+    assert_string_equal(user, "");
+}
+
+/* override=deny: every user key the admin also set is checked, whatever its place in the table. */
+static void test_overridden(void **state) {
+    (void)state;
+    static const char *const pairs[][3] = {
+        {"train=2", "train=3", "train"},
+        {"train=2", "train=0.5", "train"},
+        {"opt=1", "opt=2", "opt"},
+        {"smt=train", "smt=opt", "smt"},
+        {"numa=strict", "numa=ignore", "numa"},
+        {"profile=/a", "profile=/b", "profile"},
+        {"off", "on", "on"},
+        {"mode=offload", "mode=split", "mode"},
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; ++i) {
+        const zb_options admin = parsed(pairs[i][0], ZB_SCOPE_ADMIN);
+        const zb_options user = parsed(pairs[i][1], ZB_SCOPE_USER);
+        zb_options merged = admin;
+        assert_int_equal(zb_options_parse(&merged, pairs[i][1], ZB_SCOPE_USER), ZB_OK);
+        const char *key = zb_options_overridden(&admin, &merged, user.set);
+        if (!key || strcmp(key, pairs[i][2]) != 0)
+            fail_msg("admin '%s', user '%s': got %s, expected %s", pairs[i][0], pairs[i][1],
+                     key ? key : "NULL", pairs[i][2]);
+        /* Restating the admin's value, or a key the admin did not set, is no override. */
+        zb_options same = admin;
+        assert_int_equal(zb_options_parse(&same, pairs[i][0], ZB_SCOPE_USER), ZB_OK);
+        assert_null(zb_options_overridden(&admin, &same, parsed(pairs[i][0], ZB_SCOPE_USER).set));
+        zb_options open;
+        zb_options_init(&open);
+        assert_null(zb_options_overridden(&open, &merged, user.set));
+    }
+    assert_null(zb_options_overridden(NULL, NULL, ~0u));
+}
+
+/* Every key of the table is documented in zenflow_bind(8) and reachable by the fuzzer's
+ * dictionary: adding a key without either fails here. */
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    static char text[1 << 20];
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    return text;
+}
+
+static void test_every_key_documented(void **state) {
+    (void)state;
+    char usage[1024];
+    assert_true(zb_options_usage(ZB_SCOPE_ADMIN, usage, sizeof usage) > 0);
+    char *save = NULL;
+    for (char *item = strtok_r(usage, ", ", &save); item; item = strtok_r(NULL, ", ", &save)) {
+        char key[64];
+        snprintf(key, sizeof key, "%.*s", (int)strcspn(item, "=|"), item);
+        /* A tagged paragraph whose tag starts with the key, or names it as an alternative. */
+        const char *man = slurp(ZB_SOURCE_DIR "/man/zenflow_bind.8");
+        const char *forms[] = {".TP\n.B %s", ".TP\n.BI %s", ".TP\n.BR %s", " | \\fB%s"};
+        int found = 0;
+        for (size_t f = 0; f < sizeof forms / sizeof *forms && !found; ++f) {
+            char pattern[96];
+            snprintf(pattern, sizeof pattern, forms[f], key);
+            for (const char *at = strstr(man, pattern); at && !found;
+                 at = strstr(at + 1, pattern)) {
+                const char next = at[strlen(pattern)];
+                found = next == '=' || next == '\n' || next == '\\' || next == ' ';
+            }
+        }
+        if (!found) fail_msg("key '%s' has no tagged paragraph in man/zenflow_bind.8", key);
+        char dict_pattern[96];
+        snprintf(dict_pattern, sizeof dict_pattern, "\"%s", key);
+        if (!strstr(slurp(ZB_SOURCE_DIR "/tests/fuzz/options.dict"), dict_pattern))
+            fail_msg("key '%s' is not in tests/fuzz/options.dict", key);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),          cmocka_unit_test(test_every_key),
-        cmocka_unit_test(test_later_keys_win),    cmocka_unit_test(test_layering),
-        cmocka_unit_test(test_atomic_on_error),   cmocka_unit_test(test_messages),
-        cmocka_unit_test(test_rejects),           cmocka_unit_test(test_bounds),
-        cmocka_unit_test(test_format_round_trip), cmocka_unit_test(test_null_arguments),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_every_key),
+        cmocka_unit_test(test_later_keys_win),
+        cmocka_unit_test(test_layering),
+        cmocka_unit_test(test_atomic_on_error),
+        cmocka_unit_test(test_messages),
+        cmocka_unit_test(test_rejects),
+        cmocka_unit_test(test_bounds),
+        cmocka_unit_test(test_format_round_trip),
+        cmocka_unit_test(test_null_arguments),
+        cmocka_unit_test(test_usage),
+        cmocka_unit_test(test_overridden),
+        cmocka_unit_test(test_every_key_documented),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -249,6 +249,35 @@ static void degenerate_cases_warn(void **state) {
     release(&p);
 }
 
+/* mode=offload: the same shares, but each is all training, every PU, one thread per core. */
+static void offload_mode_gives_the_whole_share(void **state) {
+    (void)state;
+    planned p = plan_for(seed, NULL, 2, "mode=offload");
+    assert_int_equal(p.status, ZB_OK);
+    assert_string_equal(summary(&p, 0), "0-15,32-47||16|0|0");
+    assert_string_equal(summary(&p, 1), "16-31,48-63||16|0|1");
+    assert_int_equal(zb_plan_nwarnings(p.plan), 0);
+    release(&p);
+    /* The sparse mask: whole cores only where Slurm gave them, siblings included. */
+    p = plan_for(seed, "0,4-11,21-26,30-46", 2, "mode=offload");
+    assert_int_equal(p.status, ZB_OK);
+    zb_task_plan t;
+    assert_int_equal(zb_plan_task(p.plan, 0, &t), ZB_OK);
+    assert_string_equal(fmt(t.cpus), fmt(t.train_cpus));
+    assert_true(hwloc_bitmap_iszero(t.opt_cpus));
+    assert_int_equal(t.train_threads, t.cores);
+    release(&p);
+    p = plan_for(seed, "5,37", 1, "mode=offload"); /* one core: no "shared with the optimizer" */
+    assert_string_equal(summary(&p, 0), "5,37||1|0|0");
+    assert_int_equal(zb_plan_nwarnings(p.plan), 0);
+    release(&p);
+    p = plan_for(seed, NULL, 2, "mode=offload,opt=4");
+    assert_int_equal(p.status, ZB_OK);
+    assert_string_equal(summary(&p, 0), "0-15,32-47||16|0|0");
+    assert_true(has_warning(&p, "train= and opt= do not apply"));
+    release(&p);
+}
+
 static void bad_input_is_refused_with_a_message(void **state) {
     (void)state;
     planned p = plan_for(seed, "0-70", 1, "");
@@ -365,6 +394,7 @@ int main(void) {
         cmocka_unit_test(interleaved_sockets_follow_the_topology_not_the_ids),
         cmocka_unit_test(memory_only_nodes_hold_no_tasks),
         cmocka_unit_test(degenerate_cases_warn),
+        cmocka_unit_test(offload_mode_gives_the_whole_share),
         cmocka_unit_test(bad_input_is_refused_with_a_message),
         cmocka_unit_test(invariants_hold_on_random_inputs),
     };

@@ -1,0 +1,111 @@
+"""PEP 517 build backend of the zenflow-bind Python package.
+
+A wheel holds the pure-Python package plus the native parts it drives, built by the project's own
+CMake from the source tree this directory sits in (contrib/python/../..): libzenbind.so.0 and the
+zenflow-optimizer executable, both in zenflow_bind/_lib/. Only the standard library is used, so
+pip's isolated build environment needs no download.
+
+config_settings: build-dir (default <project>/build/wheel, reused between builds), cmake-args
+(extra arguments to the CMake configure step, space-separated).
+"""
+
+import base64
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sysconfig
+import zipfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(HERE)  # contrib/python
+PROJECT = os.path.dirname(os.path.dirname(PACKAGE_DIR))
+NAME = "zenflow_bind"
+
+
+def _version():
+    with open(os.path.join(PROJECT, "CMakeLists.txt"), encoding="utf-8") as f:
+        m = re.search(r"project\(\s*zenflow-bind\s+VERSION\s+([0-9.]+)", f.read())
+    if not m:
+        raise RuntimeError(f"no project(zenflow-bind VERSION ...) in {PROJECT}/CMakeLists.txt")
+    return m.group(1)
+
+
+def _metadata(version):
+    return (f"Metadata-Version: 2.1\nName: zenflow-bind\nVersion: {version}\n"
+            "Summary: Pinned, NUMA-local CPU AdamW for offloaded PyTorch training\n"
+            "Requires-Python: >=3.9\nRequires-Dist: numpy\n")
+
+
+def _tag():
+    return "py3-none-" + sysconfig.get_platform().replace("-", "_").replace(".", "_")
+
+
+def _build_native(config_settings):
+    settings = config_settings or {}
+    build = settings.get("build-dir") or os.path.join(PROJECT, "build", "wheel")
+    extra = shlex.split(settings.get("cmake-args", ""))
+    if not shutil.which("cmake"):
+        raise RuntimeError("building zenflow-bind needs cmake (and the -dev packages that "
+                           "scripts/install-deps.sh installs)")
+    subprocess.run(["cmake", "-S", PROJECT, "-B", build, "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
+                    "-DZB_BUILD_TESTS=OFF", "-DZB_BUILD_PLUGIN=OFF", *extra], check=True,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", build, "--target", "zenbind", "zenflow-optimizer",
+                    "--parallel"], check=True)
+    return {"libzenbind.so.0": os.path.join(build, "libzenbind", "libzenbind.so.0"),
+            "zenflow-optimizer": os.path.join(build, "optimizer", "zenflow-optimizer")}
+
+
+class _Wheel:
+    def __init__(self, path):
+        self.zip = zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED)
+        self.record = []
+
+    def add(self, arcname, data, mode=0o644):
+        info = zipfile.ZipInfo(arcname, date_time=(2020, 1, 1, 0, 0, 0))
+        info.external_attr = (0o100000 | mode) << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
+        self.zip.writestr(info, data)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        self.record.append(f"{arcname},sha256={digest},{len(data)}")
+
+    def close(self, record_name):
+        self.record.append(f"{record_name},,")
+        self.zip.writestr(record_name, "\n".join(self.record) + "\n")
+        self.zip.close()
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    version = _version()
+    natives = _build_native(config_settings)
+    name = f"{NAME}-{version}-{_tag()}.whl"
+    wheel = _Wheel(os.path.join(wheel_directory, name))
+    source = os.path.join(PACKAGE_DIR, NAME)
+    for root, dirs, files in os.walk(source):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for f in sorted(files):
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                with open(path, "rb") as fh:
+                    wheel.add(os.path.relpath(path, PACKAGE_DIR), fh.read())
+    for arcname, path in natives.items():
+        with open(path, "rb") as fh:  # follows the soname symlink
+            wheel.add(f"{NAME}/_lib/{arcname}", fh.read(), 0o755)
+    info = f"{NAME}-{version}.dist-info"
+    wheel.add(f"{info}/METADATA", _metadata(version).encode())
+    wheel.add(f"{info}/WHEEL", (f"Wheel-Version: 1.0\nGenerator: zenflow-bind backend\n"
+                                f"Root-Is-Purelib: false\nTag: {_tag()}\n").encode())
+    wheel.close(f"{info}/RECORD")
+    return name
+
+
+def build_sdist(sdist_directory, config_settings=None):
+    raise RuntimeError("zenflow-bind's Python package is built from the whole source tree: "
+                       "pip install contrib/python (a wheel), not an sdist")

@@ -1,0 +1,118 @@
+// zenflow_bind_binder.so: what a step that binds needs in slurmstepd (binder.h), loaded by
+// zenflow_bind.so only then. Topology and profile once per step, then each task's plan,
+// environment and affinity. No exception leaves an entry point.
+#include "binder.h"
+#include "step_cpus.hpp"
+#include "task_binding.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+namespace {
+
+using namespace zbspank;
+
+struct Step {
+    zb_topology_t *topology = nullptr;
+    zb_profile_t *profile = nullptr;
+    std::string setup_error; // from step_init, reported by each task
+};
+
+Step &step() {
+    static Step s;
+    return s;
+}
+
+// Slurm's name for this node (several slurmd may share a host), else the short host name.
+std::string node_name(spank_t sp) {
+    char name[256] = {};
+    if (spank_getenv(sp, "SLURMD_NODENAME", name, sizeof name) == ESPANK_SUCCESS && *name)
+        return name;
+    if (gethostname(name, sizeof name - 1) != 0) return "?";
+    name[strcspn(name, ".")] = '\0';
+    return name;
+}
+
+// An impossible plan fails the task (onerror=fail) or leaves it as Slurm bound it, without the
+// ZENFLOW_* variables (warn).
+int failed(spank_t sp, const zb_options &options, const TaskInfo &task, const std::string &error) {
+    const std::string who = task.host + " task " + std::to_string(task.local_id) + ": ";
+    if (options.fail_on_error) {
+        tell_user(who + "error: " + error);
+        return -1;
+    }
+    clear_env(sp);
+    tell_user(who + "warning: " + error + "; task left as Slurm bound it");
+    return 0;
+}
+
+void step_init(spank_t, const zb_options *options) noexcept {
+    try {
+        Step &s = step();
+        if (zb_topology_load(&s.topology) != ZB_OK) {
+            s.setup_error = std::string("cannot load the topology: ") + zb_last_error();
+            return;
+        }
+        // Read with the user's identity (user_init runs after slurmstepd dropped privileges):
+        // the path is the user's, so root must not open it on the user's behalf.
+        const char *path = options->profile;
+        if (*path && zb_profile_load(path, &s.profile) != ZB_OK)
+            s.setup_error = std::string("cannot load profile=") + path + ": " + zb_last_error();
+    } catch (...) {
+        step().setup_error = "out of memory while loading the topology";
+    }
+}
+
+int task_init(spank_t sp, const zb_options *options) noexcept {
+    try {
+        const Step &s = step();
+        TaskInfo task{};
+        int local_id = 0;
+        uint32_t job_id = 0, step_id = 0;
+        task.host = node_name(sp);
+        if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &task.ntasks) != ESPANK_SUCCESS ||
+            spank_get_item(sp, S_TASK_ID, &local_id) != ESPANK_SUCCESS ||
+            spank_get_item(sp, S_TASK_GLOBAL_ID, &task.global_id) != ESPANK_SUCCESS ||
+            spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
+            spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS || local_id < 0)
+            return failed(sp, *options, task, "Slurm did not describe the task");
+        task.local_id = static_cast<unsigned>(local_id);
+        char cpu_bind_verbose[16] = {};
+        task.slurm_verbose = spank_getenv(sp, "SLURM_CPU_BIND_VERBOSE", cpu_bind_verbose,
+                                          sizeof cpu_bind_verbose) == ESPANK_SUCCESS &&
+                             std::strcmp(cpu_bind_verbose, "verbose") == 0;
+        if (!s.setup_error.empty()) return failed(sp, *options, task, s.setup_error);
+
+        std::unique_ptr<hwloc_bitmap_s, void (*)(hwloc_bitmap_t)> cpus(hwloc_bitmap_alloc(),
+                                                                       hwloc_bitmap_free);
+        std::string error;
+        if (!cpus) return failed(sp, *options, task, "out of memory");
+        if (!step_cpus(sp, s.topology, job_id, step_id, cpus.get(), task.step_cpus_source, error))
+            return failed(sp, *options, task, error);
+        if (!bind_task(sp, s.topology, s.profile, cpus.get(), *options, task, error))
+            return failed(sp, *options, task, error);
+        return 0;
+    } catch (...) {
+        tell_user("internal error while binding the task (out of memory?)");
+        return options->fail_on_error ? -1 : 0;
+    }
+}
+
+void step_exit() noexcept {
+    Step &s = step();
+    zb_profile_free(s.profile);
+    s.profile = nullptr;
+    zb_topology_free(s.topology);
+    s.topology = nullptr;
+}
+
+const zb_binder binder = {ZB_BINDER_ABI, step_init, task_init, step_exit};
+
+} // namespace
+
+extern "C" __attribute__((visibility("default"))) const zb_binder *zb_binder_get(void) {
+    return &binder;
+}

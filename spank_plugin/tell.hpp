@@ -1,0 +1,10 @@
+// One line to the user's standard error, prefixed "zenflow-bind: ". Never blocks or fails a task.
+#pragma once
+
+#include <string>
+
+namespace zbspank {
+
+void tell_user(const std::string &line);
+
+} // namespace zbspank

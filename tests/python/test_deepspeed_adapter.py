@@ -1,0 +1,134 @@
+"""zenflow_bind.deepspeed: the plan from the environment, and the adapter against a module shaped
+like DeepSpeed's ZenFlow (deepspeed.runtime.zenflow.zenflow_utils: _compute_zf_pt_affinity(
+zf_optimizer) called by start_optimizer_process). DeepSpeed is not a Debian package; the fake
+below is written here, with only the names and call structure the adapter checks."""
+import os
+import sys
+import tempfile
+import textwrap
+import unittest
+import warnings
+
+import torch
+
+import zenflow_bind.deepspeed as zd
+
+PLUGIN_ENV = {"ZENFLOW_TRAIN_CPUS": "0-1,8-9", "ZENFLOW_OPT_CPUS": "2-3",
+              "ZENFLOW_OPT_THREADS": "2", "OMP_NUM_THREADS": "4"}
+
+SHAPED_LIKE_DEEPSPEED = """
+calls = []
+
+def _compute_zf_pt_affinity(zf_optimizer):
+    calls.append("collective")          # DeepSpeed all_gathers here
+    return [99], [98]
+
+def start_optimizer_process(zf_optimizer):
+    zf_affinity, pt_affinity = _compute_zf_pt_affinity(zf_optimizer)
+    return zf_affinity, pt_affinity
+"""
+
+
+class FakeDeepSpeed:
+    """A deepspeed package on sys.path whose zenflow_utils holds `source`."""
+
+    def __init__(self, source):
+        self.dir = tempfile.TemporaryDirectory()
+        pkg = os.path.join(self.dir.name, "deepspeed", "runtime", "zenflow")
+        os.makedirs(pkg)
+        for d in ("deepspeed", "deepspeed/runtime", "deepspeed/runtime/zenflow"):
+            open(os.path.join(self.dir.name, d, "__init__.py"), "w").close()
+        with open(os.path.join(pkg, "zenflow_utils.py"), "w") as f:
+            f.write(textwrap.dedent(source))
+
+    def __enter__(self):
+        sys.path.insert(0, self.dir.name)
+        import deepspeed.runtime.zenflow.zenflow_utils as zu
+        return zu
+
+    def __exit__(self, *exc):
+        sys.path.remove(self.dir.name)
+        for name in [m for m in sys.modules if m == "deepspeed" or m.startswith("deepspeed.")]:
+            del sys.modules[name]
+        self.dir.cleanup()
+
+
+def quiet(fn, *args):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args)
+    return result, [str(w.message) for w in caught]
+
+
+class PlanFromEnviron(unittest.TestCase):
+    def test_the_plugins_variables(self):
+        plan = zd.plan_from_environ(PLUGIN_ENV)
+        self.assertEqual(plan.train_cpus, [0, 1, 8, 9])
+        self.assertEqual(plan.opt_cpus, [2, 3])
+        self.assertEqual((plan.opt_threads, plan.train_threads), (2, 4))
+
+    def test_missing_or_bad_variables_say_why(self):
+        cases = [({}, "not started by srun --zenflow-bind"),
+                 ({"ZENFLOW_TRAIN_CPUS": "0-3"}, "mode=offload"),
+                 (dict(PLUGIN_ENV, ZENFLOW_OPT_CPUS="2-"), "is not a cpu list"),
+                 (dict(PLUGIN_ENV, ZENFLOW_OPT_CPUS="3-2"), "runs backwards"),
+                 (dict(PLUGIN_ENV, ZENFLOW_OPT_THREADS="x"), "not a thread count"),
+                 (dict(PLUGIN_ENV, ZENFLOW_OPT_THREADS="3"), "one thread per CPU")]
+        for env, why in cases:
+            with self.assertRaises(zd.PlanUnavailable, msg=str(env)) as e:
+                zd.plan_from_environ(env)
+            self.assertIn(why, str(e.exception))
+
+
+class UsePlan(unittest.TestCase):
+    def setUp(self):
+        self.threads = torch.get_num_threads()
+
+    def tearDown(self):
+        torch.set_num_threads(self.threads)
+
+    def test_zenflow_takes_the_plugins_split_without_a_collective(self):
+        with FakeDeepSpeed(SHAPED_LIKE_DEEPSPEED) as zu:
+            torch.set_num_threads(1)
+            plan, said = quiet(zd.use_plan, PLUGIN_ENV)
+            self.assertIsNotNone(plan, said)
+            self.assertEqual(zu.start_optimizer_process(object()), ([2, 3], [0, 1, 8, 9]))
+            self.assertEqual(zu.calls, [], "DeepSpeed's all_gather path is not taken")
+            self.assertEqual(torch.get_num_threads(), 4)
+            again, _ = quiet(zd.use_plan, PLUGIN_ENV)  # idempotent
+            self.assertIsNotNone(again)
+
+    def test_no_plan_changes_nothing(self):
+        with FakeDeepSpeed(SHAPED_LIKE_DEEPSPEED) as zu:
+            before = zu._compute_zf_pt_affinity
+            plan, said = quiet(zd.use_plan, {})
+            self.assertIsNone(plan)
+            self.assertTrue(any("srun --zenflow-bind" in s for s in said), said)
+            self.assertIs(zu._compute_zf_pt_affinity, before)
+
+    def test_unknown_deepspeed_internals_change_nothing(self):
+        shapes = {
+            "renamed": SHAPED_LIKE_DEEPSPEED.replace("_compute_zf_pt_affinity", "_split_cpus"),
+            "other parameters": SHAPED_LIKE_DEEPSPEED.replace(
+                "def _compute_zf_pt_affinity(zf_optimizer)",
+                "def _compute_zf_pt_affinity(zf_optimizer, ranks)"),
+            "not called": SHAPED_LIKE_DEEPSPEED.replace(
+                "zf_affinity, pt_affinity = _compute_zf_pt_affinity(zf_optimizer)",
+                "zf_affinity, pt_affinity = [1], [0]"),
+        }
+        for name, source in shapes.items():
+            with FakeDeepSpeed(source) as zu:
+                before = getattr(zu, "_compute_zf_pt_affinity", None)
+                plan, said = quiet(zd.use_plan, PLUGIN_ENV)
+                self.assertIsNone(plan, name)
+                self.assertTrue(any("nothing changed" in s for s in said), (name, said))
+                self.assertIs(getattr(zu, "_compute_zf_pt_affinity", None), before, name)
+
+    def test_without_deepspeed_nothing_changes(self):
+        plan, said = quiet(zd.use_plan, PLUGIN_ENV)
+        self.assertIsNone(plan)
+        self.assertTrue(any("cannot import deepspeed" in s for s in said), said)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
