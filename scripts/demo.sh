@@ -4,8 +4,7 @@
 # (contrib/demo/train_transformer.py) twice:
 #   - with zenflow_bind.torch.AdamW in overlap mode under `srun --zenflow-bind=verbose`,
 #     checkpointed half-way, stopped, and resumed in a new srun step;
-#   - with torch.optim.AdamW under plain srun and OMP_NUM_THREADS=CPUs per task (what users do
-#     today), stopped and resumed alike.
+#   - with torch.optim.AdamW under plain srun (what users do today), stopped and resumed alike.
 # Prints both side by side (contrib/demo/report.py), writes a picture of loss and step time per
 # step, then runs the C++ example trainer once, and stops the cluster. Needs root (slurmd).
 # Tunables: ZB_DEMO_STEPS (default 100), ZB_DEMO_ARGS (more train_transformer.py options),
@@ -44,14 +43,15 @@ run() {
     local name=$1 optimizer=$2
     shift 2
     local args=(--optimizer "$optimizer" --checkpoint "$out/$name.pt" --log "$out/$name.jsonl")
-    echo "== srun -n1 -c$cpus $* $(basename "${train[1]}") --optimizer $optimizer: steps 1-$half"
+    echo "== srun -n1 -c$cpus${*:+ $*} $(basename "${train[1]}") --optimizer $optimizer: steps 1-$half"
     srun -n1 -c"$cpus" "$@" "${train[@]}" "${args[@]}" --stop-at-save
     echo "== a new srun step resumes from $out/$name.pt: steps $((half + 1))-$steps"
     srun -n1 -c"$cpus" "$@" "${train[@]}" "${args[@]}" --resume "$out/$name.pt"
 }
 run zenflow zenflow --zenflow-bind=verbose
-# Slurm's advice for threaded programs: as many threads as CPUs per task (torch picks 1 here)
-run torch torch --export=ALL,OMP_NUM_THREADS="$cpus"
+# torch's own thread count, as a plain srun gives it; OMP_NUM_THREADS=$cpus makes OpenMP threads
+# spin for a preempted sibling whenever another job shares the two cores
+run torch torch
 echo
 /usr/bin/python3 contrib/demo/report.py --png "$out/demo.png" \
     "zenflow_bind.torch.AdamW (overlap), srun --zenflow-bind=$out/zenflow.jsonl" \
