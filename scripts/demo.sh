@@ -35,8 +35,9 @@ eval "$(bash tests/slurm/cluster.sh env "$cluster")"
 cpus=$(nproc)
 steps=${ZB_DEMO_STEPS:-100}
 half=$((steps / 2))
+read -ra extra <<<"${ZB_DEMO_ARGS:-}"
 train=(/usr/bin/python3 "$root/contrib/demo/train_transformer.py" --steps "$steps"
-       --save-at "$half" ${ZB_DEMO_ARGS:-})
+       --save-at "$half" "${extra[@]}")
 
 # run NAME SRUN-OPTIONS...: the first half, stopped at its checkpoint, then the rest in a new step
 run() {
