@@ -147,11 +147,12 @@ def main(argv=None):
         opt.zero_grad()
         loss = loss_fn(model(x).reshape(-1, args.vocab), y.reshape(-1))
         loss.backward()
+        first_torch_step = not zenflow and step == 1
+        rss = rss_bytes() if first_torch_step else 0
         t1 = time.perf_counter()
-        rss = rss_bytes()
         opt.step()
         t2 = time.perf_counter()
-        if not zenflow and state_bytes is None and step == 1:
+        if first_torch_step:
             state_bytes = rss_bytes() - rss  # torch allocates the moments at the first step
         # the worker's own time for the step that step() just finished (the one before), or
         # torch's step, which the training process runs itself
