@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # The main job, end to end on this machine: install what is missing, build, start a throwaway
-# Slurm cluster on loopback (tests/slurm/cluster.sh), run a ZenFlow-style workload under
-# `srun --zenflow-bind=verbose` and again without binding, print both side by side, stop the
-# cluster. Needs root (slurmd). Tunables: ZB_DEMO_PARAMS, ZB_DEMO_STEPS, ZB_DEMO_PASSES.
+# Slurm cluster on loopback (tests/slurm/cluster.sh) and train a small PyTorch transformer
+# (contrib/demo/train_transformer.py) twice:
+#   - with zenflow_bind.torch.AdamW in overlap mode under `srun --zenflow-bind=verbose`,
+#     checkpointed half-way, stopped, and resumed in a new srun step;
+#   - with torch.optim.AdamW under plain srun (what users do today), stopped and resumed alike.
+# Prints both side by side (contrib/demo/report.py), writes a picture of loss and step time per
+# step, then runs the C++ example trainer once, and stops the cluster. Needs root (slurmd).
+# Tunables: ZB_DEMO_STEPS (default 100), ZB_DEMO_ARGS (more train_transformer.py options),
+# ZB_DEMO_OUT (where the logs and the picture go, default build/default/demo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -13,7 +19,11 @@ cmake --build --preset default >/dev/null
 [ "$(id -u)" -eq 0 ] || { echo "demo.sh: needs root to start slurmd" >&2; exit 1; }
 
 build=$root/build/default
-demo=$build/contrib/demo/zenflow-demo
+out=${ZB_DEMO_OUT:-$build/demo}
+mkdir -p "$out"
+rm -f "$out"/*.jsonl "$out"/*.pt
+export PYTHONPATH=$root/contrib/python
+export ZENFLOW_BIND_LIB=$build/libzenbind/libzenbind.so.0
 export ZENFLOW_OPTIMIZER=$build/optimizer/zenflow-optimizer
 cluster=$(mktemp -d /tmp/zenflow-demo.XXXXXX)
 stop() { bash tests/slurm/cluster.sh stop "$cluster" >/dev/null 2>&1 || true; rm -rf "$cluster"; }
@@ -23,30 +33,37 @@ bash tests/slurm/cluster.sh start "$cluster" --task-plugin cgroup \
 eval "$(bash tests/slurm/cluster.sh env "$cluster")"
 
 cpus=$(nproc)
-args=(--params "${ZB_DEMO_PARAMS:-67108864}" --steps "${ZB_DEMO_STEPS:-20}"
-      --passes "${ZB_DEMO_PASSES:-12}" --json)
-echo "== srun -n1 -c$cpus --zenflow-bind=verbose zenflow-demo (training and optimizer on their own cores)"
-srun -n1 -c"$cpus" --zenflow-bind=verbose "$demo" "${args[@]}" >"$cluster/bound.json"
-cat "$cluster/bound.json"
-echo "== srun -n1 -c$cpus zenflow-demo (no binding: both sides on every core of the task)"
-srun -n1 -c"$cpus" "$demo" "${args[@]}" >"$cluster/unbound.json"
-cat "$cluster/unbound.json"
+steps=${ZB_DEMO_STEPS:-100}
+half=$((steps / 2))
+read -ra extra <<<"${ZB_DEMO_ARGS:-}"
+train=(/usr/bin/python3 "$root/contrib/demo/train_transformer.py" --steps "$steps"
+       --save-at "$half" "${extra[@]}")
+
+# run NAME SRUN-OPTIONS...: the first half, stopped at its checkpoint, then the rest in a new step
+run() {
+    local name=$1 optimizer=$2
+    shift 2
+    local args=(--optimizer "$optimizer" --checkpoint "$out/$name.pt" --log "$out/$name.jsonl")
+    echo "== srun -n1 -c$cpus${*:+ $*} $(basename "${train[1]}") --optimizer $optimizer: steps 1-$half"
+    srun -n1 -c"$cpus" "$@" "${train[@]}" "${args[@]}" --stop-at-save
+    echo "== a new srun step resumes from $out/$name.pt: steps $((half + 1))-$steps"
+    srun -n1 -c"$cpus" "$@" "${train[@]}" "${args[@]}" --resume "$out/$name.pt"
+}
+run zenflow zenflow --zenflow-bind=verbose
+# torch's own thread count, as a plain srun gives it; OMP_NUM_THREADS=$cpus makes OpenMP threads
+# spin for a preempted sibling whenever another job shares the two cores
+run torch torch
 echo
-/usr/bin/python3 - "$cluster/bound.json" "$cluster/unbound.json" <<'PY'
-import json, sys
-rows = [("--zenflow-bind", json.load(open(sys.argv[1]))), ("no binding", json.load(open(sys.argv[2])))]
-cols = [("", lambda r: r[0]),
-        ("step ms", lambda r: "%.1f" % r[1]["step_ms"]),
-        ("compute ms", lambda r: "%.1f" % r[1]["compute_ms"]),
-        ("waited for optimizer ms", lambda r: "%.1f" % r[1]["wait_ms"]),
-        ("optimizer step ms", lambda r: "%.1f" % r[1]["opt_ms"]),
-        ("training CPUs (threads)", lambda r: "%s (%d)" % (r[1]["train_cpus"], r[1]["train_threads"])),
-        ("optimizer CPUs (threads)", lambda r: "%s (%d)" % (r[1]["opt_cpus"], r[1]["opt_threads"])),
-        ("loss first -> last", lambda r: "%.4f -> %.4f" % (r[1]["loss_first"], r[1]["loss_last"]))]
-table = [[c[0] for c in cols]] + [[c[1](r) for c in cols] for r in rows]
-width = [max(len(t[i]) for t in table) for i in range(len(cols))]
-for t in table:
-    print("  ".join(v.ljust(w) for v, w in zip(t, width)).rstrip())
-b, u = rows[0][1], rows[1][1]
-print("\nstep time with binding / without: %.2f" % (b["step_ms"] / u["step_ms"]))
-PY
+/usr/bin/python3 contrib/demo/report.py --png "$out/demo.png" \
+    "zenflow_bind.torch.AdamW (overlap), srun --zenflow-bind=$out/zenflow.jsonl" \
+    "torch.optim.AdamW, plain srun=$out/torch.jsonl"
+cat <<EOF
+(medians per step, each segment's first step left out; optimizer step: the worker's own time,
+or torch's step(); waiting: time the training process spent in step(); final loss: on a
+held-out batch after the last step; B/param: parameters + gradients + optimizer state)
+EOF
+
+echo
+echo "== For C/C++ trainers: contrib/demo/zenflow_demo.cpp drives the worker through its C API"
+srun -n1 -c"$cpus" --zenflow-bind "$build/contrib/demo/zenflow-demo" \
+    --params 4194304 --steps 10 --passes 4

@@ -9,6 +9,7 @@ pkgs=(
   libcmocka-dev                                                     # unit tests
   libslurm-dev slurmctld slurmd slurm-client                        # spank.h and the test cluster
   python3 python3-numpy python3-torch                               # the Python binding and its tests
+  python3-matplotlib                                                # the demo's picture
   procps util-linux dpkg-dev lintian rpm                             # ps, taskset, prlimit; packages
 )
 

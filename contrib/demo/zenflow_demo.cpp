@@ -1,11 +1,15 @@
-// zenflow-demo: a ZenFlow-style training loop, the workload of the README's main job.
+// zenflow-demo: a ZenFlow-style training loop in C++, the example for C/C++ trainers of how to
+// drive the optimizer worker through its C API (zb_worker_* in <zenbind/worker.h>). Python
+// trainers use zenflow_bind.torch.AdamW instead (contrib/demo/train_transformer.py).
 //
 // The training process does real compute on its training cores (OpenMP, OMP_NUM_THREADS
 // threads): a dense "forward/backward" (matrix products) and the gradients of a least-squares
 // loss, written into one of two gradient buffers in shared memory. Its optimizer worker meanwhile
 // runs the Adam step on the previous step's gradients (double-buffered, overlapped), and hands
 // back bf16 parameters, as a GPU rank would upload them. Run under `srun --zenflow-bind` the two
-// sides get disjoint cores; without it they share every core of the task.
+// sides get disjoint cores; without it they share every core of the task. scripts/demo.sh ends
+// with one run of it:
+//     srun -n1 -c2 --zenflow-bind build/default/contrib/demo/zenflow-demo --params 4194304
 #include <zenbind/worker.h>
 
 #include <algorithm>
