@@ -1,16 +1,24 @@
-// The roofline the Adam benchmark compares against: a pure streaming pass over exactly the bytes
-// an Adam step of the same configuration moves, with the same access pattern (param, moments read
-// and written in place, gradients read, copy-out and stale written) and the same thread slices.
+// The roofline the Adam benchmark compares against: a plain streaming pass over exactly the bytes
+// an Adam step of the same configuration moves (param and moments read and written back in place,
+// the gradient read, copy-out and stale written), as the compiler writes a plain loop for the
+// kernel's instruction set: no intrinsics, no software prefetch, no blocking.
 #pragma once
 
 #include "adam.hpp"
 
 namespace zf::bench {
 
-// Runs the pass over elements [lo, hi) of `t` with vector loads and stores of `isa`'s width.
-// Values are written back unchanged, so the kernel's next step sees the same data. With
-// `prefetch` it also reads ahead as the kernels do.
+// The forms of the pass; the benchmark times each and holds the kernel to the fastest.
+enum class RoofForm : uint8_t {
+    loop, // a plain loop, vectorized or not as the compiler decides at the build's flags
+    simd, // the same loop under `#pragma omp simd`: vector loads and stores of the ISA's width
+};
+inline constexpr RoofForm kRoofForms[] = {RoofForm::loop, RoofForm::simd};
+const char *roof_form_name(RoofForm f);
+
+// Runs the pass over elements [lo, hi) of `t`, compiled for `isa` (the baseline x86-64 for
+// scalar). Values are written back unchanged, so the kernel's next step sees the same data.
 void stream_pass(const AdamTensor &t, GradType g, CopyType c, size_t lo, size_t hi, Isa isa,
-                 bool prefetch);
+                 RoofForm form);
 
 } // namespace zf::bench
