@@ -11,6 +11,21 @@ namespace zf::detail {
 namespace {
 
 constexpr size_t W = 16;
+constexpr size_t kBlock = size_t{1} << 24; // iterations between sums of the non-finite counters
+
+// The constants broadcast once per call: held in registers, they are not reloaded after every
+// store (a float store may alias a `const Consts &` as far as the compiler knows).
+struct Vc {
+    __m512 grad_scale, decay, l2, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size,
+        inv_bias2_sqrt, eps;
+    explicit Vc(const Consts &c)
+        : grad_scale(_mm512_set1_ps(c.grad_scale)), decay(_mm512_set1_ps(c.decay)),
+          l2(_mm512_set1_ps(c.l2)), beta1(_mm512_set1_ps(c.beta1)),
+          one_minus_beta1(_mm512_set1_ps(c.one_minus_beta1)), beta2(_mm512_set1_ps(c.beta2)),
+          one_minus_beta2(_mm512_set1_ps(c.one_minus_beta2)),
+          neg_step_size(_mm512_set1_ps(c.neg_step_size)),
+          inv_bias2_sqrt(_mm512_set1_ps(c.inv_bias2_sqrt)), eps(_mm512_set1_ps(c.eps)) {}
+};
 
 template <GradType G> inline __m512 load_grad(const void *grad, size_t i) {
     if constexpr (G == GradType::f32) {
@@ -38,25 +53,23 @@ inline __m256i to_bf16(__m512 p) {
     return _mm512_cvtepi32_epi16(r);
 }
 
-// Returns the lanes whose scaled gradient is not finite.
-template <GradType G, CopyType C> inline unsigned body(const Ptrs &t, const Consts &c, size_t i) {
-    __m512 g = _mm512_mul_ps(load_grad<G>(t.grad, i), _mm512_set1_ps(c.grad_scale));
-    const __mmask16 finite =
-        _mm512_cmp_ps_mask(_mm512_abs_ps(g), _mm512_set1_ps(__builtin_inff()), _CMP_LT_OQ);
+// Updates elements [i, i + W); returns the lanes whose scaled gradient is not finite.
+template <GradType G, CopyType C, bool AdamW, bool Stale>
+[[gnu::always_inline]] inline __mmask16 body(const Ptrs &t, const Vc &c, size_t i) {
+    __m512 g = _mm512_mul_ps(load_grad<G>(t.grad, i), c.grad_scale);
+    const __mmask16 bad =
+        _mm512_cmp_ps_mask(_mm512_abs_ps(g), _mm512_set1_ps(__builtin_inff()), _CMP_NLT_UQ);
     __m512 p = _mm512_loadu_ps(t.param + i);
-    if (c.adamw)
-        p = _mm512_mul_ps(p, _mm512_set1_ps(c.decay));
+    if constexpr (AdamW)
+        p = _mm512_mul_ps(p, c.decay);
     else
-        g = _mm512_fmadd_ps(_mm512_set1_ps(c.l2), p, g);
+        g = _mm512_fmadd_ps(c.l2, p, g);
     const __m512 m =
-        _mm512_fmadd_ps(_mm512_set1_ps(c.one_minus_beta1), g,
-                        _mm512_mul_ps(_mm512_set1_ps(c.beta1), _mm512_loadu_ps(t.m + i)));
-    const __m512 v =
-        _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta2), g), g,
-                        _mm512_mul_ps(_mm512_set1_ps(c.beta2), _mm512_loadu_ps(t.v + i)));
-    const __m512 d =
-        _mm512_fmadd_ps(_mm512_sqrt_ps(v), _mm512_set1_ps(c.inv_bias2_sqrt), _mm512_set1_ps(c.eps));
-    p = _mm512_fmadd_ps(_mm512_set1_ps(c.neg_step_size), _mm512_div_ps(m, d), p);
+        _mm512_fmadd_ps(c.one_minus_beta1, g, _mm512_mul_ps(c.beta1, _mm512_loadu_ps(t.m + i)));
+    const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(c.one_minus_beta2, g), g,
+                                     _mm512_mul_ps(c.beta2, _mm512_loadu_ps(t.v + i)));
+    const __m512 d = _mm512_fmadd_ps(_mm512_sqrt_ps(v), c.inv_bias2_sqrt, c.eps);
+    p = _mm512_fmadd_ps(c.neg_step_size, _mm512_div_ps(m, d), p);
     _mm512_storeu_ps(t.param + i, p);
     _mm512_storeu_ps(t.m + i, m);
     _mm512_storeu_ps(t.v + i, v);
@@ -66,24 +79,28 @@ template <GradType G, CopyType C> inline unsigned body(const Ptrs &t, const Cons
     else if constexpr (C == CopyType::f16)
         _mm256_storeu_si256(reinterpret_cast<__m256i *>(static_cast<uint16_t *>(t.copy) + i),
                             _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    if (t.stale) _mm512_storeu_ps(t.stale + i, p);
-    return static_cast<unsigned>(static_cast<__mmask16>(~finite));
+    if constexpr (Stale) _mm512_storeu_ps(t.stale + i, p);
+    return bad;
 }
 
-template <GradType G, CopyType C>
-uint64_t run(const AdamTensor &t, const Consts &c, size_t lo, size_t hi) {
+// Non-finite lanes are counted in a vector of per-lane counters (one masked add per iteration),
+// summed once per block of 2^24 iterations, so neither a lane nor the sum can overflow.
+template <GradType G, CopyType C, bool AdamW, bool Stale>
+uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
     const Ptrs ptrs{t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.copy_out, t.stale};
+    const Vc c(consts);
     uint64_t bad = 0;
     size_t i = lo;
-    for (; i + 2 * W <= hi; i += 2 * W) {
-        prefetch32<G>(ptrs, i);
-        const unsigned a = body<G, C>(ptrs, c, i), b = body<G, C>(ptrs, c, i + W);
-        bad += static_cast<uint64_t>(__builtin_popcount(a | (b << W)));
+    while (hi - i >= W) {
+        const size_t end = i + W * ((hi - i) / W < kBlock ? (hi - i) / W : kBlock);
+        __m512i count = _mm512_setzero_si512();
+        for (; i < end; i += W)
+            count = _mm512_mask_add_epi32(count, body<G, C, AdamW, Stale>(ptrs, c, i), count,
+                                          _mm512_set1_epi32(1));
+        bad += static_cast<uint32_t>(_mm512_reduce_add_epi32(count));
     }
-    for (; i + W <= hi; i += W)
-        bad += static_cast<uint64_t>(__builtin_popcount(body<G, C>(ptrs, c, i)));
-    return bad + padded_tail<W, G, C>(t, c, i, hi, [](const Ptrs &ptr, const Consts &k, size_t at) {
-               return body<G, C>(ptr, k, at);
+    return bad + padded_tail<W, G, C>(t, i, hi, [&c](const Ptrs &p) {
+               return static_cast<unsigned>(body<G, C, AdamW, Stale>(p, c, 0));
            });
 }
 
@@ -91,7 +108,11 @@ uint64_t run(const AdamTensor &t, const Consts &c, size_t lo, size_t hi) {
 
 uint64_t range_avx512(const AdamTensor &t, const Consts &c, GradType g, CopyType cp, size_t lo,
                       size_t hi) {
-    return dispatch_types(g, cp, [&]<GradType G, CopyType C>() { return run<G, C>(t, c, lo, hi); });
+    return dispatch_types(g, cp, [&]<GradType G, CopyType C>() {
+        return dispatch_flags(c.adamw, t.stale != nullptr, [&]<bool AdamW, bool Stale>() {
+            return run<G, C, AdamW, Stale>(t, c, lo, hi);
+        });
+    });
 }
 
 } // namespace zf::detail
