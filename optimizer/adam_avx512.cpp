@@ -1,5 +1,7 @@
-// AVX-512F path (compiled with -mavx512f -mfma -mf16c): 16 elements per iteration. The tail runs
-// the same body on a zero-padded copy, so every element takes the same instructions.
+// AVX-512F path (compiled with -mavx512f -mfma -mf16c): two vectors of 16 elements per iteration,
+// so every stream is read and written in whole 64-byte lines (one line of a 16-bit gradient or
+// copy-out, two of an fp32 stream), as a compiler vectorizes the same loop. The tail runs the same
+// body on a zero-padded copy, so every element takes the same instructions.
 // No standard-library templates here: their out-of-line copies could be picked by the linker for
 // code that runs on CPUs without AVX-512.
 #include "adam_kernels.hpp"
@@ -10,7 +12,8 @@
 namespace zf::detail {
 namespace {
 
-constexpr size_t W = 16;
+constexpr size_t V = 16;                   // lanes of a vector
+constexpr size_t W = 2 * V;                // elements per iteration
 constexpr size_t kBlock = size_t{1} << 24; // iterations between sums of the non-finite counters
 
 // The constants broadcast once per call: held in registers, they are not reloaded after every
@@ -27,16 +30,21 @@ struct Vc {
           inv_bias2_sqrt(_mm512_set1_ps(c.inv_bias2_sqrt)), eps(_mm512_set1_ps(c.eps)) {}
 };
 
-template <GradType G> inline __m512 load_grad(const void *grad, size_t i) {
+// Elements [i, i + V) and [i + V, i + W) of the gradient as fp32.
+template <GradType G> inline void load_grad(const void *grad, size_t i, __m512 &lo, __m512 &hi) {
     if constexpr (G == GradType::f32) {
-        return _mm512_loadu_ps(static_cast<const float *>(grad) + i);
+        lo = _mm512_loadu_ps(static_cast<const float *>(grad) + i);
+        hi = _mm512_loadu_ps(static_cast<const float *>(grad) + i + V);
     } else {
-        const __m256i h = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i *>(static_cast<const uint16_t *>(grad) + i));
-        if constexpr (G == GradType::bf16)
-            return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-        else
-            return _mm512_cvtph_ps(h);
+        const __m512i h = _mm512_loadu_si512(static_cast<const uint16_t *>(grad) + i);
+        const __m256i h0 = _mm512_castsi512_si256(h), h1 = _mm512_extracti64x4_epi64(h, 1);
+        if constexpr (G == GradType::bf16) {
+            lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h0), 16));
+            hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h1), 16));
+        } else {
+            lo = _mm512_cvtph_ps(h0);
+            hi = _mm512_cvtph_ps(h1);
+        }
     }
 }
 
@@ -53,38 +61,65 @@ inline __m256i to_bf16(__m512 p) {
     return _mm512_cvtepi32_epi16(r);
 }
 
-// Updates elements [i, i + W); returns the lanes whose scaled gradient is not finite.
-template <GradType G, CopyType C, bool AdamW, bool Stale>
-[[gnu::always_inline]] inline __mmask16 body(const Ptrs &t, const Vc &c, size_t i) {
-    __m512 g = _mm512_mul_ps(load_grad<G>(t.grad, i), c.grad_scale);
+template <CopyType C> inline __m256i to_copy(__m512 p) {
+    if constexpr (C == CopyType::bf16)
+        return to_bf16(p);
+    else
+        return _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+// The arithmetic of adam_kernels.hpp on one vector; returns the lanes whose scaled gradient is not
+// finite.
+template <bool AdamW>
+[[gnu::always_inline]] inline __mmask16 update(const Vc &c, __m512 g, __m512 &p, __m512 &m,
+                                               __m512 &v) {
+    g = _mm512_mul_ps(g, c.grad_scale);
     const __mmask16 bad =
         _mm512_cmp_ps_mask(_mm512_abs_ps(g), _mm512_set1_ps(__builtin_inff()), _CMP_NLT_UQ);
-    __m512 p = _mm512_loadu_ps(t.param + i);
     if constexpr (AdamW)
         p = _mm512_mul_ps(p, c.decay);
     else
         g = _mm512_fmadd_ps(c.l2, p, g);
-    const __m512 m =
-        _mm512_fmadd_ps(c.one_minus_beta1, g, _mm512_mul_ps(c.beta1, _mm512_loadu_ps(t.m + i)));
-    const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(c.one_minus_beta2, g), g,
-                                     _mm512_mul_ps(c.beta2, _mm512_loadu_ps(t.v + i)));
+    m = _mm512_fmadd_ps(c.one_minus_beta1, g, _mm512_mul_ps(c.beta1, m));
+    v = _mm512_fmadd_ps(_mm512_mul_ps(c.one_minus_beta2, g), g, _mm512_mul_ps(c.beta2, v));
     const __m512 d = _mm512_fmadd_ps(_mm512_sqrt_ps(v), c.inv_bias2_sqrt, c.eps);
     p = _mm512_fmadd_ps(c.neg_step_size, _mm512_div_ps(m, d), p);
-    _mm512_storeu_ps(t.param + i, p);
-    _mm512_storeu_ps(t.m + i, m);
-    _mm512_storeu_ps(t.v + i, v);
-    if constexpr (C == CopyType::bf16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(static_cast<uint16_t *>(t.copy) + i),
-                            to_bf16(p));
-    else if constexpr (C == CopyType::f16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(static_cast<uint16_t *>(t.copy) + i),
-                            _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    if constexpr (Stale) _mm512_storeu_ps(t.stale + i, p);
+    return bad;
+}
+
+struct Bad {
+    __mmask16 lo, hi;
+};
+
+// Updates elements [i, i + W).
+template <GradType G, CopyType C, bool AdamW, bool Stale>
+[[gnu::always_inline]] inline Bad body(const Ptrs &t, const Vc &c, size_t i) {
+    __m512 g0, g1;
+    load_grad<G>(t.grad, i, g0, g1);
+    __m512 p0 = _mm512_loadu_ps(t.param + i), p1 = _mm512_loadu_ps(t.param + i + V);
+    __m512 m0 = _mm512_loadu_ps(t.m + i), m1 = _mm512_loadu_ps(t.m + i + V);
+    __m512 v0 = _mm512_loadu_ps(t.v + i), v1 = _mm512_loadu_ps(t.v + i + V);
+    const Bad bad{update<AdamW>(c, g0, p0, m0, v0), update<AdamW>(c, g1, p1, m1, v1)};
+    _mm512_storeu_ps(t.param + i, p0);
+    _mm512_storeu_ps(t.param + i + V, p1);
+    _mm512_storeu_ps(t.m + i, m0);
+    _mm512_storeu_ps(t.m + i + V, m1);
+    _mm512_storeu_ps(t.v + i, v0);
+    _mm512_storeu_ps(t.v + i + V, v1);
+    if constexpr (C != CopyType::none)
+        _mm512_storeu_si512(
+            static_cast<uint16_t *>(t.copy) + i,
+            _mm512_inserti64x4(_mm512_castsi256_si512(to_copy<C>(p0)), to_copy<C>(p1), 1));
+    if constexpr (Stale) {
+        _mm512_storeu_ps(t.stale + i, p0);
+        _mm512_storeu_ps(t.stale + i + V, p1);
+    }
     return bad;
 }
 
 // Non-finite lanes are counted in a vector of per-lane counters (one masked add per iteration),
-// summed once per block of 2^24 iterations, so neither a lane nor the sum can overflow.
+// summed once per block of 2^24 iterations (2 adds each), so neither a lane nor the sum can
+// overflow.
 template <GradType G, CopyType C, bool AdamW, bool Stale>
 uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
     const Ptrs ptrs{t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.copy_out, t.stale};
@@ -94,13 +129,16 @@ uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
     while (hi - i >= W) {
         const size_t end = i + W * ((hi - i) / W < kBlock ? (hi - i) / W : kBlock);
         __m512i count = _mm512_setzero_si512();
-        for (; i < end; i += W)
-            count = _mm512_mask_add_epi32(count, body<G, C, AdamW, Stale>(ptrs, c, i), count,
-                                          _mm512_set1_epi32(1));
+        for (; i < end; i += W) {
+            const Bad b = body<G, C, AdamW, Stale>(ptrs, c, i);
+            count = _mm512_mask_add_epi32(count, b.lo, count, _mm512_set1_epi32(1));
+            count = _mm512_mask_add_epi32(count, b.hi, count, _mm512_set1_epi32(1));
+        }
         bad += static_cast<uint32_t>(_mm512_reduce_add_epi32(count));
     }
     return bad + padded_tail<W, G, C>(t, i, hi, [&c](const Ptrs &p) {
-               return static_cast<unsigned>(body<G, C, AdamW, Stale>(p, c, 0));
+               const Bad b = body<G, C, AdamW, Stale>(p, c, 0);
+               return static_cast<unsigned>(b.lo) | static_cast<unsigned>(b.hi) << V;
            });
 }
 
