@@ -238,6 +238,14 @@ int bench_adam(int argc, char **argv) {
             best = f;
         }
     const char *form = zf::bench::roof_form_name(zf::bench::kRoofForms[best]);
+    std::string each; // every form's GB/s: "loop":x,"simd":y,... (JSON) or loop x, simd y (table)
+    for (size_t f = 0; f < forms; ++f) {
+        char one[64];
+        std::snprintf(
+            one, sizeof one, o.json ? "%s\"%s\":%.4g" : "%s%s %.2f", f ? (o.json ? "," : ", ") : "",
+            zf::bench::roof_form_name(zf::bench::kRoofForms[f]), bytes / median(roof[f]) / 1e9);
+        each += one;
+    }
     const double sec = median(kernel);
     const double gelem = static_cast<double>(n) / sec / 1e9, gbs = bytes / sec / 1e9;
     const double rgbs = bytes / rsec / 1e9, ratio = gbs / rgbs;
@@ -246,18 +254,18 @@ int bench_adam(int argc, char **argv) {
                     "\"copy_out\":\"%s\",\"stale\":%s,\"isa\":\"%s\",\"steps\":%d,"
                     "\"bytes_per_step\":%.0f,\"seconds\":%.6g,\"gelem_per_s\":%.6g,"
                     "\"gb_per_s\":%.6g,\"roofline_seconds\":%.6g,\"roofline_gb_per_s\":%.6g,"
-                    "\"roofline_form\":\"%s\",\"ratio\":%.4f}\n",
+                    "\"roofline_form\":\"%s\",\"roofline_forms_gb_per_s\":{%s},\"ratio\":%.4f}\n",
                     n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "true" : "false",
                     zf::isa_name(zf::active_isa()), o.steps, bytes, sec, gelem, gbs, rsec, rgbs,
-                    form, ratio);
+                    form, each.c_str(), ratio);
     } else {
         std::printf("adam: %zu elements, %d threads, grad %s, copy-out %s, stale %s, isa %s, "
                     "%d steps, %.0f bytes/step\n",
                     n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "yes" : "no",
                     zf::isa_name(zf::active_isa()), o.steps, bytes);
         std::printf("kernel    %.6f s/step  %.3f Gelem/s  %.2f GB/s\n", sec, gelem, gbs);
-        std::printf("roofline  %.6f s/step                 %.2f GB/s  (plain %s pass)\n", rsec,
-                    rgbs, form);
+        std::printf("roofline  %.6f s/step                 %.2f GB/s  (plain %s pass; GB/s %s)\n",
+                    rsec, rgbs, form, each.c_str());
         std::printf("ratio     %.3f\n", ratio);
     }
     std::free(t.param);

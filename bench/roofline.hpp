@@ -10,10 +10,12 @@ namespace zf::bench {
 
 // The forms of the pass; the benchmark times each and holds the kernel to the fastest.
 enum class RoofForm : uint8_t {
-    loop, // a plain loop, vectorized or not as the compiler decides at the build's flags
-    simd, // the same loop under `#pragma omp simd`: vector loads and stores of the ISA's width
+    loop,  // a plain loop, vectorized or not as the compiler decides at the build's flags
+    simd,  // the same loop under `#pragma omp simd`: vector loads and stores of the ISA's width
+    lines, // the loop in chunks of one 64-byte line of each fp32 stream, each stream's chunk an
+           // `omp simd` loop of its own: every line is read or written whole before the next
 };
-inline constexpr RoofForm kRoofForms[] = {RoofForm::loop, RoofForm::simd};
+inline constexpr RoofForm kRoofForms[] = {RoofForm::loop, RoofForm::simd, RoofForm::lines};
 const char *roof_form_name(RoofForm f);
 
 // Runs the pass over elements [lo, hi) of `t`, compiled for `isa` (the baseline x86-64 for

@@ -29,7 +29,11 @@ class Adam(unittest.TestCase):
             self.assertIn(key, d)
         self.assertEqual((d["elements"], d["threads"], d["steps"]), (N, 1, 10))
         self.assertEqual((d["grad"], d["copy_out"], d["stale"]), ("fp32", "none", False))
-        self.assertIn(d["roofline_form"], ("loop", "simd"))
+        forms = d["roofline_forms_gb_per_s"]
+        self.assertEqual(set(forms), {"loop", "simd", "lines"})
+        self.assertAlmostEqual(d["roofline_gb_per_s"], forms[d["roofline_form"]],
+                               delta=1e-3 * d["roofline_gb_per_s"])
+        self.assertEqual(d["roofline_form"], max(forms, key=forms.get))
         self.assertEqual(d["bytes_per_step"], 28 * N)
         self.assertGreater(d["seconds"], 0)
         self.assertGreater(d["roofline_seconds"], 0)
@@ -52,7 +56,8 @@ class Adam(unittest.TestCase):
         r = run("adam", "--elements", "4096", "--steps", "10")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout, r"(?m)^ratio +\d+\.\d+$")
-        self.assertRegex(r.stdout, r"roofline .*\(plain (loop|simd) pass\)")
+        self.assertRegex(r.stdout, r"roofline .*\(plain (loop|simd|lines) pass; "
+                                   r"GB/s loop [\d.]+, simd [\d.]+, lines [\d.]+\)")
 
 
 class Errors(unittest.TestCase):
