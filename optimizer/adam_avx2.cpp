@@ -93,11 +93,14 @@ template <bool AdamW>
     return _mm256_castps_si256(bad);
 }
 
+// The lanes of each vector whose scaled gradient is not finite.
 struct Bad {
     __m256i lo, hi;
 };
 
-// Updates elements [i, i + W).
+// Updates elements [i, i + W). Every stream is read before any is written: a load that follows a
+// store to another stream at the same offset in its page waits on it (4K aliasing), and large
+// buffers are often aligned alike.
 template <GradType G, CopyType C, bool AdamW, bool Stale>
 [[gnu::always_inline]] inline Bad body(const Ptrs &t, const Vc &c, size_t i) {
     __m256 g0, g1;
@@ -123,7 +126,7 @@ template <GradType G, CopyType C, bool AdamW, bool Stale>
 }
 
 // Non-finite lanes are counted in a vector of per-lane counters (subtracting the all-ones lanes),
-// summed once per block of 2^24 iterations (2 subtractions each), so neither a lane nor the sum can
+// summed once per block of 2^24 iterations, so neither a lane nor the sum can
 // overflow.
 template <GradType G, CopyType C, bool AdamW, bool Stale>
 uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {

@@ -87,11 +87,14 @@ template <bool AdamW>
     return bad;
 }
 
+// The lanes of each vector whose scaled gradient is not finite.
 struct Bad {
     __mmask16 lo, hi;
 };
 
-// Updates elements [i, i + W).
+// Updates elements [i, i + W). Every stream is read before any is written: a load that follows a
+// store to another stream at the same offset in its page waits on it (4K aliasing), and large
+// buffers are often aligned alike.
 template <GradType G, CopyType C, bool AdamW, bool Stale>
 [[gnu::always_inline]] inline Bad body(const Ptrs &t, const Vc &c, size_t i) {
     __m512 g0, g1;
@@ -117,8 +120,8 @@ template <GradType G, CopyType C, bool AdamW, bool Stale>
     return bad;
 }
 
-// Non-finite lanes are counted in a vector of per-lane counters (one masked add per iteration),
-// summed once per block of 2^24 iterations (2 adds each), so neither a lane nor the sum can
+// Non-finite lanes are counted in a vector of per-lane counters (one masked add per vector),
+// summed once per block of 2^24 iterations, so neither a lane nor the sum can
 // overflow.
 template <GradType G, CopyType C, bool AdamW, bool Stale>
 uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
