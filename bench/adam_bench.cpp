@@ -238,7 +238,7 @@ int bench_adam(int argc, char **argv) {
             best = f;
         }
     const char *form = zf::bench::roof_form_name(zf::bench::kRoofForms[best]);
-    std::string each; // every form's GB/s: "loop":x,"simd":y,... (JSON) or loop x, simd y (table)
+    std::string each; // every form's GB/s: "simd":x,"lines":y (JSON) or simd x, lines y (table)
     for (size_t f = 0; f < forms; ++f) {
         char one[64];
         std::snprintf(

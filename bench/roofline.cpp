@@ -32,13 +32,6 @@ constexpr size_t kLine = 16;
 // Every form for one target; ATTR is its target attribute.
 #define ZF_ROOF(NAME, ATTR)                                                                        \
     template <typename G, bool Copy, bool Stale>                                                   \
-    ATTR void NAME##_loop(uint32_t *__restrict p, const G *__restrict g, uint32_t *__restrict m,   \
-                          uint32_t *__restrict v, uint16_t *__restrict c, uint32_t *__restrict s,  \
-                          size_t n, uint32_t zero) {                                               \
-        for (size_t i = 0; i < n; ++i)                                                             \
-            element<G, Copy, Stale>(p, g, m, v, c, s, i, zero);                                    \
-    }                                                                                              \
-    template <typename G, bool Copy, bool Stale>                                                   \
     ATTR void NAME##_simd(uint32_t *__restrict p, const G *__restrict g, uint32_t *__restrict m,   \
                           uint32_t *__restrict v, uint16_t *__restrict c, uint32_t *__restrict s,  \
                           size_t n, uint32_t zero) {                                               \
@@ -84,7 +77,7 @@ void run(const AdamTensor &t, size_t lo, size_t hi, Isa isa, RoofForm form) {
     asm("" : "+r"(zero)); // the compiler no longer knows it is 0
     // One target's forms, indexed by RoofForm.
 #define ZF_FORMS(NAME)                                                                             \
-    { NAME##_loop<G, Copy, Stale>, NAME##_simd<G, Copy, Stale>, NAME##_lines<G, Copy, Stale> }
+    { NAME##_simd<G, Copy, Stale>, NAME##_lines<G, Copy, Stale> }
     using Pass = void (*)(uint32_t *, const G *, uint32_t *, uint32_t *, uint16_t *, uint32_t *,
                           size_t, uint32_t);
     static constexpr Pass avx512[] = ZF_FORMS(pass_avx512), avx2[] = ZF_FORMS(pass_avx2),
@@ -110,14 +103,7 @@ void run_grad(const AdamTensor &t, bool copy, size_t lo, size_t hi, Isa isa, Roo
 } // namespace
 
 const char *roof_form_name(RoofForm f) {
-    switch (f) {
-    case RoofForm::simd:
-        return "simd";
-    case RoofForm::lines:
-        return "lines";
-    default:
-        return "loop";
-    }
+    return f == RoofForm::lines ? "lines" : "simd";
 }
 
 void stream_pass(const AdamTensor &t, GradType g, CopyType c, size_t lo, size_t hi, Isa isa,
