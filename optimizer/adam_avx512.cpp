@@ -55,8 +55,7 @@ inline __m256i to_bf16(__m512 p) {
         _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
                                            _mm512_and_si512(hi, _mm512_set1_epi32(1))),
                           16);
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(
-        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const __mmask16 nan = _mm512_cmp_ps_mask(p, p, _CMP_UNORD_Q); // one compare, not and + compare
     const __m512i r = _mm512_mask_or_epi32(rounded, nan, hi, _mm512_set1_epi32(0x40));
     return _mm512_cvtepi32_epi16(r);
 }

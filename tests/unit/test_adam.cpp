@@ -326,6 +326,30 @@ void test_nonfinite_counted(void **) {
     zf::force_isa(zf::best_isa());
 }
 
+// A NaN param stays a NaN in the copy-out, whatever its payload: rounding 0x7fffffff to bf16 as a
+// number would carry into the sign and give -0.
+void test_nan_copy_out(void **) {
+    const uint32_t nans[] = {0x7fffffff, 0xffffffff, 0x7f800001, 0x7fc00000, 0xff80ffff};
+    const size_t n = 5 * 7; // vector bodies and tails on every path
+    for (CopyType c : {CopyType::bf16, CopyType::f16})
+        for (Isa isa : kIsas) {
+            zf::force_isa(isa);
+            rng_state = 13;
+            Problem p({n}, GradType::f32, c, false);
+            for (size_t i = 0; i < n; ++i)
+                std::memcpy(&p.param[0][i], &nans[i % 5], 4);
+            p.step(1);
+            for (size_t i = 0; i < n; ++i) {
+                const uint16_t h = p.copy[0][i];
+                const bool nan = c == CopyType::bf16 ? (h & 0x7f80) == 0x7f80 && (h & 0x7f)
+                                                     : (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+                if (!nan)
+                    fail_msg("%s copy-out of NaN %#x is %#x", zf::isa_name(isa), nans[i % 5], h);
+            }
+        }
+    zf::force_isa(zf::best_isa());
+}
+
 // Scaling by a power of two is exact, so grad_scale = 1/4 on g must equal scale 1 on g/4.
 void test_grad_scale(void **) {
     for (Isa isa : kIsas) {
@@ -405,6 +429,7 @@ int main() {
         cmocka_unit_test(test_slices_and_isa),   cmocka_unit_test(test_bit_identical),
         cmocka_unit_test(test_double_reference), cmocka_unit_test(test_nonfinite_counted),
         cmocka_unit_test(test_grad_scale),       cmocka_unit_test(test_in_team),
+        cmocka_unit_test(test_nan_copy_out),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
