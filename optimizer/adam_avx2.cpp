@@ -1,4 +1,4 @@
-// AVX2 path (compiled with -mavx2 -mfma -mf16c): two vectors of 8 elements per iteration, so every
+// AVX2 path (compiled with -mavx2 -mfma -mf16c): U vectors of 8 elements per iteration, so every
 // 16-bit stream (gradient, copy-out) is read and written 32 bytes at a time like the fp32 ones, as
 // a compiler vectorizes the same loop. The tail runs the same body on a zero-padded copy, so every
 // element takes the same instructions.
@@ -13,7 +13,8 @@ namespace zf::detail {
 namespace {
 
 constexpr size_t V = 8;                    // lanes of a vector
-constexpr size_t W = 2 * V;                // elements per iteration
+constexpr size_t U = 4;                    // vectors per iteration
+constexpr size_t W = U * V;                // elements per iteration
 constexpr size_t kBlock = size_t{1} << 24; // iterations between sums of the non-finite counters
 
 // The constants broadcast once per call: held in registers, they are not reloaded after every
@@ -92,41 +93,41 @@ template <bool AdamW>
     return _mm256_castps_si256(bad);
 }
 
-// The lanes of each vector whose scaled gradient is not finite.
-struct Bad {
-    __m256i lo, hi;
-};
-
-// Updates elements [i, i + W). Every stream is read before any is written: a load that follows a
-// store to another stream at the same offset in its page waits on it (4K aliasing), and large
-// buffers are often aligned alike.
+// Updates elements [i, i + W) and sets bad[u] to all ones in the lanes of vector u whose scaled
+// gradient is not finite. Every stream is read before any is written: a load that follows a store
+// to another stream at the same offset in its page waits on it (4K aliasing), and large buffers
+// are often aligned alike.
 template <GradType G, CopyType C, bool AdamW, bool Stale>
-[[gnu::always_inline]] inline Bad body(const Ptrs &t, const Vc &c, size_t i) {
-    __m256 g0, g1;
-    load_grad<G>(t.grad, i, g0, g1);
-    __m256 p0 = _mm256_loadu_ps(t.param + i), p1 = _mm256_loadu_ps(t.param + i + V);
-    __m256 m0 = _mm256_loadu_ps(t.m + i), m1 = _mm256_loadu_ps(t.m + i + V);
-    __m256 v0 = _mm256_loadu_ps(t.v + i), v1 = _mm256_loadu_ps(t.v + i + V);
-    const Bad bad{update<AdamW>(c, g0, p0, m0, v0), update<AdamW>(c, g1, p1, m1, v1)};
-    _mm256_storeu_ps(t.param + i, p0);
-    _mm256_storeu_ps(t.param + i + V, p1);
-    _mm256_storeu_ps(t.m + i, m0);
-    _mm256_storeu_ps(t.m + i + V, m1);
-    _mm256_storeu_ps(t.v + i, v0);
-    _mm256_storeu_ps(t.v + i + V, v1);
+[[gnu::always_inline]] inline void body(const Ptrs &t, const Vc &c, size_t i, __m256i (&bad)[U]) {
+    __m256 g[U], p[U], m[U], v[U];
+    for (size_t u = 0; u < U; u += 2)
+        load_grad<G>(t.grad, i + u * V, g[u], g[u + 1]);
+    for (size_t u = 0; u < U; ++u)
+        p[u] = _mm256_loadu_ps(t.param + i + u * V);
+    for (size_t u = 0; u < U; ++u)
+        m[u] = _mm256_loadu_ps(t.m + i + u * V);
+    for (size_t u = 0; u < U; ++u)
+        v[u] = _mm256_loadu_ps(t.v + i + u * V);
+    for (size_t u = 0; u < U; ++u)
+        bad[u] = update<AdamW>(c, g[u], p[u], m[u], v[u]);
+    for (size_t u = 0; u < U; ++u)
+        _mm256_storeu_ps(t.param + i + u * V, p[u]);
+    for (size_t u = 0; u < U; ++u)
+        _mm256_storeu_ps(t.m + i + u * V, m[u]);
+    for (size_t u = 0; u < U; ++u)
+        _mm256_storeu_ps(t.v + i + u * V, v[u]);
     if constexpr (C != CopyType::none)
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(static_cast<uint16_t *>(t.copy) + i),
-                            to_copy<C>(p0, p1));
-    if constexpr (Stale) {
-        _mm256_storeu_ps(t.stale + i, p0);
-        _mm256_storeu_ps(t.stale + i + V, p1);
-    }
-    return bad;
+        for (size_t u = 0; u < U; u += 2)
+            _mm256_storeu_si256(
+                reinterpret_cast<__m256i *>(static_cast<uint16_t *>(t.copy) + i + u * V),
+                to_copy<C>(p[u], p[u + 1]));
+    if constexpr (Stale)
+        for (size_t u = 0; u < U; ++u)
+            _mm256_storeu_ps(t.stale + i + u * V, p[u]);
 }
 
 // Non-finite lanes are counted in a vector of per-lane counters (subtracting the all-ones lanes),
-// summed once per block of 2^24 iterations, so neither a lane nor the sum can
-// overflow.
+// summed once per block of 2^24 iterations, so neither a lane nor the sum can overflow.
 template <GradType G, CopyType C, bool AdamW, bool Stale>
 uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
     const Ptrs ptrs{t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.copy_out, t.stale};
@@ -137,8 +138,10 @@ uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
         const size_t end = i + W * ((hi - i) / W < kBlock ? (hi - i) / W : kBlock);
         __m256i count = _mm256_setzero_si256();
         for (; i < end; i += W) {
-            const Bad b = body<G, C, AdamW, Stale>(ptrs, c, i);
-            count = _mm256_sub_epi32(_mm256_sub_epi32(count, b.lo), b.hi);
+            __m256i b[U];
+            body<G, C, AdamW, Stale>(ptrs, c, i, b);
+            for (size_t u = 0; u < U; ++u)
+                count = _mm256_sub_epi32(count, b[u]);
         }
         const __m128i half =
             _mm_add_epi32(_mm256_castsi256_si128(count), _mm256_extracti128_si256(count, 1));
@@ -147,9 +150,13 @@ uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
             _mm_cvtsi128_si32(_mm_add_epi32(quarter, _mm_srli_epi64(quarter, 32))));
     }
     return bad + padded_tail<W, G, C>(t, i, hi, [&c](const Ptrs &p) {
-               const Bad b = body<G, C, AdamW, Stale>(p, c, 0);
-               return static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(b.lo))) |
-                      static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(b.hi))) << V;
+               __m256i b[U];
+               body<G, C, AdamW, Stale>(p, c, 0, b);
+               uint64_t lanes = 0;
+               for (size_t u = 0; u < U; ++u)
+                   lanes |= static_cast<uint64_t>(_mm256_movemask_ps(_mm256_castsi256_ps(b[u])))
+                            << (u * V);
+               return lanes;
            });
 }
 

@@ -57,7 +57,7 @@ struct Ptrs {
 // The last hi - i < W elements of a tensor: copied into zero-padded W-wide buffers, run through the
 // same vector body as every other element (so they take the same arithmetic and give the same
 // bits), and copied back. body(ptrs) updates elements [0, W) of ptrs and returns the mask of lanes
-// with non-finite gradients.
+// with non-finite gradients (W <= 64).
 template <size_t W, GradType G, CopyType C, class Body>
 uint64_t padded_tail(const AdamTensor &t, size_t i, size_t hi, Body &&body) {
     const size_t r = hi - i;
@@ -70,15 +70,16 @@ uint64_t padded_tail(const AdamTensor &t, size_t i, size_t hi, Body &&body) {
     std::memcpy(m, t.exp_avg + i, r * 4);
     std::memcpy(v, t.exp_avg_sq + i, r * 4);
     std::memcpy(g, static_cast<const unsigned char *>(t.grad) + i * gsize, r * gsize);
-    const unsigned lanes = (1u << r) - 1;
-    const unsigned bad = body(Ptrs{p, g, m, v, cp, s}) & lanes;
+    static_assert(W <= 64);
+    const uint64_t lanes = (uint64_t{1} << r) - 1; // r < W
+    const uint64_t bad = body(Ptrs{p, g, m, v, cp, s}) & lanes;
     std::memcpy(t.param + i, p, r * 4);
     std::memcpy(t.exp_avg + i, m, r * 4);
     std::memcpy(t.exp_avg_sq + i, v, r * 4);
     if constexpr (C != CopyType::none)
         std::memcpy(static_cast<uint16_t *>(t.copy_out) + i, cp, r * 2);
     if (t.stale) std::memcpy(t.stale + i, s, r * 4);
-    return static_cast<uint64_t>(__builtin_popcount(bad));
+    return static_cast<uint64_t>(__builtin_popcountll(bad));
 }
 
 // Turns the run-time element types into the kernel instantiation run.operator()<G, C>(): the
