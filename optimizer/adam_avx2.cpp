@@ -100,30 +100,38 @@ template <bool AdamW>
 template <GradType G, CopyType C, bool AdamW, bool Stale>
 [[gnu::always_inline]] inline void body(const Ptrs &t, const Vc &c, size_t i, __m256i (&bad)[U]) {
     __m256 g[U], p[U], m[U], v[U];
+    ZF_UNROLL
     for (size_t u = 0; u < U; u += 2)
         load_grad<G>(t.grad, i + u * V, g[u], g[u + 1]);
+    ZF_UNROLL
     for (size_t u = 0; u < U; ++u)
         p[u] = _mm256_loadu_ps(t.param + i + u * V);
+    ZF_UNROLL
     for (size_t u = 0; u < U; ++u)
         m[u] = _mm256_loadu_ps(t.m + i + u * V);
+    ZF_UNROLL
     for (size_t u = 0; u < U; ++u)
         v[u] = _mm256_loadu_ps(t.v + i + u * V);
+    ZF_UNROLL
     for (size_t u = 0; u < U; ++u)
         bad[u] = update<AdamW>(c, g[u], p[u], m[u], v[u]);
+    ZF_UNROLL
     for (size_t u = 0; u < U; ++u)
         _mm256_storeu_ps(t.param + i + u * V, p[u]);
+    ZF_UNROLL
     for (size_t u = 0; u < U; ++u)
         _mm256_storeu_ps(t.m + i + u * V, m[u]);
+    ZF_UNROLL
     for (size_t u = 0; u < U; ++u)
         _mm256_storeu_ps(t.v + i + u * V, v[u]);
-    if constexpr (C != CopyType::none)
-        for (size_t u = 0; u < U; u += 2)
-            _mm256_storeu_si256(
-                reinterpret_cast<__m256i *>(static_cast<uint16_t *>(t.copy) + i + u * V),
-                to_copy<C>(p[u], p[u + 1]));
-    if constexpr (Stale)
-        for (size_t u = 0; u < U; ++u)
-            _mm256_storeu_ps(t.stale + i + u * V, p[u]);
+    if constexpr (C != CopyType::none) ZF_UNROLL
+    for (size_t u = 0; u < U; u += 2)
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i *>(static_cast<uint16_t *>(t.copy) + i + u * V),
+            to_copy<C>(p[u], p[u + 1]));
+    if constexpr (Stale) ZF_UNROLL
+    for (size_t u = 0; u < U; ++u)
+        _mm256_storeu_ps(t.stale + i + u * V, p[u]);
 }
 
 // Non-finite lanes are counted in a vector of per-lane counters (subtracting the all-ones lanes),
@@ -140,6 +148,7 @@ uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
         for (; i < end; i += W) {
             __m256i b[U];
             body<G, C, AdamW, Stale>(ptrs, c, i, b);
+            ZF_UNROLL
             for (size_t u = 0; u < U; ++u)
                 count = _mm256_sub_epi32(count, b[u]);
         }
@@ -153,6 +162,7 @@ uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
                __m256i b[U];
                body<G, C, AdamW, Stale>(p, c, 0, b);
                uint64_t lanes = 0;
+               ZF_UNROLL
                for (size_t u = 0; u < U; ++u)
                    lanes |= static_cast<uint64_t>(_mm256_movemask_ps(_mm256_castsi256_ps(b[u])))
                             << (u * V);

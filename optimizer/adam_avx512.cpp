@@ -13,10 +13,10 @@ namespace zf::detail {
 namespace {
 
 constexpr size_t V = 16; // lanes of a vector
-// Vectors per iteration: every load of 64 elements issues before their sqrt and division chains,
-// so more lines are in flight. Measured on an AMD EPYC (Zen 4) 2-vCPU VM, N = 100M, alternated in
-// one process: 2 -> 4 vectors 3-22% faster at 1 and 2 threads, 8 no faster than 4.
-constexpr size_t U = 4;
+// Vectors per iteration: two make a whole line of a 16-bit stream. Four were no faster in
+// zenflow-bench adam on an AMD EPYC (Zen 4) 2-vCPU VM, N = 100M, 1 and 2 threads (ratios to the
+// roofline within the noise of the same runs).
+constexpr size_t U = 2;
 constexpr size_t W = U * V;                // elements per iteration
 constexpr size_t kBlock = size_t{1} << 24; // iterations between sums of the non-finite counters
 
@@ -97,30 +97,38 @@ template <bool AdamW>
 template <GradType G, CopyType C, bool AdamW, bool Stale>
 [[gnu::always_inline]] inline void body(const Ptrs &t, const Vc &c, size_t i, __mmask16 (&bad)[U]) {
     __m512 g[U], p[U], m[U], v[U];
+    ZF_UNROLL
     for (size_t u = 0; u < U; u += 2)
         load_grad<G>(t.grad, i + u * V, g[u], g[u + 1]);
+    ZF_UNROLL
     for (size_t u = 0; u < U; ++u)
         p[u] = _mm512_loadu_ps(t.param + i + u * V);
+    ZF_UNROLL
     for (size_t u = 0; u < U; ++u)
         m[u] = _mm512_loadu_ps(t.m + i + u * V);
+    ZF_UNROLL
     for (size_t u = 0; u < U; ++u)
         v[u] = _mm512_loadu_ps(t.v + i + u * V);
+    ZF_UNROLL
     for (size_t u = 0; u < U; ++u)
         bad[u] = update<AdamW>(c, g[u], p[u], m[u], v[u]);
+    ZF_UNROLL
     for (size_t u = 0; u < U; ++u)
         _mm512_storeu_ps(t.param + i + u * V, p[u]);
+    ZF_UNROLL
     for (size_t u = 0; u < U; ++u)
         _mm512_storeu_ps(t.m + i + u * V, m[u]);
+    ZF_UNROLL
     for (size_t u = 0; u < U; ++u)
         _mm512_storeu_ps(t.v + i + u * V, v[u]);
-    if constexpr (C != CopyType::none)
-        for (size_t u = 0; u < U; u += 2)
-            _mm512_storeu_si512(static_cast<uint16_t *>(t.copy) + i + u * V,
-                                _mm512_inserti64x4(_mm512_castsi256_si512(to_copy<C>(p[u])),
-                                                   to_copy<C>(p[u + 1]), 1));
-    if constexpr (Stale)
-        for (size_t u = 0; u < U; ++u)
-            _mm512_storeu_ps(t.stale + i + u * V, p[u]);
+    if constexpr (C != CopyType::none) ZF_UNROLL
+    for (size_t u = 0; u < U; u += 2)
+        _mm512_storeu_si512(
+            static_cast<uint16_t *>(t.copy) + i + u * V,
+            _mm512_inserti64x4(_mm512_castsi256_si512(to_copy<C>(p[u])), to_copy<C>(p[u + 1]), 1));
+    if constexpr (Stale) ZF_UNROLL
+    for (size_t u = 0; u < U; ++u)
+        _mm512_storeu_ps(t.stale + i + u * V, p[u]);
 }
 
 // Non-finite lanes are counted in a vector of per-lane counters (one masked add per vector),
@@ -137,6 +145,7 @@ uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
         for (; i < end; i += W) {
             __mmask16 b[U];
             body<G, C, AdamW, Stale>(ptrs, c, i, b);
+            ZF_UNROLL
             for (size_t u = 0; u < U; ++u)
                 count = _mm512_mask_add_epi32(count, b[u], count, _mm512_set1_epi32(1));
         }
@@ -146,6 +155,7 @@ uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
                __mmask16 b[U];
                body<G, C, AdamW, Stale>(p, c, 0, b);
                uint64_t lanes = 0;
+               ZF_UNROLL
                for (size_t u = 0; u < U; ++u)
                    lanes |= static_cast<uint64_t>(b[u]) << (u * V);
                return lanes;
