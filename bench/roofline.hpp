@@ -1,16 +1,28 @@
-// The roofline the Adam benchmark compares against: a pure streaming pass over exactly the bytes
-// an Adam step of the same configuration moves, with the same access pattern (param, moments read
-// and written in place, gradients read, copy-out and stale written) and the same thread slices.
+// The roofline the Adam benchmark compares against: a plain streaming pass over exactly the bytes
+// an Adam step of the same configuration moves (param and moments read and written back in place,
+// the gradient read, copy-out and stale written), as the compiler writes a plain loop for the
+// kernel's instruction set: no intrinsics, no software prefetch, no blocking.
 #pragma once
 
 #include "adam.hpp"
 
 namespace zf::bench {
 
-// Runs the pass over elements [lo, hi) of `t` with vector loads and stores of `isa`'s width.
-// Values are written back unchanged, so the kernel's next step sees the same data. With
-// `prefetch` it also reads ahead as the kernels do.
+// The forms of the pass; the benchmark times each and holds the kernel to the fastest.
+// (No form leaves vectorizing to the compiler: GCC does not vectorize the plain loop at -O2, and
+// the scalar read-modify-writes it makes stream at 1.4-1.9 GB/s on 2 MiB-aligned buffers, AMD EPYC
+// Zen 4, so it would only make the benchmark slow.)
+enum class RoofForm : uint8_t {
+    simd,  // the plain loop under `#pragma omp simd`: vector loads and stores of the ISA's width
+    lines, // the loop in chunks of one 64-byte line of each fp32 stream, each stream's chunk an
+           // `omp simd` loop of its own: every line is read or written whole before the next
+};
+inline constexpr RoofForm kRoofForms[] = {RoofForm::simd, RoofForm::lines};
+const char *roof_form_name(RoofForm f);
+
+// Runs the pass over elements [lo, hi) of `t`, compiled for `isa` (the baseline x86-64 for
+// scalar). Values are written back unchanged, so the kernel's next step sees the same data.
 void stream_pass(const AdamTensor &t, GradType g, CopyType c, size_t lo, size_t hi, Isa isa,
-                 bool prefetch);
+                 RoofForm form);
 
 } // namespace zf::bench

@@ -1,5 +1,7 @@
-// AVX2 path (compiled with -mavx2 -mfma -mf16c): 8 elements per iteration. The tail runs
-// the same body on a zero-padded copy, so every element takes the same instructions.
+// AVX2 path (compiled with -mavx2 -mfma -mf16c): U vectors of 8 elements per iteration, so every
+// 16-bit stream (gradient, copy-out) is read and written 32 bytes at a time like the fp32 ones, as
+// a compiler vectorizes the same loop. The tail runs the same body on a zero-padded copy, so every
+// element takes the same instructions.
 // No standard-library templates here: their out-of-line copies could be picked by the linker for
 // code that runs on CPUs without AVX2.
 #include "adam_kernels.hpp"
@@ -10,85 +12,161 @@
 namespace zf::detail {
 namespace {
 
-constexpr size_t W = 8;
+constexpr size_t V = 8;                    // lanes of a vector
+constexpr size_t U = 4;                    // vectors per iteration
+constexpr size_t W = U * V;                // elements per iteration
+constexpr size_t kBlock = size_t{1} << 24; // iterations between sums of the non-finite counters
 
-template <GradType G> inline __m256 load_grad(const void *grad, size_t i) {
+// The constants broadcast once per call: held in registers, they are not reloaded after every
+// store (a float store may alias a `const Consts &` as far as the compiler knows).
+struct Vc {
+    __m256 grad_scale, decay, l2, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size,
+        inv_bias2_sqrt, eps;
+    explicit Vc(const Consts &c)
+        : grad_scale(_mm256_set1_ps(c.grad_scale)), decay(_mm256_set1_ps(c.decay)),
+          l2(_mm256_set1_ps(c.l2)), beta1(_mm256_set1_ps(c.beta1)),
+          one_minus_beta1(_mm256_set1_ps(c.one_minus_beta1)), beta2(_mm256_set1_ps(c.beta2)),
+          one_minus_beta2(_mm256_set1_ps(c.one_minus_beta2)),
+          neg_step_size(_mm256_set1_ps(c.neg_step_size)),
+          inv_bias2_sqrt(_mm256_set1_ps(c.inv_bias2_sqrt)), eps(_mm256_set1_ps(c.eps)) {}
+};
+
+// Elements [i, i + V) and [i + V, i + W) of the gradient as fp32.
+template <GradType G> inline void load_grad(const void *grad, size_t i, __m256 &lo, __m256 &hi) {
     if constexpr (G == GradType::f32) {
-        return _mm256_loadu_ps(static_cast<const float *>(grad) + i);
+        lo = _mm256_loadu_ps(static_cast<const float *>(grad) + i);
+        hi = _mm256_loadu_ps(static_cast<const float *>(grad) + i + V);
     } else {
-        const __m128i h = _mm_loadu_si128(
-            reinterpret_cast<const __m128i *>(static_cast<const uint16_t *>(grad) + i));
-        if constexpr (G == GradType::bf16)
-            return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-        else
-            return _mm256_cvtph_ps(h);
+        const __m256i h = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i *>(static_cast<const uint16_t *>(grad) + i));
+        const __m128i h0 = _mm256_castsi256_si128(h), h1 = _mm256_extracti128_si256(h, 1);
+        if constexpr (G == GradType::bf16) {
+            lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h0), 16));
+            hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h1), 16));
+        } else {
+            lo = _mm256_cvtph_ps(h0);
+            hi = _mm256_cvtph_ps(h1);
+        }
     }
 }
 
-inline __m128i to_bf16(__m256 p) {
+// The bf16 bits of p in the low half of each 32-bit lane.
+inline __m256i bf16_bits(__m256 p) {
     const __m256i u = _mm256_castps_si256(p);
     const __m256i hi = _mm256_srli_epi32(u, 16);
     const __m256i rounded =
         _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
                                            _mm256_and_si256(hi, _mm256_set1_epi32(1))),
                           16);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                           _mm256_set1_epi32(0x7f800000));
-    const __m256i r =
-        _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
-    // Every lane is below 0x10000, so the saturating pack is a plain narrowing.
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-    return _mm256_castsi256_si128(packed);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(p, p, _CMP_UNORD_Q)); // one op, not two
+    return _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
 }
 
-// Returns the lanes whose scaled gradient is not finite.
-template <GradType G, CopyType C> inline unsigned body(const Ptrs &t, const Consts &c, size_t i) {
-    __m256 g = _mm256_mul_ps(load_grad<G>(t.grad, i), _mm256_set1_ps(c.grad_scale));
+// The copy-out of elements [0, V) from lo and [V, W) from hi.
+template <CopyType C> inline __m256i to_copy(__m256 lo, __m256 hi) {
+    if constexpr (C == CopyType::bf16) {
+        // Every lane is below 0x10000, so the saturating pack is a plain narrowing; it interleaves
+        // the 128-bit halves, which the permutation puts back in order.
+        return _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_bits(lo), bf16_bits(hi)), 0xd8);
+    } else {
+        constexpr int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        return _mm256_set_m128i(_mm256_cvtps_ph(hi, round), _mm256_cvtps_ph(lo, round));
+    }
+}
+
+// The arithmetic of adam_kernels.hpp on one vector; returns all ones in the lanes whose scaled
+// gradient is not finite.
+template <bool AdamW>
+[[gnu::always_inline]] inline __m256i update(const Vc &c, __m256 g, __m256 &p, __m256 &m,
+                                             __m256 &v) {
+    g = _mm256_mul_ps(g, c.grad_scale);
     const __m256 abs = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), g);
-    const __m256 finite = _mm256_cmp_ps(abs, _mm256_set1_ps(__builtin_inff()), _CMP_LT_OQ);
-    __m256 p = _mm256_loadu_ps(t.param + i);
-    if (c.adamw)
-        p = _mm256_mul_ps(p, _mm256_set1_ps(c.decay));
+    const __m256 bad = _mm256_cmp_ps(abs, _mm256_set1_ps(__builtin_inff()), _CMP_NLT_UQ);
+    if constexpr (AdamW)
+        p = _mm256_mul_ps(p, c.decay);
     else
-        g = _mm256_fmadd_ps(_mm256_set1_ps(c.l2), p, g);
-    const __m256 m =
-        _mm256_fmadd_ps(_mm256_set1_ps(c.one_minus_beta1), g,
-                        _mm256_mul_ps(_mm256_set1_ps(c.beta1), _mm256_loadu_ps(t.m + i)));
-    const __m256 v =
-        _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(c.one_minus_beta2), g), g,
-                        _mm256_mul_ps(_mm256_set1_ps(c.beta2), _mm256_loadu_ps(t.v + i)));
-    const __m256 d =
-        _mm256_fmadd_ps(_mm256_sqrt_ps(v), _mm256_set1_ps(c.inv_bias2_sqrt), _mm256_set1_ps(c.eps));
-    p = _mm256_fmadd_ps(_mm256_set1_ps(c.neg_step_size), _mm256_div_ps(m, d), p);
-    _mm256_storeu_ps(t.param + i, p);
-    _mm256_storeu_ps(t.m + i, m);
-    _mm256_storeu_ps(t.v + i, v);
-    if constexpr (C == CopyType::bf16)
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(static_cast<uint16_t *>(t.copy) + i),
-                         to_bf16(p));
-    else if constexpr (C == CopyType::f16)
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(static_cast<uint16_t *>(t.copy) + i),
-                         _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    if (t.stale) _mm256_storeu_ps(t.stale + i, p);
-    return static_cast<unsigned>(~_mm256_movemask_ps(finite)) & 0xffu;
+        g = _mm256_fmadd_ps(c.l2, p, g);
+    m = _mm256_fmadd_ps(c.one_minus_beta1, g, _mm256_mul_ps(c.beta1, m));
+    v = _mm256_fmadd_ps(_mm256_mul_ps(c.one_minus_beta2, g), g, _mm256_mul_ps(c.beta2, v));
+    const __m256 d = _mm256_fmadd_ps(_mm256_sqrt_ps(v), c.inv_bias2_sqrt, c.eps);
+    p = _mm256_fmadd_ps(c.neg_step_size, _mm256_div_ps(m, d), p);
+    return _mm256_castps_si256(bad);
 }
 
-template <GradType G, CopyType C>
-uint64_t run(const AdamTensor &t, const Consts &c, size_t lo, size_t hi) {
+// Updates elements [i, i + W) and sets bad[u] to all ones in the lanes of vector u whose scaled
+// gradient is not finite. Every stream is read before any is written: a load that follows a store
+// to another stream at the same offset in its page waits on it (4K aliasing), and large buffers
+// are often aligned alike.
+template <GradType G, CopyType C, bool AdamW, bool Stale>
+[[gnu::always_inline]] inline void body(const Ptrs &t, const Vc &c, size_t i, __m256i (&bad)[U]) {
+    __m256 g[U], p[U], m[U], v[U];
+    ZF_UNROLL
+    for (size_t u = 0; u < U; u += 2)
+        load_grad<G>(t.grad, i + u * V, g[u], g[u + 1]);
+    ZF_UNROLL
+    for (size_t u = 0; u < U; ++u)
+        p[u] = _mm256_loadu_ps(t.param + i + u * V);
+    ZF_UNROLL
+    for (size_t u = 0; u < U; ++u)
+        m[u] = _mm256_loadu_ps(t.m + i + u * V);
+    ZF_UNROLL
+    for (size_t u = 0; u < U; ++u)
+        v[u] = _mm256_loadu_ps(t.v + i + u * V);
+    ZF_UNROLL
+    for (size_t u = 0; u < U; ++u)
+        bad[u] = update<AdamW>(c, g[u], p[u], m[u], v[u]);
+    ZF_UNROLL
+    for (size_t u = 0; u < U; ++u)
+        _mm256_storeu_ps(t.param + i + u * V, p[u]);
+    ZF_UNROLL
+    for (size_t u = 0; u < U; ++u)
+        _mm256_storeu_ps(t.m + i + u * V, m[u]);
+    ZF_UNROLL
+    for (size_t u = 0; u < U; ++u)
+        _mm256_storeu_ps(t.v + i + u * V, v[u]);
+    if constexpr (C != CopyType::none) ZF_UNROLL
+    for (size_t u = 0; u < U; u += 2)
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i *>(static_cast<uint16_t *>(t.copy) + i + u * V),
+            to_copy<C>(p[u], p[u + 1]));
+    if constexpr (Stale) ZF_UNROLL
+    for (size_t u = 0; u < U; ++u)
+        _mm256_storeu_ps(t.stale + i + u * V, p[u]);
+}
+
+// Non-finite lanes are counted in a vector of per-lane counters (subtracting the all-ones lanes),
+// summed once per block of 2^24 iterations, so neither a lane nor the sum can overflow.
+template <GradType G, CopyType C, bool AdamW, bool Stale>
+uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
     const Ptrs ptrs{t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.copy_out, t.stale};
+    const Vc c(consts);
     uint64_t bad = 0;
     size_t i = lo;
-    for (; i + 4 * W <= hi; i += 4 * W) {
-        prefetch32<G>(ptrs, i);
-        unsigned b = 0;
-        for (size_t k = 0; k < 4; ++k)
-            b |= body<G, C>(ptrs, c, i + k * W) << (k * W);
-        bad += static_cast<uint64_t>(__builtin_popcount(b));
+    while (hi - i >= W) {
+        const size_t end = i + W * ((hi - i) / W < kBlock ? (hi - i) / W : kBlock);
+        __m256i count = _mm256_setzero_si256();
+        for (; i < end; i += W) {
+            __m256i b[U];
+            body<G, C, AdamW, Stale>(ptrs, c, i, b);
+            ZF_UNROLL
+            for (size_t u = 0; u < U; ++u)
+                count = _mm256_sub_epi32(count, b[u]);
+        }
+        const __m128i half =
+            _mm_add_epi32(_mm256_castsi256_si128(count), _mm256_extracti128_si256(count, 1));
+        const __m128i quarter = _mm_add_epi32(half, _mm_unpackhi_epi64(half, half));
+        bad += static_cast<uint32_t>(
+            _mm_cvtsi128_si32(_mm_add_epi32(quarter, _mm_srli_epi64(quarter, 32))));
     }
-    for (; i + W <= hi; i += W)
-        bad += static_cast<uint64_t>(__builtin_popcount(body<G, C>(ptrs, c, i)));
-    return bad + padded_tail<W, G, C>(t, c, i, hi, [](const Ptrs &ptr, const Consts &k, size_t at) {
-               return body<G, C>(ptr, k, at);
+    return bad + padded_tail<W, G, C>(t, i, hi, [&c](const Ptrs &p) {
+               __m256i b[U];
+               body<G, C, AdamW, Stale>(p, c, 0, b);
+               uint64_t lanes = 0;
+               ZF_UNROLL
+               for (size_t u = 0; u < U; ++u)
+                   lanes |= static_cast<uint64_t>(_mm256_movemask_ps(_mm256_castsi256_ps(b[u])))
+                            << (u * V);
+               return lanes;
            });
 }
 
@@ -96,7 +174,11 @@ uint64_t run(const AdamTensor &t, const Consts &c, size_t lo, size_t hi) {
 
 uint64_t range_avx2(const AdamTensor &t, const Consts &c, GradType g, CopyType cp, size_t lo,
                     size_t hi) {
-    return dispatch_types(g, cp, [&]<GradType G, CopyType C>() { return run<G, C>(t, c, lo, hi); });
+    return dispatch_types(g, cp, [&]<GradType G, CopyType C>() {
+        return dispatch_flags(c.adamw, t.stale != nullptr, [&]<bool AdamW, bool Stale>() {
+            return run<G, C, AdamW, Stale>(t, c, lo, hi);
+        });
+    });
 }
 
 } // namespace zf::detail

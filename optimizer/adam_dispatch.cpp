@@ -4,20 +4,24 @@
 
 #include <atomic>
 #include <cmath>
+#include <cpuid.h>
 #include <omp.h>
 
 namespace zf {
 namespace {
 
+// F16C from CPUID leaf 1 (clang before 16 has no "f16c" for __builtin_cpu_supports). Only asked
+// once AVX2 is known to be usable, which already means the OS saves the YMM state F16C needs.
+bool has_f16c() {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 Isa detect() {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-        return Isa::avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-        return Isa::avx2;
-    return Isa::scalar;
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !has_f16c())
+        return Isa::scalar;
+    return __builtin_cpu_supports("avx512f") ? Isa::avx512 : Isa::avx2;
 }
 
 std::atomic<Isa> &forced() {

@@ -54,37 +54,17 @@ struct Ptrs {
     float *stale;
 };
 
-// Software prefetch for the 32 elements at i + kPrefetchAhead of every stream a kernel reads
-// (param, both moments and the gradient), into L1. Without it the long sqrt and division chains
-// fill the out-of-order window and one thread falls short of the memory roof: N = 100M fp32, one
-// thread, alternated in one run: no prefetch 0.97-0.99 of the roofline, the fp32 streams into L2
-// 2048 elements ahead 0.85-0.90, every stream into L1 512 elements ahead 1.01-1.03. The vector
-// bodies call it once per 32 elements; a prefetch past the end of a buffer does not fault.
-constexpr size_t kPrefetchAhead = 512;
-
-template <GradType G>
-[[gnu::always_inline]] static inline void prefetch32(const Ptrs &t, size_t i) {
-    // Integer addresses: the prefetched ones may lie past the end of a buffer.
-    const auto line = [](const void *base, size_t byte) {
-        __builtin_prefetch(reinterpret_cast<const void *>(reinterpret_cast<uintptr_t>(base) + byte),
-                           0, 3);
-    };
-    const size_t f32 = 4 * (i + kPrefetchAhead);
-    const float *const streams[3] = {t.param, t.m, t.v};
-    for (const float *s : streams) {
-        line(s, f32);
-        line(s, f32 + 64);
-    }
-    constexpr size_t gsize = G == GradType::f32 ? 4 : 2;
-    line(t.grad, gsize * (i + kPrefetchAhead));
-    if constexpr (gsize == 4) line(t.grad, f32 + 64);
-}
+// Before every loop over the vectors of an iteration: unrolled completely, its arrays of vectors
+// live in registers. Left to itself, GCC 12 at the project's flags kept them on the stack and
+// copied every input and output through it (AVX-512, four vectors: half the speed).
+#define ZF_UNROLL _Pragma("GCC unroll 8")
 
 // The last hi - i < W elements of a tensor: copied into zero-padded W-wide buffers, run through the
 // same vector body as every other element (so they take the same arithmetic and give the same
-// bits), and copied back. body(ptrs, c, 0) returns the mask of lanes with non-finite gradients.
+// bits), and copied back. body(ptrs) updates elements [0, W) of ptrs and returns the mask of lanes
+// with non-finite gradients (W <= 64).
 template <size_t W, GradType G, CopyType C, class Body>
-uint64_t padded_tail(const AdamTensor &t, const Consts &c, size_t i, size_t hi, Body &&body) {
+uint64_t padded_tail(const AdamTensor &t, size_t i, size_t hi, Body &&body) {
     const size_t r = hi - i;
     if (r == 0) return 0;
     constexpr size_t gsize = G == GradType::f32 ? 4 : 2;
@@ -95,15 +75,16 @@ uint64_t padded_tail(const AdamTensor &t, const Consts &c, size_t i, size_t hi, 
     std::memcpy(m, t.exp_avg + i, r * 4);
     std::memcpy(v, t.exp_avg_sq + i, r * 4);
     std::memcpy(g, static_cast<const unsigned char *>(t.grad) + i * gsize, r * gsize);
-    const unsigned lanes = (1u << r) - 1;
-    const unsigned bad = body(Ptrs{p, g, m, v, cp, t.stale ? s : nullptr}, c, 0) & lanes;
+    static_assert(W <= 64);
+    const uint64_t lanes = (uint64_t{1} << r) - 1; // r < W
+    const uint64_t bad = body(Ptrs{p, g, m, v, cp, s}) & lanes;
     std::memcpy(t.param + i, p, r * 4);
     std::memcpy(t.exp_avg + i, m, r * 4);
     std::memcpy(t.exp_avg_sq + i, v, r * 4);
     if constexpr (C != CopyType::none)
         std::memcpy(static_cast<uint16_t *>(t.copy_out) + i, cp, r * 2);
     if (t.stale) std::memcpy(t.stale + i, s, r * 4);
-    return static_cast<uint64_t>(__builtin_popcount(bad));
+    return static_cast<uint64_t>(__builtin_popcountll(bad));
 }
 
 // Turns the run-time element types into the kernel instantiation run.operator()<G, C>(): the
@@ -127,6 +108,15 @@ template <class Run> uint64_t dispatch_types(GradType g, CopyType cp, Run &&run)
     default:
         return with_copy.template operator()<GradType::f32>();
     }
+}
+
+// Turns the per-tensor switches into template arguments run.operator()<AdamW, Stale>(), so the
+// vector loops carry no branch on them.
+template <class Run> uint64_t dispatch_flags(bool adamw, bool stale, Run &&run) {
+    if (adamw)
+        return stale ? run.template operator()<true, true>()
+                     : run.template operator()<true, false>();
+    return stale ? run.template operator()<false, true>() : run.template operator()<false, false>();
 }
 
 } // namespace zf::detail

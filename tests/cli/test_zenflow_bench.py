@@ -25,11 +25,15 @@ class Adam(unittest.TestCase):
     def test_json_contract(self):
         d = adam()
         for key in ("seconds", "gelem_per_s", "gb_per_s", "roofline_seconds",
-                    "roofline_gb_per_s", "roofline_prefetch", "ratio"):
+                    "roofline_gb_per_s", "roofline_form", "ratio"):
             self.assertIn(key, d)
         self.assertEqual((d["elements"], d["threads"], d["steps"]), (N, 1, 10))
         self.assertEqual((d["grad"], d["copy_out"], d["stale"]), ("fp32", "none", False))
-        self.assertIsInstance(d["roofline_prefetch"], bool)
+        forms = d["roofline_forms_gb_per_s"]
+        self.assertEqual(set(forms), {"simd", "lines"})
+        self.assertAlmostEqual(d["roofline_gb_per_s"], forms[d["roofline_form"]],
+                               delta=1e-3 * d["roofline_gb_per_s"])
+        self.assertEqual(d["roofline_form"], max(forms, key=forms.get))
         self.assertEqual(d["bytes_per_step"], 28 * N)
         self.assertGreater(d["seconds"], 0)
         self.assertGreater(d["roofline_seconds"], 0)
@@ -52,7 +56,8 @@ class Adam(unittest.TestCase):
         r = run("adam", "--elements", "4096", "--steps", "10")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout, r"(?m)^ratio +\d+\.\d+$")
-        self.assertRegex(r.stdout, r"roofline .*\((reading ahead|hardware prefetch only)\)")
+        self.assertRegex(r.stdout, r"roofline .*\(plain (simd|lines) pass; "
+                                   r"GB/s simd [\d.]+, lines [\d.]+\)")
 
 
 class Errors(unittest.TestCase):

@@ -1,7 +1,8 @@
 // zenflow-bench's roofline pass: it must make the kernel's memory traffic and nothing else. Over
-// every ISA this CPU has, gradient and copy-out type, with and without stale and read-ahead, on
+// every ISA this CPU has, every form, gradient and copy-out type, with and without stale, on
 // slices with odd ends: param, moments and gradients keep their bits, stale receives the params
-// for every element of the slice (tails included), and nothing outside the slice is written.
+// and the copy-out their high halves for every element of the slice (tails included), and nothing
+// outside the slice is written.
 #include "roofline.hpp"
 
 #include <cstdint>
@@ -54,7 +55,7 @@ void test_pass_keeps_data_and_writes_outputs(void **) {
         for (GradType g : {GradType::f32, GradType::bf16})
             for (CopyType c : {CopyType::none, CopyType::bf16})
                 for (bool stale : {false, true})
-                    for (bool prefetch : {false, true})
+                    for (zf::bench::RoofForm form : zf::bench::kRoofForms)
                         for (const auto &b : bounds) {
                             Buffers buf(n);
                             const Buffers before(n);
@@ -66,7 +67,7 @@ void test_pass_keeps_data_and_writes_outputs(void **) {
                             t.copy_out = c == CopyType::none ? nullptr : buf.copy.data();
                             t.stale = stale ? buf.stale.data() : nullptr;
                             t.n = n;
-                            zf::bench::stream_pass(t, g, c, b[0], b[1], isa, prefetch);
+                            zf::bench::stream_pass(t, g, c, b[0], b[1], isa, form);
                             assert_memory_equal(buf.param.data(), before.param.data(), 4 * n);
                             assert_memory_equal(buf.m.data(), before.m.data(), 4 * n);
                             assert_memory_equal(buf.v.data(), before.v.data(), 4 * n);
@@ -80,6 +81,8 @@ void test_pass_keeps_data_and_writes_outputs(void **) {
                                 assert_int_equal(s, stale && inside ? p : kStaleFill);
                                 if (!inside || c == CopyType::none)
                                     assert_int_equal(buf.copy[i], kCopyFill);
+                                else
+                                    assert_int_equal(buf.copy[i], p >> 16);
                             }
                         }
     }
