@@ -4,6 +4,7 @@
 // that clip by the global norm, against plain worker steps in the same rotation); and the bytes
 // per parameter the worker configuration really takes, from the RSS of both processes.
 #include "adam.hpp"
+#include "adam_convert.hpp"
 
 #include <zenbind/worker.h>
 
@@ -64,7 +65,7 @@ void fill(void *grad, zb_dtype type, size_t n, unsigned seed) {
         else if (type == ZB_DTYPE_BF16)
             static_cast<uint16_t *>(grad)[i] = static_cast<uint16_t>(u >> 16);
         else
-            static_cast<_Float16 *>(grad)[i] = static_cast<_Float16>(g);
+            static_cast<uint16_t *>(grad)[i] = zf::detail::float_to_f16(g);
     }
 }
 
@@ -117,8 +118,11 @@ int bench_worker(int argc, char **argv) {
     const std::vector<int> &cpus = affinity.cpus;
     if (threads <= 0) threads = static_cast<int>(cpus.size());
     std::string list;
-    for (int t = 0; t < threads; ++t)
-        list += (t ? "," : "") + std::to_string(cpus[size_t(t) % cpus.size()]);
+    // Appended piece by piece: GCC 12 at -O3 warns (-Wrestrict, falsely) on `"," + to_string(x)`.
+    for (int t = 0; t < threads; ++t) {
+        if (t) list += ',';
+        list += std::to_string(cpus[size_t(t) % cpus.size()]);
+    }
 
     zb_worker_attr attr;
     zb_worker_attr_init(&attr);

@@ -1,27 +1,20 @@
 // The public entry points: per-tensor constants, thread slices over the concatenated elements, and
 // the choice of kernel at run time (one binary for every x86-64 node).
 #include "adam_kernels.hpp"
+#include "cpu_level.hpp"
 
 #include <atomic>
 #include <cmath>
-#include <cpuid.h>
 #include <omp.h>
 
 namespace zf {
 namespace {
 
-// F16C from CPUID leaf 1 (clang before 16 has no "f16c" for __builtin_cpu_supports). Only asked
-// once AVX2 is known to be usable, which already means the OS saves the YMM state F16C needs.
-bool has_f16c() {
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-}
-
+// The AVX-512 kernel needs AVX-512F, FMA and F16C, the AVX2 one AVX2, FMA and F16C: levels 4 and
+// 3 hold them (one CPU test for the kernels and the gradient pre-pass alike).
 Isa detect() {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !has_f16c())
-        return Isa::scalar;
-    return __builtin_cpu_supports("avx512f") ? Isa::avx512 : Isa::avx2;
+    const int level = x86_level();
+    return level >= 4 ? Isa::avx512 : level >= 3 ? Isa::avx2 : Isa::scalar;
 }
 
 std::atomic<Isa> &forced() {

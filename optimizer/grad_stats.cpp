@@ -1,5 +1,7 @@
 #include "grad_stats.hpp"
 
+#include "cpu_level.hpp"
+
 #include <initializer_list>
 
 namespace zf {
@@ -11,12 +13,11 @@ GradStats grad_block_stats_v1(const void *grad, GradType type, size_t lo, size_t
 } // namespace detail
 
 GradBlockStatsFn grad_block_stats_for_level(int level) {
-    __builtin_cpu_init();
     switch (level) {
     case 4:
-        return __builtin_cpu_supports("x86-64-v4") ? detail::grad_block_stats_v4 : nullptr;
+        return x86_level() >= 4 ? detail::grad_block_stats_v4 : nullptr;
     case 3:
-        return __builtin_cpu_supports("x86-64-v3") ? detail::grad_block_stats_v3 : nullptr;
+        return x86_level() >= 3 ? detail::grad_block_stats_v3 : nullptr;
     case 1:
         return detail::grad_block_stats_v1;
     default:

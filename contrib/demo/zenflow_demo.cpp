@@ -141,8 +141,12 @@ std::string cpulist_of_self() {
         int last = cpu;
         while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set))
             ++last;
-        out += (out.empty() ? "" : ",") + std::to_string(cpu);
-        if (last > cpu) out += "-" + std::to_string(last);
+        if (!out.empty()) out += ','; // not `"," + to_string()`: GCC 12's false -Wrestrict at -O3
+        out += std::to_string(cpu);
+        if (last > cpu) {
+            out += '-';
+            out += std::to_string(last);
+        }
         cpu = last;
     }
     return out;
@@ -219,8 +223,10 @@ int main(int argc, char **argv) {
     for (unsigned t = 0; t < nthreads; ++t) {
         pid_t tid;
         int cpu = -1;
-        if (zb_worker_thread(worker, t, &tid, &cpu) == ZB_OK)
-            opt_cpus += (opt_cpus.empty() ? "" : ",") + std::to_string(cpu);
+        if (zb_worker_thread(worker, t, &tid, &cpu) == ZB_OK) {
+            if (!opt_cpus.empty()) opt_cpus += ',';
+            opt_cpus += std::to_string(cpu);
+        }
     }
     zb_worker_memory mem{};
     zb_worker_memory_usage(worker, &mem);

@@ -2,6 +2,7 @@
 // (g * scale rounded to fp32, squared in double into lane i % 8, lanes added in a fixed order), the
 // same bits on every ISA level this CPU runs, non-finite elements counted after the scale, and
 // partial blocks and tails handled.
+#include "adam_convert.hpp"
 #include "grad_stats.hpp"
 
 #include <cmath>
@@ -30,9 +31,7 @@ float to_float(const std::vector<uint16_t> &h, size_t i, GradType type) {
         std::memcpy(&f, &u, 4);
         return f;
     }
-    _Float16 x;
-    std::memcpy(&x, &h[i], 2);
-    return static_cast<float>(x);
+    return zf::detail::f16_to_float(h[i]);
 }
 
 // The documented computation, one element at a time.

@@ -3,6 +3,7 @@
 // gradient scale and alternating gradient buffers. The worker splits every group between two pinned
 // threads; the reference runs each group alone on one thread.
 #include "adam.hpp"
+#include "adam_convert.hpp"
 
 #include <zenbind/worker.h>
 
@@ -42,7 +43,7 @@ void fill_grad(void *dst, zb_dtype type, size_t n, uint32_t seed) {
         else if (type == ZB_DTYPE_BF16)
             static_cast<uint16_t *>(dst)[i] = static_cast<uint16_t>(u >> 16);
         else
-            static_cast<_Float16 *>(dst)[i] = static_cast<_Float16>(g);
+            static_cast<uint16_t *>(dst)[i] = zf::detail::float_to_f16(g);
     }
 }
 

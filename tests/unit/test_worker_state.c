@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <zenbind/worker.h>
 
+#include <immintrin.h> /* F16C conversions for fp16 gradients (built with -mf16c) */
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -62,7 +63,7 @@ static void fill(const zb_group_buffers *b, unsigned buffer, uint32_t seed) {
         else if (b->grad == ZB_DTYPE_BF16)
             ((uint16_t *)b->grads[buffer])[i] = (uint16_t)(u >> 16);
         else
-            ((_Float16 *)b->grads[buffer])[i] = (_Float16)g;
+            ((uint16_t *)b->grads[buffer])[i] = _cvtss_sh(g, _MM_FROUND_TO_NEAREST_INT);
     }
 }
 
@@ -322,7 +323,7 @@ static double to_double(const zb_group_buffers *b, unsigned buffer, size_t i, fl
         uint32_t u = (uint32_t)((const uint16_t *)b->grads[buffer])[i] << 16;
         memcpy(&g, &u, 4);
     } else {
-        g = (float)((const _Float16 *)b->grads[buffer])[i];
+        g = _cvtsh_ss(((const uint16_t *)b->grads[buffer])[i]);
     }
     return (double)(g * scale);
 }
