@@ -5,6 +5,7 @@
 #include "tune.hpp"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -48,6 +49,10 @@ const Command *find(const char *name) {
 } // namespace
 
 int main(int argc, char **argv) {
+    // hwloc says why a --synthetic string or --topology file is refused only when asked to; the
+    // CLI lets it, on stderr before zenbind's own message.
+    setenv("HWLOC_SYNTHETIC_VERBOSE", "1", 0);
+    setenv("HWLOC_XML_VERBOSE", "1", 0);
     if (argc < 2) {
         usage(stderr);
         return zb::cli::kUsage;
