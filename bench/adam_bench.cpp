@@ -32,9 +32,7 @@ struct Options {
 int bad_usage(const char *fmt, const char *arg) {
     std::fprintf(stderr, "zenflow-bench adam: ");
     std::fprintf(stderr, fmt, arg);
-    std::fprintf(stderr, "\nusage: zenflow-bench adam --elements N [--threads T] "
-                         "[--grad fp32|bf16|fp16] [--copy-out none|bf16|fp16] [--stale] "
-                         "[--isa scalar|avx2|avx512] [--steps K] [--json]\n");
+    std::fprintf(stderr, " (usage: zenflow-bench adam --help)\n");
     return 2;
 }
 

@@ -68,7 +68,10 @@ int bench_ipc(int argc, char **argv) {
                 return 2;
             }
         } else {
-            std::fprintf(stderr, "usage: zenflow-bench ipc [--iterations K] [--json]\n");
+            std::fprintf(stderr,
+                         "zenflow-bench ipc: bad argument '%s' (usage: zenflow-bench ipc "
+                         "--help)\n",
+                         argv[i]);
             return 2;
         }
     }

@@ -21,12 +21,19 @@ struct Subcommand {
     const char *name;
     int (*run)(int argc, char **argv); // argv[0] is the subcommand's name
     const char *summary;
+    const char *usage; // for SUBCOMMAND --help; a usage error points there
 };
 
 const Subcommand kSubcommands[] = {
-    {"adam", bench_adam, "the Adam/AdamW kernel against a streaming roofline over the same bytes"},
-    {"ipc", bench_ipc, "round trip of an empty step between this process and a worker"},
-    {"worker", bench_worker, "a step through the worker against the same kernel in-process"},
+    {"adam", bench_adam, "the Adam/AdamW kernel against a streaming roofline over the same bytes",
+     "zenflow-bench adam --elements N [--threads T] [--grad fp32|bf16|fp16]\n"
+     "                   [--copy-out none|bf16|fp16] [--stale] [--isa scalar|avx2|avx512]\n"
+     "                   [--steps K] [--json]"},
+    {"ipc", bench_ipc, "round trip of an empty step between this process and a worker",
+     "zenflow-bench ipc [--iterations K] [--json]"},
+    {"worker", bench_worker, "a step through the worker against the same kernel in-process",
+     "zenflow-bench worker --elements N [--grad fp32|bf16|fp16] [--copy-out bf16|fp16] [--stale]\n"
+     "                     [--threads T] [--iterations I] [--json]"},
 };
 
 int usage(FILE *out) {
@@ -60,8 +67,15 @@ int main(int argc, char **argv) {
     prefer_build_tree_worker();
     std::vector<std::string> args = zb::cli::gnu_args(argc, argv, 1);
     std::vector<char *> ptrs = zb::cli::argv_of(args);
-    for (const Subcommand &s : kSubcommands)
-        if (!std::strcmp(argv[1], s.name)) return s.run(static_cast<int>(args.size()), ptrs.data());
+    for (const Subcommand &s : kSubcommands) {
+        if (std::strcmp(argv[1], s.name) != 0) continue;
+        for (const std::string &a : args)
+            if (a == "--help" || a == "-h") {
+                std::printf("usage: %s\n%s (see zenflow-bench(1))\n", s.usage, s.summary);
+                return 0;
+            }
+        return s.run(static_cast<int>(args.size()), ptrs.data());
+    }
     std::fprintf(stderr, "zenflow-bench: unknown subcommand '%s'\n", argv[1]);
     return usage(stderr);
 }

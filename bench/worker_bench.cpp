@@ -105,9 +105,8 @@ int bench_worker(int argc, char **argv) {
         }
     }
     if (n == 0) {
-        std::fprintf(stderr, "usage: zenflow-bench worker --elements N [--grad fp32|bf16|fp16] "
-                             "[--copy-out bf16|fp16] [--stale] [--threads T] [--iterations I] "
-                             "[--json]\n");
+        std::fprintf(stderr, "zenflow-bench worker: a bad argument, or no --elements N (usage: "
+                             "zenflow-bench worker --help)\n");
         return 2;
     }
     Affinity affinity;

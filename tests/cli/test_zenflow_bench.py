@@ -67,6 +67,10 @@ class Errors(unittest.TestCase):
         self.assertIn(message, r.stderr)
 
     def test_usage(self):
+        for sub in ("adam", "ipc", "worker"):
+            r = subprocess.run([BENCH, sub, "--help"], capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertTrue(r.stdout.startswith(f"usage: zenflow-bench {sub}"), r.stdout)
         self.assert_usage([], "usage: zenflow-bench")
         self.assert_usage(["frobnicate"], "unknown subcommand 'frobnicate'")
         self.assert_usage(["adam"], "--elements is required")
