@@ -3,6 +3,7 @@
 // mount are both looked up in /proc (under an injectable root for tests), never assumed: hosts
 // mount hierarchies in different places, containers mount sub-trees, and hybrid hosts have both
 // versions at once.
+#include "affinity.hpp"
 #include "bitmap.hpp"
 #include "cbuf.hpp"
 #include "cpulist.hpp"
@@ -367,27 +368,6 @@ std::optional<Room> memory_room(const std::string &root, pid_t pid, std::string 
     return best;
 }
 
-void affinity(pid_t pid, hwloc_bitmap_t out) {
-    // The kernel refuses a mask smaller than its CPU count, so grow until it fits.
-    for (size_t ncpus = 1024; ncpus <= (1u << 22); ncpus *= 2) {
-        cpu_set_t *mask = CPU_ALLOC(ncpus);
-        if (!mask) throw std::bad_alloc();
-        const size_t size = CPU_ALLOC_SIZE(ncpus);
-        if (sched_getaffinity(pid, size, mask) == 0) {
-            hwloc_bitmap_zero(out);
-            for (size_t cpu = 0; cpu < ncpus; ++cpu)
-                if (CPU_ISSET_S(cpu, size, mask)) hwloc_bitmap_set(out, static_cast<unsigned>(cpu));
-            CPU_FREE(mask);
-            return;
-        }
-        const int err = errno;
-        CPU_FREE(mask);
-        errno = err;
-        if (err != EINVAL) fail_errno("sched_getaffinity(" + std::to_string(pid) + ")");
-    }
-    fail(ZB_ESYS, "sched_getaffinity: the kernel's CPU mask is larger than 4194304 CPUs");
-}
-
 } // namespace
 
 } // namespace zb
@@ -417,7 +397,7 @@ zb_status zb_allowed_cpus(const char *fsroot, pid_t pid, hwloc_cpuset_t out, cha
         zb::CpusetReader reader(fsroot, pid);
         auto found = reader.read(0);
         zb::Bitmap allowed;
-        zb::affinity(pid, allowed);
+        zb::process_affinity(pid, allowed);
         if (found) hwloc_bitmap_and(allowed, allowed, found->set);
         if (hwloc_bitmap_copy(out, allowed) != 0) throw std::bad_alloc();
         zb::copy_to_buffer(found ? found->source : "sched_getaffinity", source, source_len);

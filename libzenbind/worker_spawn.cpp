@@ -2,6 +2,8 @@
 // variables the SPANK plugin exported, then the caller's own CPUs), reserve the control segment,
 // start zenflow-optimizer with the segment and a socket as fds 3 and 4, and wait, bounded, until
 // it has checked the header and pinned its threads.
+#include "affinity.hpp"
+#include "bitmap.hpp"
 #include "error.hpp"
 #include "unique_fd.hpp"
 #include "worker_handle.hpp"
@@ -63,11 +65,11 @@ std::vector<int> parse_list(const char *text, const char *what, unsigned max_id)
 std::vector<int> resolve_cpus(const zb_worker_attr &a) {
     if (const char *list = env_or(a.cpus, ZB_ENV_OPT_CPUS))
         return parse_list(list, a.cpus[0] ? "attr.cpus" : ZB_ENV_OPT_CPUS, CPU_SETSIZE - 1);
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) != 0) zb::fail_errno("sched_getaffinity");
+    zb::Bitmap set;
+    zb::process_affinity(0, set);
     std::vector<int> cpus;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-        if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    for (int c = hwloc_bitmap_first(set); c >= 0 && c < CPU_SETSIZE; c = hwloc_bitmap_next(set, c))
+        cpus.push_back(c);
     return cpus;
 }
 
