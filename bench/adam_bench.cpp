@@ -21,10 +21,10 @@ namespace {
 struct Options {
     size_t elements = 0;
     int threads = 1;
-    zf::GradType grad = zf::GradType::f32;
-    zf::CopyType copy = zf::CopyType::none;
+    zb::opt::GradType grad = zb::opt::GradType::f32;
+    zb::opt::CopyType copy = zb::opt::CopyType::none;
     bool stale = false;
-    zf::Isa isa = zf::best_isa();
+    zb::opt::Isa isa = zb::opt::best_isa();
     int steps = 20;
     bool json = false;
 };
@@ -71,34 +71,34 @@ int parse(int argc, char **argv, Options &o) {
         } else if (a == "--grad") {
             const std::string v = argv[++i];
             if (v == "fp32")
-                o.grad = zf::GradType::f32;
+                o.grad = zb::opt::GradType::f32;
             else if (v == "bf16")
-                o.grad = zf::GradType::bf16;
+                o.grad = zb::opt::GradType::bf16;
             else if (v == "fp16")
-                o.grad = zf::GradType::f16;
+                o.grad = zb::opt::GradType::f16;
             else
                 return bad_usage("--grad wants fp32, bf16 or fp16, not '%s'", argv[i]);
         } else if (a == "--copy-out") {
             const std::string v = argv[++i];
             if (v == "none")
-                o.copy = zf::CopyType::none;
+                o.copy = zb::opt::CopyType::none;
             else if (v == "bf16")
-                o.copy = zf::CopyType::bf16;
+                o.copy = zb::opt::CopyType::bf16;
             else if (v == "fp16")
-                o.copy = zf::CopyType::f16;
+                o.copy = zb::opt::CopyType::f16;
             else
                 return bad_usage("--copy-out wants none, bf16 or fp16, not '%s'", argv[i]);
         } else if (a == "--isa") {
             const std::string v = argv[++i];
             if (v == "scalar")
-                o.isa = zf::Isa::scalar;
+                o.isa = zb::opt::Isa::scalar;
             else if (v == "avx2")
-                o.isa = zf::Isa::avx2;
+                o.isa = zb::opt::Isa::avx2;
             else if (v == "avx512")
-                o.isa = zf::Isa::avx512;
+                o.isa = zb::opt::Isa::avx512;
             else
                 return bad_usage("--isa wants scalar, avx2 or avx512, not '%s'", argv[i]);
-            if (static_cast<int>(o.isa) > static_cast<int>(zf::best_isa()))
+            if (static_cast<int>(o.isa) > static_cast<int>(zb::opt::best_isa()))
                 return bad_usage("this CPU does not support --isa %s", argv[i]);
         } else
             return bad_usage("unknown option '%s'", argv[i]);
@@ -107,12 +107,12 @@ int parse(int argc, char **argv, Options &o) {
     return 0;
 }
 
-const char *grad_name(zf::GradType g) {
-    return g == zf::GradType::f32 ? "fp32" : g == zf::GradType::bf16 ? "bf16" : "fp16";
+const char *grad_name(zb::opt::GradType g) {
+    return g == zb::opt::GradType::f32 ? "fp32" : g == zb::opt::GradType::bf16 ? "bf16" : "fp16";
 }
 
-const char *copy_name(zf::CopyType c) {
-    return c == zf::CopyType::none ? "none" : c == zf::CopyType::bf16 ? "bf16" : "fp16";
+const char *copy_name(zb::opt::CopyType c) {
+    return c == zb::opt::CopyType::none ? "none" : c == zb::opt::CopyType::bf16 ? "bf16" : "fp16";
 }
 
 double median(std::vector<double> v) {
@@ -152,14 +152,14 @@ int bench_adam(int argc, char **argv) {
                      o.threads, cpus.size());
         return 2;
     }
-    zf::force_isa(o.isa);
+    zb::opt::force_isa(o.isa);
     omp_set_dynamic(0);
 
-    const size_t n = o.elements, gsize = o.grad == zf::GradType::f32 ? 4 : 2;
-    const size_t csize = o.copy == zf::CopyType::none ? 0 : 2;
-    zf::AdamHyper hyper;
+    const size_t n = o.elements, gsize = o.grad == zb::opt::GradType::f32 ? 4 : 2;
+    const size_t csize = o.copy == zb::opt::CopyType::none ? 0 : 2;
+    zb::opt::AdamHyper hyper;
     hyper.weight_decay = 0.01f;
-    zf::AdamTensor t;
+    zb::opt::AdamTensor t;
     t.param = static_cast<float *>(untouched(4 * n));
     t.grad = untouched(gsize * n);
     t.exp_avg = static_cast<float *>(untouched(4 * n));
@@ -168,7 +168,7 @@ int bench_adam(int argc, char **argv) {
     t.stale = o.stale ? static_cast<float *>(untouched(4 * n)) : nullptr;
     t.n = n;
     t.hyper = &hyper;
-    const zf::AdamBatch batch{o.grad, o.copy, &t, 1};
+    const zb::opt::AdamBatch batch{o.grad, o.copy, &t, 1};
 
     // Pin thread k to the k-th allowed CPU (libgomp keeps the same threads for later regions of
     // the same size) and let each touch the slice it will update.
@@ -181,7 +181,7 @@ int bench_adam(int argc, char **argv) {
         CPU_SET(cpus[static_cast<size_t>(me)], &one);
         pinned = sched_setaffinity(0, sizeof one, &one) == 0;
         size_t lo, hi;
-        zf::adam_slice(n, me, o.threads, lo, hi);
+        zb::opt::adam_slice(n, me, o.threads, lo, hi);
         for (size_t i = lo; i < hi; ++i) {
             t.param[i] = static_cast<float>(static_cast<int>(i % 2001) - 1000) * 1e-3f;
             t.exp_avg[i] = 0.0f;
@@ -206,21 +206,22 @@ int bench_adam(int argc, char **argv) {
 
     // Each step: the kernel, then every form of the roofline pass; the kernel is held to the
     // fastest form's median.
-    constexpr size_t forms = std::size(zf::bench::kRoofForms);
+    constexpr size_t forms = std::size(zb::opt::bench::kRoofForms);
     std::vector<double> kernel, roof[forms];
     const int warmup = 2;
     for (int s = 0; s < warmup + o.steps; ++s) {
         hyper.step = s + 1;
         double t0 = now();
-        zf::adam_step(batch, o.threads);
+        zb::opt::adam_step(batch, o.threads);
         if (s >= warmup) kernel.push_back(now() - t0);
         for (size_t f = 0; f < forms; ++f) {
             t0 = now();
 #pragma omp parallel num_threads(o.threads)
             {
                 size_t lo, hi;
-                zf::adam_slice(n, omp_get_thread_num(), o.threads, lo, hi);
-                zf::bench::stream_pass(t, o.grad, o.copy, lo, hi, o.isa, zf::bench::kRoofForms[f]);
+                zb::opt::adam_slice(n, omp_get_thread_num(), o.threads, lo, hi);
+                zb::opt::bench::stream_pass(t, o.grad, o.copy, lo, hi, o.isa,
+                                            zb::opt::bench::kRoofForms[f]);
             }
             if (s >= warmup) roof[f].push_back(now() - t0);
         }
@@ -235,13 +236,14 @@ int bench_adam(int argc, char **argv) {
             rsec = m;
             best = f;
         }
-    const char *form = zf::bench::roof_form_name(zf::bench::kRoofForms[best]);
+    const char *form = zb::opt::bench::roof_form_name(zb::opt::bench::kRoofForms[best]);
     std::string each; // every form's GB/s: "simd":x,"lines":y (JSON) or simd x, lines y (table)
     for (size_t f = 0; f < forms; ++f) {
         char one[64];
-        std::snprintf(
-            one, sizeof one, o.json ? "%s\"%s\":%.4g" : "%s%s %.2f", f ? (o.json ? "," : ", ") : "",
-            zf::bench::roof_form_name(zf::bench::kRoofForms[f]), bytes / median(roof[f]) / 1e9);
+        std::snprintf(one, sizeof one, o.json ? "%s\"%s\":%.4g" : "%s%s %.2f",
+                      f ? (o.json ? "," : ", ") : "",
+                      zb::opt::bench::roof_form_name(zb::opt::bench::kRoofForms[f]),
+                      bytes / median(roof[f]) / 1e9);
         each += one;
     }
     const double sec = median(kernel);
@@ -254,13 +256,13 @@ int bench_adam(int argc, char **argv) {
                     "\"gb_per_s\":%.6g,\"roofline_seconds\":%.6g,\"roofline_gb_per_s\":%.6g,"
                     "\"roofline_form\":\"%s\",\"roofline_forms_gb_per_s\":{%s},\"ratio\":%.4f}\n",
                     n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "true" : "false",
-                    zf::isa_name(zf::active_isa()), o.steps, bytes, sec, gelem, gbs, rsec, rgbs,
-                    form, each.c_str(), ratio);
+                    zb::opt::isa_name(zb::opt::active_isa()), o.steps, bytes, sec, gelem, gbs, rsec,
+                    rgbs, form, each.c_str(), ratio);
     } else {
         std::printf("adam: %zu elements, %d threads, grad %s, copy-out %s, stale %s, isa %s, "
                     "%d steps, %.0f bytes/step\n",
                     n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "yes" : "no",
-                    zf::isa_name(zf::active_isa()), o.steps, bytes);
+                    zb::opt::isa_name(zb::opt::active_isa()), o.steps, bytes);
         std::printf("kernel    %.6f s/step  %.3f Gelem/s  %.2f GB/s\n", sec, gelem, gbs);
         std::printf("roofline  %.6f s/step                 %.2f GB/s  (plain %s pass; GB/s %s)\n",
                     rsec, rgbs, form, each.c_str());

@@ -2,7 +2,7 @@
 
 #include <cstdint>
 
-namespace zf::bench {
+namespace zb::opt::bench {
 namespace {
 
 // One element of the pass on its bits. `zero` is 0 at run time but unknown to the compiler, so it
@@ -115,4 +115,4 @@ void stream_pass(const AdamTensor &t, GradType g, CopyType c, size_t lo, size_t 
         run_grad<uint16_t>(t, copy, lo, hi, isa, form);
 }
 
-} // namespace zf::bench
+} // namespace zb::opt::bench

@@ -6,7 +6,7 @@
 
 #include "adam.hpp"
 
-namespace zf::bench {
+namespace zb::opt::bench {
 
 // The forms of the pass; the benchmark times each and holds the kernel to the fastest.
 // (No form leaves vectorizing to the compiler: GCC does not vectorize the plain loop at -O2, and
@@ -25,4 +25,4 @@ const char *roof_form_name(RoofForm f);
 void stream_pass(const AdamTensor &t, GradType g, CopyType c, size_t lo, size_t hi, Isa isa,
                  RoofForm form);
 
-} // namespace zf::bench
+} // namespace zb::opt::bench

@@ -65,7 +65,7 @@ void fill(void *grad, zb_dtype type, size_t n, unsigned seed) {
         else if (type == ZB_DTYPE_BF16)
             static_cast<uint16_t *>(grad)[i] = static_cast<uint16_t>(u >> 16);
         else
-            static_cast<uint16_t *>(grad)[i] = zf::detail::float_to_f16(g);
+            static_cast<uint16_t *>(grad)[i] = zb::opt::detail::float_to_f16(g);
     }
 }
 
@@ -176,9 +176,9 @@ int bench_worker(int argc, char **argv) {
         CPU_SET(cpus[size_t(omp_get_thread_num()) % cpus.size()], &one);
         sched_setaffinity(0, sizeof one, &one);
     }
-    zf::AdamHyper hyper;
+    zb::opt::AdamHyper hyper;
     hyper.weight_decay = 1e-2f;
-    zf::AdamTensor tensor;
+    zb::opt::AdamTensor tensor;
     tensor.param = param.data();
     tensor.exp_avg = m.data();
     tensor.exp_avg_sq = v.data();
@@ -186,19 +186,19 @@ int bench_worker(int argc, char **argv) {
     tensor.stale = snapshot.empty() ? nullptr : snapshot.data();
     tensor.n = n;
     tensor.hyper = &hyper;
-    const zf::CopyType ct = copy == ZB_DTYPE_BF16   ? zf::CopyType::bf16
-                            : copy == ZB_DTYPE_FP16 ? zf::CopyType::f16
-                                                    : zf::CopyType::none;
-    const zf::GradType gt = grad == ZB_DTYPE_FP32   ? zf::GradType::f32
-                            : grad == ZB_DTYPE_BF16 ? zf::GradType::bf16
-                                                    : zf::GradType::f16;
+    const zb::opt::CopyType ct = copy == ZB_DTYPE_BF16   ? zb::opt::CopyType::bf16
+                                 : copy == ZB_DTYPE_FP16 ? zb::opt::CopyType::f16
+                                                         : zb::opt::CopyType::none;
+    const zb::opt::GradType gt = grad == ZB_DTYPE_FP32   ? zb::opt::GradType::f32
+                                 : grad == ZB_DTYPE_BF16 ? zb::opt::GradType::bf16
+                                                         : zb::opt::GradType::f16;
     int64_t local_step = 0;
     auto local = [&] {
         hyper.step = ++local_step;
         tensor.grad = grads.data() + size_t(local_step & 1) * n * gsize;
-        const zf::AdamBatch batch{gt, ct, &tensor, 1};
+        const zb::opt::AdamBatch batch{gt, ct, &tensor, 1};
         const auto t0 = std::chrono::steady_clock::now();
-        zf::adam_step(batch, threads);
+        zb::opt::adam_step(batch, threads);
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
     local();
@@ -233,14 +233,14 @@ int bench_worker(int argc, char **argv) {
                     "\"skip_step_s\": %.6f, \"skip_ratio\": %.4f, \"clip_step_s\": %.6f, "
                     "\"clip_ratio\": %.4f}\n",
                     n, gname, cname, stale ? "true" : "false", threads,
-                    zf::isa_name(zf::active_isa()), iterations, median(tw), median(tl), ratio, bpp,
-                    mem.bytes_per_param, mem.worker_rss, mem.trainer_rss_anon, growth,
+                    zb::opt::isa_name(zb::opt::active_isa()), iterations, median(tw), median(tl),
+                    ratio, bpp, mem.bytes_per_param, mem.worker_rss, mem.trainer_rss_anon, growth,
                     median(tskip), skip_ratio, median(tclip), clip_ratio);
     } else {
         std::printf("Adam step, %zu elements, %s gradients, copy-out %s, stale %s, %d threads on "
                     "CPUs %s, ISA %s\n",
                     n, gname, cname, stale ? "yes" : "no", threads, list.c_str(),
-                    zf::isa_name(zf::active_isa()));
+                    zb::opt::isa_name(zb::opt::active_isa()));
         std::printf("  through the worker: %.3f ms   in-process: %.3f ms   ratio %.4f (median of "
                     "%d, alternated)\n",
                     median(tw) * 1e3, median(tl) * 1e3, ratio, iterations);

@@ -161,8 +161,8 @@ class NodeBuffers {
     NodeBuffers(const NodeBuffers &) = delete;
     NodeBuffers &operator=(const NodeBuffers &) = delete;
 
-    zf::AdamTensor tensor(const zf::AdamHyper *hyper) const {
-        zf::AdamTensor t;
+    zb::opt::AdamTensor tensor(const zb::opt::AdamHyper *hyper) const {
+        zb::opt::AdamTensor t;
         t.param = arrays_[0];
         t.grad = arrays_[1];
         t.exp_avg = arrays_[2];
@@ -189,10 +189,10 @@ void pin_self(unsigned cpu) {
 // Throughput in GB/s of the Adam step on cpus[0..count), median of `steps` timed steps.
 double measure(const NodeBuffers &buf, const std::vector<unsigned> &cpus, unsigned count,
                unsigned steps) {
-    zf::AdamHyper hyper;
+    zb::opt::AdamHyper hyper;
     hyper.weight_decay = 0.01f;
-    const zf::AdamTensor tensor = buf.tensor(&hyper);
-    zf::AdamBatch batch;
+    const zb::opt::AdamTensor tensor = buf.tensor(&hyper);
+    zb::opt::AdamBatch batch;
     batch.tensors = &tensor;
     batch.count = 1;
     std::vector<double> seconds;
@@ -202,7 +202,7 @@ double measure(const NodeBuffers &buf, const std::vector<unsigned> &cpus, unsign
 #pragma omp parallel num_threads(static_cast <int>(count))
         {
             pin_self(cpus[static_cast<size_t>(omp_get_thread_num())]);
-            zf::adam_step_in_team(batch);
+            zb::opt::adam_step_in_team(batch);
         }
         const auto t1 = std::chrono::steady_clock::now();
         if (s > 0) seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
@@ -331,7 +331,7 @@ int run(const TuneArgs &a) {
     if (rc == 0) {
         if (a.json) {
             std::printf("{\"profile\": \"%s\", \"isa\": \"%s\", \"trusted\": %s, \"nodes\": [",
-                        a.output.c_str(), zf::isa_name(zf::active_isa()),
+                        a.output.c_str(), zb::opt::isa_name(zb::opt::active_isa()),
                         trust.why.empty() ? "true" : "false");
             for (size_t i = 0; i < results.size(); ++i) {
                 const NodeResult &r = results[i];

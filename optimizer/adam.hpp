@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace zf {
+namespace zb::opt {
 
 enum class GradType : uint8_t { f32, bf16, f16 };
 enum class CopyType : uint8_t { none, bf16, f16 };
@@ -65,4 +65,4 @@ Isa active_isa();        // what adam_step uses now
 void force_isa(Isa isa); // tests and benchmarks; clamped to best_isa()
 const char *isa_name(Isa isa);
 
-} // namespace zf
+} // namespace zb::opt

@@ -9,7 +9,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-namespace zf::detail {
+namespace zb::opt::detail {
 namespace {
 
 constexpr size_t V = 8;                    // lanes of a vector
@@ -181,4 +181,4 @@ uint64_t range_avx2(const AdamTensor &t, const Consts &c, GradType g, CopyType c
     });
 }
 
-} // namespace zf::detail
+} // namespace zb::opt::detail

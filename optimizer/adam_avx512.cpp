@@ -9,7 +9,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-namespace zf::detail {
+namespace zb::opt::detail {
 namespace {
 
 constexpr size_t V = 16; // lanes of a vector
@@ -173,4 +173,4 @@ uint64_t range_avx512(const AdamTensor &t, const Consts &c, GradType g, CopyType
     });
 }
 
-} // namespace zf::detail
+} // namespace zb::opt::detail

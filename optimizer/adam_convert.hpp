@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace zf::detail {
+namespace zb::opt::detail {
 
 inline uint32_t float_bits(float f) {
     uint32_t u;
@@ -56,4 +56,4 @@ inline uint16_t float_to_f16(float f) {
     return sign | static_cast<uint16_t>(u >> 13);
 }
 
-} // namespace zf::detail
+} // namespace zb::opt::detail

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <omp.h>
 
-namespace zf {
+namespace zb::opt {
 namespace {
 
 // The AVX-512 kernel needs AVX-512F, FMA and F16C, the AVX2 one AVX2, FMA and F16C: levels 4 and
@@ -134,4 +134,4 @@ const char *isa_name(Isa isa) {
     return "unknown";
 }
 
-} // namespace zf
+} // namespace zb::opt

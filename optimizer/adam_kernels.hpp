@@ -17,7 +17,7 @@
 
 #include <cstring>
 
-namespace zf::detail {
+namespace zb::opt::detail {
 
 // Per-tensor constants, computed once per call in double and rounded to float.
 struct Consts {
@@ -119,4 +119,4 @@ template <class Run> uint64_t dispatch_flags(bool adamw, bool stale, Run &&run) 
     return stale ? run.template operator()<false, true>() : run.template operator()<false, false>();
 }
 
-} // namespace zf::detail
+} // namespace zb::opt::detail

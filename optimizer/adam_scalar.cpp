@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-namespace zf::detail {
+namespace zb::opt::detail {
 namespace {
 
 template <GradType G> float load_grad(const void *grad, size_t i) {
@@ -50,4 +50,4 @@ uint64_t range_scalar(const AdamTensor &t, const Consts &c, GradType g, CopyType
     return dispatch_types(g, cp, [&]<GradType G, CopyType C>() { return run<G, C>(t, c, lo, hi); });
 }
 
-} // namespace zf::detail
+} // namespace zb::opt::detail

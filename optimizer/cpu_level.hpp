@@ -7,7 +7,7 @@
 #include <cpuid.h>
 #include <cstdint>
 
-namespace zf {
+namespace zb::opt {
 
 inline int x86_level() {
     unsigned a, b, c, d;
@@ -30,4 +30,4 @@ inline int x86_level() {
     return zmm_state && (ebx7 & avx512) == avx512 ? 4 : 3;
 }
 
-} // namespace zf
+} // namespace zb::opt

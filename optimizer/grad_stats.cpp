@@ -4,7 +4,7 @@
 
 #include <initializer_list>
 
-namespace zf {
+namespace zb::opt {
 
 namespace detail {
 GradStats grad_block_stats_v4(const void *grad, GradType type, size_t lo, size_t hi, float scale);
@@ -50,4 +50,4 @@ GradStats grad_stats_sum(const GradStats *blocks, size_t count) {
     return s;
 }
 
-} // namespace zf
+} // namespace zb::opt

@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace zf {
+namespace zb::opt {
 
 inline constexpr size_t kGradStatsBlock = size_t(1) << 16; // elements
 
@@ -39,4 +39,4 @@ void grad_stats_share(size_t blocks, int thread, int threads, size_t &lo, size_t
 // The blocks' statistics summed in block order.
 GradStats grad_stats_sum(const GradStats *blocks, size_t count);
 
-} // namespace zf
+} // namespace zb::opt

@@ -9,7 +9,7 @@
 #include <immintrin.h>
 #endif
 
-namespace zf {
+namespace zb::opt {
 namespace {
 
 // Eight lanes of partial sums: element i of a block goes to lane i % 8, and the lanes are added in
@@ -109,4 +109,4 @@ inline GradStats block_of_type(const void *grad, GradType type, size_t lo, size_
 }
 
 } // namespace
-} // namespace zf
+} // namespace zb::opt

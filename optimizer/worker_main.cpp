@@ -57,5 +57,5 @@ int main(int argc, char **argv) {
     // pidfd_open, the pid may be reused, but we would have been reparented already.
     const int parent = proto::pidfd_open(ctl.trainer_pid);
     if (parent < 0 || getppid() != ctl.trainer_pid) return static_cast<int>(proto::Exit::ok);
-    return static_cast<int>(zf::worker::run_team(ctl, proto::kSocketFd, parent));
+    return static_cast<int>(zb::opt::worker::run_team(ctl, proto::kSocketFd, parent));
 }

@@ -25,7 +25,7 @@
 #include <unistd.h>
 #include <vector>
 
-namespace zf::worker {
+namespace zb::opt::worker {
 namespace {
 
 namespace proto = zb::proto;
@@ -469,4 +469,4 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
     return proto::Exit::ok;
 }
 
-} // namespace zf::worker
+} // namespace zb::opt::worker

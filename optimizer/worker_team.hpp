@@ -4,10 +4,10 @@
 
 #include <zbproto/layout.hpp>
 
-namespace zf::worker {
+namespace zb::opt::worker {
 
 // Runs until the exit command or the trainer's death (parent_pidfd becomes readable). Returns the
 // process exit code.
 zb::proto::Exit run_team(zb::proto::Control &ctl, int socket_fd, int parent_pidfd);
 
-} // namespace zf::worker
+} // namespace zb::opt::worker

@@ -19,12 +19,12 @@ extern "C" { // Debian's cmocka.h has no C++ guard
 
 namespace {
 
-using zf::AdamBatch;
-using zf::AdamHyper;
-using zf::AdamTensor;
-using zf::CopyType;
-using zf::GradType;
-using zf::Isa;
+using zb::opt::AdamBatch;
+using zb::opt::AdamHyper;
+using zb::opt::AdamTensor;
+using zb::opt::CopyType;
+using zb::opt::GradType;
+using zb::opt::Isa;
 
 uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -138,7 +138,8 @@ struct Problem {
 
     uint64_t step(int threads) {
         const auto ts = tensors();
-        const uint64_t bad = zf::adam_step(AdamBatch{gtype, ctype, ts.data(), ts.size()}, threads);
+        const uint64_t bad =
+            zb::opt::adam_step(AdamBatch{gtype, ctype, ts.data(), ts.size()}, threads);
         for (auto &h : hypers)
             ++h.step;
         return bad;
@@ -186,7 +187,7 @@ void test_bit_identical(void **) {
                 Problem start(lengths, g, c, stale);
                 start.hypers[1].step = 3;
                 Problem ref = start;
-                zf::force_isa(Isa::scalar);
+                zb::opt::force_isa(Isa::scalar);
                 std::vector<std::vector<std::vector<unsigned char>>> grads;
                 for (int s = 0; s < steps; ++s) {
                     grads.push_back(ref.grad);
@@ -196,7 +197,7 @@ void test_bit_identical(void **) {
                 for (Isa isa : kIsas)
                     for (int threads : {1, 2, 3}) {
                         if (isa == Isa::scalar && threads == 1) continue;
-                        zf::force_isa(isa);
+                        zb::opt::force_isa(isa);
                         Problem p = start;
                         for (int s = 0; s < steps; ++s) {
                             p.grad = grads[static_cast<size_t>(s)];
@@ -205,7 +206,7 @@ void test_bit_identical(void **) {
                         assert_same(ref, p);
                     }
             }
-    zf::force_isa(zf::best_isa());
+    zb::opt::force_isa(zb::opt::best_isa());
 }
 
 // A torch.optim.Adam/AdamW step in double over the same inputs.
@@ -265,7 +266,7 @@ void assert_close(double got, double want, const char *what, size_t i) {
 }
 
 void test_double_reference(void **) {
-    zf::force_isa(Isa::scalar);
+    zb::opt::force_isa(Isa::scalar);
     for (GradType g : {GradType::f32, GradType::bf16, GradType::f16})
         for (CopyType c : {CopyType::bf16, CopyType::f16}) {
             rng_state = 7;
@@ -290,7 +291,7 @@ void test_double_reference(void **) {
                     assert_int_equal(bits(p.stale_out[k][i]), bits(p.param[k][i]));
                 }
         }
-    zf::force_isa(zf::best_isa());
+    zb::opt::force_isa(zb::opt::best_isa());
 }
 
 void put_grad(Problem &p, size_t i, uint32_t f32, uint16_t half) {
@@ -314,18 +315,18 @@ void test_nonfinite_counted(void **) {
         put_grad(start, 10, bits(2e38f), f16 ? 0x3c00 : bf16_trunc(2e38f));
         const uint64_t want = f16 ? 3 : 4;
         Problem ref = start;
-        zf::force_isa(Isa::scalar);
+        zb::opt::force_isa(Isa::scalar);
         assert_int_equal(ref.step(1), want);
         assert_true(std::isnan(ref.param[0][3]));
         for (Isa isa : kIsas)
             for (int threads : {1, 2, 3}) {
-                zf::force_isa(isa);
+                zb::opt::force_isa(isa);
                 Problem p = start;
                 assert_int_equal(p.step(threads), want);
                 assert_same(ref, p);
             }
     }
-    zf::force_isa(zf::best_isa());
+    zb::opt::force_isa(zb::opt::best_isa());
 }
 
 // A NaN param stays a NaN in the copy-out, whatever its payload: rounding 0x7fffffff to bf16 as a
@@ -335,7 +336,7 @@ void test_nan_copy_out(void **) {
     const size_t n = 5 * 7; // vector bodies and tails on every path
     for (CopyType c : {CopyType::bf16, CopyType::f16})
         for (Isa isa : kIsas) {
-            zf::force_isa(isa);
+            zb::opt::force_isa(isa);
             rng_state = 13;
             Problem p({n}, GradType::f32, c, false);
             for (size_t i = 0; i < n; ++i)
@@ -346,16 +347,17 @@ void test_nan_copy_out(void **) {
                 const bool nan = c == CopyType::bf16 ? (h & 0x7f80) == 0x7f80 && (h & 0x7f)
                                                      : (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
                 if (!nan)
-                    fail_msg("%s copy-out of NaN %#x is %#x", zf::isa_name(isa), nans[i % 5], h);
+                    fail_msg("%s copy-out of NaN %#x is %#x", zb::opt::isa_name(isa), nans[i % 5],
+                             h);
             }
         }
-    zf::force_isa(zf::best_isa());
+    zb::opt::force_isa(zb::opt::best_isa());
 }
 
 // Scaling by a power of two is exact, so grad_scale = 1/4 on g must equal scale 1 on g/4.
 void test_grad_scale(void **) {
     for (Isa isa : kIsas) {
-        zf::force_isa(isa);
+        zb::opt::force_isa(isa);
         rng_state = 11;
         Problem a({777}, GradType::f32, CopyType::none, false);
         Problem b = a;
@@ -379,7 +381,7 @@ void test_grad_scale(void **) {
         d.step(1);
         assert_true(bits(c.param[0][1]) != bits(d.param[0][1]));
     }
-    zf::force_isa(zf::best_isa());
+    zb::opt::force_isa(zb::opt::best_isa());
 }
 
 // Threads of an existing team each take a slice; their counts add up to adam_step's.
@@ -388,15 +390,15 @@ void test_in_team(void **) {
     Problem start({5, 100003, 64}, GradType::bf16, CopyType::f16, true);
     put_grad(start, 2, 0, 0x7f80);
     Problem ref = start;
-    zf::force_isa(Isa::scalar);
+    zb::opt::force_isa(Isa::scalar);
     assert_int_equal(ref.step(1), 1);
-    zf::force_isa(zf::best_isa());
+    zb::opt::force_isa(zb::opt::best_isa());
     Problem p = start;
     const auto ts = p.tensors();
     const AdamBatch batch{p.gtype, p.ctype, ts.data(), ts.size()};
     uint64_t bad = 0;
 #pragma omp parallel num_threads(3) reduction(+ : bad)
-    bad += zf::adam_step_in_team(batch);
+    bad += zb::opt::adam_step_in_team(batch);
     assert_int_equal(bad, 1);
     assert_same(ref, p);
 }
@@ -407,21 +409,22 @@ void test_slices_and_isa(void **) {
             size_t next = 0;
             for (int t = 0; t < threads; ++t) {
                 size_t lo, hi;
-                zf::adam_slice(total, t, threads, lo, hi);
+                zb::opt::adam_slice(total, t, threads, lo, hi);
                 assert_int_equal(lo, next);
                 assert_true(hi >= lo && (hi % 16 == 0 || hi == total));
                 next = hi;
             }
             assert_int_equal(next, total);
         }
-    assert_string_equal(zf::isa_name(Isa::scalar), "scalar");
-    assert_string_equal(zf::isa_name(Isa::avx2), "avx2");
-    assert_string_equal(zf::isa_name(Isa::avx512), "avx512");
-    zf::force_isa(Isa::avx512);
-    assert_int_equal(static_cast<int>(zf::active_isa()), static_cast<int>(zf::best_isa()));
-    zf::force_isa(Isa::scalar);
-    assert_int_equal(static_cast<int>(zf::active_isa()), static_cast<int>(Isa::scalar));
-    zf::force_isa(zf::best_isa());
+    assert_string_equal(zb::opt::isa_name(Isa::scalar), "scalar");
+    assert_string_equal(zb::opt::isa_name(Isa::avx2), "avx2");
+    assert_string_equal(zb::opt::isa_name(Isa::avx512), "avx512");
+    zb::opt::force_isa(Isa::avx512);
+    assert_int_equal(static_cast<int>(zb::opt::active_isa()),
+                     static_cast<int>(zb::opt::best_isa()));
+    zb::opt::force_isa(Isa::scalar);
+    assert_int_equal(static_cast<int>(zb::opt::active_isa()), static_cast<int>(Isa::scalar));
+    zb::opt::force_isa(zb::opt::best_isa());
 }
 
 } // namespace

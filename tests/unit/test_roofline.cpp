@@ -19,9 +19,9 @@ extern "C" { // Debian's cmocka.h has no C++ guard
 
 namespace {
 
-using zf::CopyType;
-using zf::GradType;
-using zf::Isa;
+using zb::opt::CopyType;
+using zb::opt::GradType;
+using zb::opt::Isa;
 
 constexpr uint32_t kStaleFill = 0xdeadbeefu;
 constexpr uint16_t kCopyFill = 0xbeefu;
@@ -51,15 +51,15 @@ void test_pass_keeps_data_and_writes_outputs(void **) {
     const size_t n = 1000 + 7;
     const size_t bounds[][2] = {{0, n}, {3, n - 5}, {16, 16 + 31}, {5, 6}, {n, n}};
     for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
-        if (static_cast<int>(isa) > static_cast<int>(zf::best_isa())) continue;
+        if (static_cast<int>(isa) > static_cast<int>(zb::opt::best_isa())) continue;
         for (GradType g : {GradType::f32, GradType::bf16})
             for (CopyType c : {CopyType::none, CopyType::bf16})
                 for (bool stale : {false, true})
-                    for (zf::bench::RoofForm form : zf::bench::kRoofForms)
+                    for (zb::opt::bench::RoofForm form : zb::opt::bench::kRoofForms)
                         for (const auto &b : bounds) {
                             Buffers buf(n);
                             const Buffers before(n);
-                            zf::AdamTensor t;
+                            zb::opt::AdamTensor t;
                             t.param = buf.param.data();
                             t.grad = buf.grad.data();
                             t.exp_avg = buf.m.data();
@@ -67,7 +67,7 @@ void test_pass_keeps_data_and_writes_outputs(void **) {
                             t.copy_out = c == CopyType::none ? nullptr : buf.copy.data();
                             t.stale = stale ? buf.stale.data() : nullptr;
                             t.n = n;
-                            zf::bench::stream_pass(t, g, c, b[0], b[1], isa, form);
+                            zb::opt::bench::stream_pass(t, g, c, b[0], b[1], isa, form);
                             assert_memory_equal(buf.param.data(), before.param.data(), 4 * n);
                             assert_memory_equal(buf.m.data(), before.m.data(), 4 * n);
                             assert_memory_equal(buf.v.data(), before.v.data(), 4 * n);

@@ -21,8 +21,8 @@ extern "C" { // Debian's cmocka.h has no C++ guard
 
 namespace {
 
-using zf::GradStats;
-using zf::GradType;
+using zb::opt::GradStats;
+using zb::opt::GradType;
 
 float to_float(const std::vector<uint16_t> &h, size_t i, GradType type) {
     if (type == GradType::bf16) {
@@ -31,7 +31,7 @@ float to_float(const std::vector<uint16_t> &h, size_t i, GradType type) {
         std::memcpy(&f, &u, 4);
         return f;
     }
-    return zf::detail::f16_to_float(h[i]);
+    return zb::opt::detail::f16_to_float(h[i]);
 }
 
 // The documented computation, one element at a time.
@@ -70,7 +70,7 @@ void check_levels(const void *grad, GradType type, size_t lo, size_t hi, float s
     const GradStats want = reference(grad, type, lo, hi, scale);
     int levels = 0;
     for (int level : {1, 3, 4}) {
-        const zf::GradBlockStatsFn fn = zf::grad_block_stats_for_level(level);
+        const zb::opt::GradBlockStatsFn fn = zb::opt::grad_block_stats_for_level(level);
         if (!fn) continue;
         ++levels;
         const GradStats got = fn(grad, type, lo, hi, scale);
@@ -114,14 +114,16 @@ void test_nonfinite_counted_after_scale(void **) {
     f32[50] = NAN;
     f32[99] = 3e38f; // finite, but not after * 2
     check_levels(f32.data(), GradType::f32, 0, 100, 2.0f);
-    assert_int_equal(zf::grad_block_stats(f32.data(), GradType::f32, 0, 100, 2.0f).nonfinite, 3);
-    assert_int_equal(zf::grad_block_stats(f32.data(), GradType::f32, 0, 99, 1.0f).nonfinite, 2);
+    assert_int_equal(zb::opt::grad_block_stats(f32.data(), GradType::f32, 0, 100, 2.0f).nonfinite,
+                     3);
+    assert_int_equal(zb::opt::grad_block_stats(f32.data(), GradType::f32, 0, 99, 1.0f).nonfinite,
+                     2);
     std::vector<uint16_t> h(20, 0x3c00); // 1.0 in fp16
     h[7] = 0x7c00;                       // +inf
     h[19] = 0xfe00;                      // NaN
     check_levels(h.data(), GradType::f16, 0, 20, 1.0f);
-    assert_int_equal(zf::grad_block_stats(h.data(), GradType::f16, 0, 20, 1.0f).nonfinite, 2);
-    const GradStats clean = zf::grad_block_stats(h.data(), GradType::f16, 0, 7, 0.5f);
+    assert_int_equal(zb::opt::grad_block_stats(h.data(), GradType::f16, 0, 20, 1.0f).nonfinite, 2);
+    const GradStats clean = zb::opt::grad_block_stats(h.data(), GradType::f16, 0, 7, 0.5f);
     assert_int_equal(clean.nonfinite, 0);
     assert_true(clean.sum_squares == 7 * 0.25);
 }
@@ -133,7 +135,7 @@ void test_shares_and_order(void **) {
             size_t next = 0;
             for (int t = 0; t < threads; ++t) {
                 size_t lo, hi;
-                zf::grad_stats_share(blocks, t, threads, lo, hi);
+                zb::opt::grad_stats_share(blocks, t, threads, lo, hi);
                 assert_int_equal(lo, next);
                 assert_true(hi >= lo);
                 next = hi;
@@ -141,7 +143,7 @@ void test_shares_and_order(void **) {
             assert_int_equal(next, blocks);
         }
     const GradStats parts[3] = {{1e20, 1}, {1.0, 0}, {-1e20, 2}};
-    const GradStats sum = zf::grad_stats_sum(parts, 3);
+    const GradStats sum = zb::opt::grad_stats_sum(parts, 3);
     assert_true(sum.sum_squares == 0.0); // (1e20 + 1) - 1e20 in block order
     assert_int_equal(sum.nonfinite, 3);
 }

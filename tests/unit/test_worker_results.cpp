@@ -43,20 +43,20 @@ void fill_grad(void *dst, zb_dtype type, size_t n, uint32_t seed) {
         else if (type == ZB_DTYPE_BF16)
             static_cast<uint16_t *>(dst)[i] = static_cast<uint16_t>(u >> 16);
         else
-            static_cast<uint16_t *>(dst)[i] = zf::detail::float_to_f16(g);
+            static_cast<uint16_t *>(dst)[i] = zb::opt::detail::float_to_f16(g);
     }
 }
 
-zf::GradType grad_type(zb_dtype d) {
-    return d == ZB_DTYPE_FP32   ? zf::GradType::f32
-           : d == ZB_DTYPE_BF16 ? zf::GradType::bf16
-                                : zf::GradType::f16;
+zb::opt::GradType grad_type(zb_dtype d) {
+    return d == ZB_DTYPE_FP32   ? zb::opt::GradType::f32
+           : d == ZB_DTYPE_BF16 ? zb::opt::GradType::bf16
+                                : zb::opt::GradType::f16;
 }
 
-zf::CopyType copy_type(zb_dtype d) {
-    return d == ZB_DTYPE_NONE   ? zf::CopyType::none
-           : d == ZB_DTYPE_BF16 ? zf::CopyType::bf16
-                                : zf::CopyType::f16;
+zb::opt::CopyType copy_type(zb_dtype d) {
+    return d == ZB_DTYPE_NONE   ? zb::opt::CopyType::none
+           : d == ZB_DTYPE_BF16 ? zb::opt::CopyType::bf16
+                                : zb::opt::CopyType::f16;
 }
 
 struct Reference {
@@ -122,7 +122,7 @@ void test_bit_identical(void **) {
         assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
         for (size_t g = 0; g < ng; ++g) {
             Reference &r = ref[g];
-            zf::AdamHyper h;
+            zb::opt::AdamHyper h;
             h.lr = hypers[g].lr;
             h.beta1 = hypers[g].beta1;
             h.beta2 = hypers[g].beta2;
@@ -132,7 +132,7 @@ void test_bit_identical(void **) {
             h.bias_correction = hypers[g].bias_correction != 0;
             h.step = step;
             h.grad_scale = scale;
-            zf::AdamTensor t;
+            zb::opt::AdamTensor t;
             t.param = r.param.data();
             t.grad = r.grads[k].data();
             t.exp_avg = r.m.data();
@@ -141,8 +141,8 @@ void test_bit_identical(void **) {
             t.stale = cases[g].stale ? r.stale.data() : nullptr;
             t.n = cases[g].n;
             t.hyper = &h;
-            const zf::AdamBatch b{grad_type(cases[g].grad), copy_type(cases[g].copy), &t, 1};
-            zf::adam_step(b, 1);
+            const zb::opt::AdamBatch b{grad_type(cases[g].grad), copy_type(cases[g].copy), &t, 1};
+            zb::opt::adam_step(b, 1);
         }
         assert_int_equal(zb_worker_wait(w, 30000, nullptr), ZB_OK);
         for (size_t g = 0; g < ng; ++g) {
