@@ -48,8 +48,10 @@ int run_lstopo(const std::vector<std::string> &args) {
     const int err = posix_spawnp(&pid, "lstopo", nullptr, nullptr, argv.data(), environ);
     if (err != 0) return -err;
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    pid_t got;
+    while ((got = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
     }
+    if (got < 0) return 128; // lost the child: no success to report
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
@@ -84,7 +86,12 @@ bool draw_plan(zb_topology_t *topology, const zb_plan_t *plan, const std::string
             line += ", optimizer " + cpulist(t.opt_cpus) + " (dark " + c.name + ")";
         args.insert(args.end(), {"--append-legend", line});
     }
-    char xml[] = "/tmp/zenbind-plan-XXXXXX.xml";
+    const char *tmpdir = std::getenv("TMPDIR");
+    std::string pattern =
+        std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/zenbind-plan-XXXXXX.xml";
+    std::vector<char> xml_buf(pattern.begin(), pattern.end());
+    xml_buf.push_back('\0');
+    char *xml = xml_buf.data();
     const int fd = mkstemps(xml, 4);
     if (fd < 0) {
         error = std::string("cannot create a temporary file: ") + std::strerror(errno);

@@ -307,9 +307,10 @@ std::unique_ptr<zb_plan> compute(const zb_topology_t *topology, hwloc_const_cpus
     const size_t ncores = m.seq.size();
     auto plan = std::make_unique<zb_plan>();
     Warnings warn;
-    if (o.mode == ZB_MODE_OFFLOAD && (o.train_cores || o.train_fraction > 0 || o.opt_cores))
-        warn.add_global("mode=offload gives each task its whole share: train= and opt= do not "
-                        "apply");
+    if (o.mode == ZB_MODE_OFFLOAD &&
+        (o.train_cores || o.train_fraction > 0 || o.opt_cores || o.profile[0]))
+        warn.add_global("mode=offload gives each task its whole share: train=, opt= and profile= "
+                        "do not apply");
 
     if (ntasks > ncores) {
         warn.add_global(std::to_string(ntasks) + " tasks but only " + std::to_string(ncores) +

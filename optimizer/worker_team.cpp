@@ -108,9 +108,13 @@ Work add_group(Team &t) {
                        index == t.groups.size() && fstat(fd, &st) == 0 && st.st_size > 0;
     const proto::GroupDesc d = known ? t.ctl.groups[index] : proto::GroupDesc{};
     const size_t n = d.numel;
-    if (!known || proto::group_fits(d, static_cast<uint64_t>(st.st_size))) {
+    const char *why = known ? proto::group_fits(d, static_cast<uint64_t>(st.st_size))
+                            : "it is not the next group, or its shared memory is empty";
+    if (why) {
         close(fd);
-        t.answer(ZB_EINTERNAL, "the group's descriptor does not match its shared memory");
+        t.answer(ZB_EINTERNAL,
+                 ("the group's descriptor does not match its shared memory: " + std::string(why))
+                     .c_str());
         return Work::answered;
     }
     void *base = mmap(nullptr, d.segment_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -389,6 +393,7 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
         return proto::Exit::failure;
     }
     std::atomic<int> pin_failures{0};
+    bool team_failed = false; // written by the master before the team's first barrier
     omp_set_dynamic(0);
 #pragma omp parallel num_threads(threads)
     {
@@ -412,6 +417,7 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
                 ctl.status = ZB_EINVAL;
                 std::snprintf(ctl.message, sizeof ctl.message, "%s", problem.c_str());
                 t.work = Work::exit;
+                team_failed = true;
                 publish_ready(ctl, proto::Ready::failed);
             }
         }
@@ -466,7 +472,7 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
             finish(t, work);
         }
     }
-    return proto::Exit::ok;
+    return team_failed ? proto::Exit::failure : proto::Exit::ok;
 }
 
 } // namespace zb::opt::worker

@@ -18,8 +18,15 @@ using namespace zb::spank;
 struct Step {
     zb_topology_t *topology = nullptr;
     zb_profile_t *profile = nullptr;
-    std::string setup_error; // from step_init, reported by each task
+    std::string setup_error;    // from step_init, reported by each task
+    bool out_of_memory = false; // step_init ran out: nothing may allocate to say so
 };
+
+// What a catch block can say without allocating (a second bad_alloc there would terminate).
+void say_internal_error() noexcept {
+    static const char text[] = "zenflow-bind: internal error while binding (out of memory?)\n";
+    [[maybe_unused]] const ssize_t n = write(STDERR_FILENO, text, sizeof text - 1);
+}
 
 Step &step() {
     static Step s;
@@ -58,11 +65,12 @@ void step_init(spank_t, const zb_options *options) noexcept {
         }
         // Read with the user's identity (user_init runs after slurmstepd dropped privileges):
         // the path is the user's, so root must not open it on the user's behalf.
+        // A profile sizes the optimizer worker's share; mode=offload has none to size.
         const char *path = options->profile;
-        if (*path && zb_profile_load(path, &s.profile) != ZB_OK)
+        if (*path && options->mode != ZB_MODE_OFFLOAD && zb_profile_load(path, &s.profile) != ZB_OK)
             s.setup_error = std::string("cannot load profile=") + path + ": " + zb_last_error();
     } catch (...) {
-        step().setup_error = "out of memory while loading the topology";
+        step().out_of_memory = true;
     }
 }
 
@@ -84,6 +92,8 @@ int task_init(spank_t sp, const zb_options *options) noexcept {
         task.slurm_verbose = spank_getenv(sp, "SLURM_CPU_BIND_VERBOSE", cpu_bind_verbose,
                                           sizeof cpu_bind_verbose) == ESPANK_SUCCESS &&
                              std::strcmp(cpu_bind_verbose, "verbose") == 0;
+        if (s.out_of_memory)
+            return failed(sp, *options, task, "out of memory loading the topology");
         if (!s.setup_error.empty()) return failed(sp, *options, task, s.setup_error);
 
         std::unique_ptr<hwloc_bitmap_s, void (*)(hwloc_bitmap_t)> cpus(hwloc_bitmap_alloc(),
@@ -96,7 +106,7 @@ int task_init(spank_t sp, const zb_options *options) noexcept {
             return failed(sp, *options, task, error);
         return 0;
     } catch (...) {
-        tell_user("internal error while binding the task (out of memory?)");
+        say_internal_error();
         return options->fail_on_error ? -1 : 0;
     }
 }

@@ -5,6 +5,7 @@
 #include "binder_loader.hpp"
 #include "cpu_bind.hpp"
 #include "policy.hpp"
+#include "task_env.hpp"
 #include "tell.hpp"
 
 #include "slurm_api.hpp"
@@ -169,12 +170,16 @@ ZB_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int, char **) {
         char deferred[32] = {};
         if (spank_getenv(sp, kDeferVariable, deferred, sizeof deferred) == ESPANK_SUCCESS) {
             spank_unsetenv(sp, kDeferVariable);
-            return 0; // srun left this step to the user's --cpu-bind
+            clear_env(sp); // srun left this step to the user's --cpu-bind: no plan of ours
+            return 0;
         }
         const bool batch_like = step_id == SLURM_BATCH_SCRIPT || step_id == SLURM_INTERACTIVE_STEP;
         if (batch_like && !s.resolved.options.batch) return 0;
         s.binder = load_binder(s.binder_error);
-        if (s.binder) s.binder->step_init(sp, &s.resolved.options);
+        if (s.binder)
+            s.binder->step_init(sp, &s.resolved.options);
+        else
+            clear_env(sp); // no binding, no inherited plan (task_init says why, per onerror=)
         return 0;
     });
 }

@@ -12,11 +12,28 @@ namespace {
 
 using PlanPtr = std::unique_ptr<zb_plan_t, void (*)(zb_plan_t *)>;
 
-// What a bound task finds in its environment (zenflow_bind(8), ENVIRONMENT), in this order.
-constexpr const char *kVariables[] = {"OMP_NUM_THREADS",  ZB_ENV_TRAIN_CPUS,  ZB_ENV_OPT_CPUS,
-                                      ZB_ENV_OPT_THREADS, ZB_ENV_OPT_MEMS,    ZB_ENV_TASK_CPUS,
-                                      ZB_ENV_STEP_CPUS,   ZB_ENV_BIND_OPTIONS};
-constexpr size_t kVariableCount = sizeof kVariables / sizeof *kVariables;
+constexpr const auto &kVariables = kTaskVariables;
+constexpr size_t kVariableCount = kTaskVariableCount;
+
+// The task's OMP_NUM_THREADS before binding, put back when binding fails half-way, so that
+// onerror=warn leaves the task exactly as Slurm started it.
+class SavedThreads {
+  public:
+    explicit SavedThreads(spank_t sp) : sp_(sp) {
+        had_ = spank_getenv(sp, "OMP_NUM_THREADS", value_, sizeof value_) == ESPANK_SUCCESS;
+    }
+    void restore() const {
+        if (had_)
+            spank_setenv(sp_, "OMP_NUM_THREADS", value_, 1);
+        else
+            spank_unsetenv(sp_, "OMP_NUM_THREADS");
+    }
+
+  private:
+    spank_t sp_;
+    bool had_ = false;
+    char value_[64] = {};
+};
 
 bool set_affinity(hwloc_const_bitmap_t cpus, std::string &error) {
     const int last = hwloc_bitmap_last(cpus);
@@ -66,11 +83,6 @@ std::string cpulist(hwloc_const_bitmap_t set) {
     return big;
 }
 
-void clear_env(spank_t sp) {
-    for (const char *name : kVariables)
-        if (std::strncmp(name, "ZENFLOW_", 8) == 0) spank_unsetenv(sp, name);
-}
-
 bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *profile,
                hwloc_const_bitmap_t step_cpus, const zb_options &given, const TaskInfo &task,
                std::string &error) {
@@ -114,6 +126,7 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
                                                 options_text(options)};
     // mode=offload has no optimizer worker: the ZENFLOW_OPT_* variables stay unset.
     const bool offload = options.mode == ZB_MODE_OFFLOAD;
+    const SavedThreads saved(sp);
     for (size_t i = 0; i < kVariableCount; ++i) {
         if (offload && std::strncmp(kVariables[i], "ZENFLOW_OPT_", 12) == 0) {
             spank_unsetenv(sp, kVariables[i]);
@@ -121,10 +134,14 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
         }
         if (spank_setenv(sp, kVariables[i], values[i].c_str(), 1) != ESPANK_SUCCESS) {
             error = std::string("cannot set ") + kVariables[i] + " in the task's environment";
+            saved.restore();
             return false;
         }
     }
-    if (!set_affinity(share.train_cpus, error)) return false;
+    if (!set_affinity(share.train_cpus, error)) {
+        saved.restore();
+        return false;
+    }
 
     // After Slurm's own --cpu-bind=verbose line, say that its mask is no longer the task's.
     if (!options.verbose && !task.slurm_verbose) return true;

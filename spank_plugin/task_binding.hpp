@@ -4,6 +4,7 @@
 #pragma once
 
 #include "slurm_api.hpp"
+#include "task_env.hpp"
 #include "tell.hpp"
 #include <zenbind/zenbind.h>
 
@@ -29,7 +30,6 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
 // Removes every ZENFLOW_* variable bind_task() sets, including ones the task inherited (from a
 // bound batch step, say), so a task left unbound has none that would pin its worker elsewhere.
 // OMP_NUM_THREADS is left alone: it may be the user's own.
-void clear_env(spank_t sp);
 
 // One line to the user's stderr (the task's, in remote context), written at once.
 // A bitmap as a Linux cpu-list ("0-3,8").

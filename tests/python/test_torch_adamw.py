@@ -120,6 +120,33 @@ class WithoutGrad(unittest.TestCase):
                                            atol=1e-6)
         opt_a.close()
 
+    def test_adam_l2_leaves_parameters_without_grad_alone(self):
+        # With Adam's L2 term (adamw_mode=False) a zero gradient is not zero once the decay is
+        # added: a frozen parameter must keep its weights and get no moments in the worker.
+        a, b = twins()
+        for m in (a, b):
+            m[4].weight.requires_grad_(False)
+        frozen = a[4].weight.detach().clone()
+        data = batches(6)
+        opt_a = ours(a.parameters(), lr=1e-2, weight_decay=0.1, adamw_mode=False)
+        opt_b = torch.optim.Adam(b.parameters(), lr=1e-2, weight_decay=0.1)
+        for x, y in data:
+            for model, opt in ((a, opt_a), (b, opt_b)):
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+        assert_close(self, a.parameters(), b.parameters())
+        self.assertTrue(torch.equal(a[4].weight, frozen))
+        layout = opt_a._layouts[0]
+        m, v = torch.empty(layout.numel), torch.empty(layout.numel)
+        layout.group.get_state(m, v)
+        slot = next(s for s in layout.slots if s.param is a[4].weight)
+        cut = slice(slot.offset, slot.offset + slot.numel)
+        self.assertEqual(float(m[cut].abs().sum() + v[cut].abs().sum()), 0.0)
+        frozen_index = [p is a[4].weight for p in a.parameters()].index(True)
+        self.assertNotIn(frozen_index, opt_a.state_dict()["state"])
+        opt_a.close()
+
     def test_no_gradient_at_all_is_no_step(self):
         a, _ = twins()
         before = [p.detach().clone() for p in a.parameters()]

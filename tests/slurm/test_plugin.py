@@ -241,7 +241,9 @@ class PluginOnSlurm(ClusterCase):
         self.plugstack(None)
         slurm_only, _ = self.tasks("-n1", "-c2", "--cpu-bind=map_cpu:1")
         self.plugstack("default=on")
-        tasks, p = self.tasks("-n1", "-c2", "--cpu-bind=map_cpu:1")
+        # Variables inherited from a bound batch step must not reach a step left to Slurm.
+        inherited = dict(self.env, ZENFLOW_TRAIN_CPUS="0", ZENFLOW_OPT_CPUS="1")
+        tasks, p = self.tasks("-n1", "-c2", "--cpu-bind=map_cpu:1", env=inherited)
         t = tasks[0]
         self.assertEqual(t.affinity, slurm_only[0].affinity, "Slurm's binding is kept")
         self.assertEqual((t.omp, t.train, t.opt), ("unset",) * 3)

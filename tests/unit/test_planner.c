@@ -274,7 +274,10 @@ static void offload_mode_gives_the_whole_share(void **state) {
     p = plan_for(seed, NULL, 2, "mode=offload,opt=4");
     assert_int_equal(p.status, ZB_OK);
     assert_string_equal(summary(&p, 0), "0-15,32-47||16|0|0");
-    assert_true(has_warning(&p, "train= and opt= do not apply"));
+    assert_true(has_warning(&p, "train=, opt= and profile= do not apply"));
+    release(&p);
+    p = plan_for(seed, NULL, 2, "mode=offload,profile=/etc/p"); /* a profile alone warns too */
+    assert_true(has_warning(&p, "profile= do not apply"));
     release(&p);
 }
 

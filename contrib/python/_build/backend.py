@@ -1,4 +1,5 @@
-"""PEP 517 build backend of the zenflow-bind Python package.
+"""PEP 517 build backend of the zenflow-bind Python package. The metadata below is the one pip
+sees (pyproject.toml's [project] table states the same for people and tools that read it).
 
 A wheel holds the pure-Python package plus the native parts it drives, built by the project's own
 CMake from the source tree this directory sits in (contrib/python/../..): libzenbind.so.0 and the

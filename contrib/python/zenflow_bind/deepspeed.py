@@ -71,8 +71,8 @@ def plan_from_environ(environ=None):
     if not opt:
         raise PlanUnavailable("ZENFLOW_OPT_CPUS is not set: the step runs --zenflow-bind="
                               "mode=offload (the optimizer runs in-process; nothing to split)")
-    plan = Plan(_cpulist("ZENFLOW_TRAIN_CPUS", train), _cpulist("ZENFLOW_OPT_CPUS", opt),
-                len(_cpulist("ZENFLOW_OPT_CPUS", opt)))
+    opt_cpus = _cpulist("ZENFLOW_OPT_CPUS", opt)
+    plan = Plan(_cpulist("ZENFLOW_TRAIN_CPUS", train), opt_cpus, len(opt_cpus))
     threads = env.get("ZENFLOW_OPT_THREADS")
     if threads is not None:
         if not threads.isdigit() or int(threads) < 1:

@@ -189,16 +189,21 @@ class AdamW(torch.optim.Optimizer):
             slot.master.copy_(master)
             if alias is not None:
                 slot.alias.copy_(alias)
-        if moments is None and stepped:
+        # Adam's L2 term (adamw_mode=False) adds weight_decay * p to a zero gradient, which moves
+        # the moments; AdamW's decoupled decay does not.
+        l2 = not layout.group.hyper.adamw and layout.group.hyper.weight_decay > 0
+        if moments is None and stepped and not l2:
             return  # the missing ones have no state: zero gradients left their moments at 0
         m = v = None
-        if moments is not None:
+        if moments is not None or l2:
             m, v = torch.empty(layout.numel), torch.empty(layout.numel)
         count = layout.group.get_state(m, v)
-        if moments is not None:
-            for slot, _, _ in slots:
-                cut = slice(slot.offset, slot.offset + slot.numel)
+        for slot, _, _ in slots:
+            cut = slice(slot.offset, slot.offset + slot.numel)
+            if moments is not None:
                 m[cut], v[cut] = moments[0][cut], moments[1][cut]
+            elif m is not None:
+                m[cut], v[cut] = 0.0, 0.0
         # a group none of whose parameters had a gradient took no step (None moments: zeros,
         # right when none has state)
         layout.group.set_state(m, v, count if stepped else count - 1)

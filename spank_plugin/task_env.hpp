@@ -1,0 +1,24 @@
+// The variables a bound task finds in its environment (zenflow_bind(8), ENVIRONMENT), and their
+// removal: compiled into the plugin (steps it leaves alone must not keep another step's plan) and
+// into the binder.
+#pragma once
+
+#include "slurm_api.hpp"
+
+#include <zenbind/zenbind.h>
+
+#include <cstddef>
+
+namespace zb::spank {
+
+// In the order bind_task() sets them; OMP_NUM_THREADS first.
+inline constexpr const char *kTaskVariables[] = {
+    "OMP_NUM_THREADS", ZB_ENV_TRAIN_CPUS, ZB_ENV_OPT_CPUS,  ZB_ENV_OPT_THREADS,
+    ZB_ENV_OPT_MEMS,   ZB_ENV_TASK_CPUS,  ZB_ENV_STEP_CPUS, ZB_ENV_BIND_OPTIONS};
+inline constexpr size_t kTaskVariableCount = sizeof kTaskVariables / sizeof *kTaskVariables;
+
+// Removes every ZENFLOW_* variable of kTaskVariables from the job's environment, inherited ones
+// too (a step inside a bound batch step), so a worker never pins itself to another step's plan.
+void clear_env(spank_t sp);
+
+} // namespace zb::spank
