@@ -5,6 +5,7 @@
 // comment line. Parsing is strict and bounded: the profile= key comes from users.
 #include "bitmap.hpp"
 #include "error.hpp"
+#include "quote.hpp"
 #include "text_file.hpp"
 
 #include <algorithm>
@@ -56,7 +57,7 @@ void check_gbps(const std::vector<double> &gbps, const std::string &where) {
 unsigned parse_uint(const std::string &word, unsigned max, const std::string &where) {
     if (word.empty() || word.size() > 9 ||
         word.find_first_not_of("0123456789") != std::string::npos)
-        zb::fail(ZB_EINVAL, where + ": '" + word + "' is not a whole number");
+        zb::fail(ZB_EINVAL, where + ": " + zb::quote_input(word) + " is not a whole number");
     const unsigned long v = std::stoul(word);
     if (v > max) zb::fail(ZB_EINVAL, where + ": " + word + " is out of range");
     return static_cast<unsigned>(v);
@@ -69,10 +70,12 @@ std::vector<double> parse_gbps(const std::string &word, const std::string &where
     while (std::getline(ss, item, ',')) {
         if (item.empty() || item.size() > 32 ||
             item.find_first_not_of("0123456789.") != std::string::npos)
-            zb::fail(ZB_EINVAL, where + ": '" + item + "' is not a throughput in GB/s");
+            zb::fail(ZB_EINVAL,
+                     where + ": " + zb::quote_input(item) + " is not a throughput in GB/s");
         char *end = nullptr;
         out.push_back(std::strtod(item.c_str(), &end));
-        if (*end != '\0') zb::fail(ZB_EINVAL, where + ": '" + item + "' is not a number");
+        if (*end != '\0')
+            zb::fail(ZB_EINVAL, where + ": " + zb::quote_input(item) + " is not a number");
         if (out.size() > kMaxCounts) break;
     }
     check_gbps(out, where);

@@ -83,6 +83,19 @@ static void bad_files_are_refused_with_the_line(void **state) {
         assert_null(p);
         unlink(path);
     }
+    /* A long bad word is quoted in a bounded excerpt (found by the fuzz campaign: a 1108-byte
+     * message), control bytes escaped. */
+    char long_word[4096] = "zenbind-profile 1\nnode 0 saturate 1 gbps 1\nnode ";
+    for (size_t i = strlen(long_word); i < 3000; i += 2)
+        memcpy(long_word + i, "8,", 2);
+    strcat(long_word, "\x01 saturate 1 gbps 1\n");
+    char *long_path = write_temp(long_word);
+    zb_profile_t *q = NULL;
+    assert_int_equal(zb_profile_load(long_path, &q), ZB_EINVAL);
+    assert_true(strlen(zb_last_error()) < strlen(long_path) + 200);
+    assert_null(strchr(zb_last_error(), '\x01'));
+    unlink(long_path);
+
     zb_profile_t *p = NULL;
     assert_int_equal(zb_profile_load("relative/path", &p), ZB_EINVAL);
     /* A FIFO (or a device) is refused at once: slurmstepd must not block opening it. */
