@@ -6,15 +6,24 @@
 #include <unistd.h>
 
 namespace zb::proto {
+namespace {
 
-int send_fd(int sock, int fd, uint32_t tag) {
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    iovec iov{&tag, sizeof tag};
+// A message of one 32-bit tag and a control buffer for the fds, as both directions use it.
+msghdr tag_message(iovec &iov, char *control, size_t control_len) {
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
+    msg.msg_controllen = control_len;
+    return msg;
+}
+
+} // namespace
+
+int send_fd(int sock, int fd, uint32_t tag) {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    iovec iov{&tag, sizeof tag};
+    msghdr msg = tag_message(iov, control, sizeof control);
     cmsghdr *c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
@@ -29,11 +38,7 @@ int receive_fd(int sock, uint32_t &tag) {
     // Room for more than one fd, so that a malformed message cannot leak the extra ones.
     alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
     iovec iov{&tag, sizeof tag};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
+    msghdr msg = tag_message(iov, control, sizeof control);
     const ssize_t got = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (got < 0) return -1;
     int fd = -1, fds = 0;
