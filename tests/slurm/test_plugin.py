@@ -1,98 +1,17 @@
 #!/usr/bin/python3
-"""zenflow_bind.so on a real Slurm: a throwaway cluster (cluster.sh), real srun/sbatch steps.
+"""zenflow_bind.so on a real Slurm: real srun/sbatch steps on a throwaway cluster.
 
     test_plugin.py PLUGIN_SO --task-plugin cgroup|affinity [unittest args]
-
-Needs root and the Slurm daemons. Without them it exits 77 (ctest's SKIP_RETURN_CODE), except
-under CI=true, where a skip is a failure.
 """
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CLUSTER = os.path.join(HERE, "cluster.sh")
-SKIP = 77
-STEP_TIMEOUT = 60
-
-PLUGIN = ""
-TASK_PLUGIN = ""
-
-
-def cpus(text):
-    """Expand a Linux cpu-list ("0-2,5") into a set of ints."""
-    out = set()
-    for part in filter(None, text.strip().split(",")):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-# Printed by every task: the variables the plugin sets, then the task's real affinity.
-REPORT = ("echo \"env=${OMP_NUM_THREADS-unset}|${ZENFLOW_TRAIN_CPUS-unset}|"
-          "${ZENFLOW_OPT_CPUS-unset}|${ZENFLOW_OPT_THREADS-unset}|${ZENFLOW_OPT_MEMS-unset}|"
-          "${ZENFLOW_BIND_OPTIONS-unset}|$(grep Cpus_allowed_list /proc/self/status | cut -f2)\"")
-
-
-class Task:
-    def __init__(self, line):
-        fields = line.split("|")
-        self.omp, self.train, self.opt, self.opt_threads, self.mems, self.options = fields[:6]
-        self.affinity = cpus(fields[6])
-
-
-class ClusterCase(unittest.TestCase):
-    """A cluster of NODES nodes for the whole class; the plugin loaded without arguments."""
-    NODES = 1
-
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="zb-slurm-")
-        cls.env = dict(os.environ, SLURM_CONF=os.path.join(cls.dir, "etc", "slurm.conf"))
-        for var in list(cls.env):
-            if var.startswith(("SLURM_", "SPANK_", "ZENFLOW_")) and var != "SLURM_CONF":
-                del cls.env[var]
-        # --lifetime: the daemons stop by themselves even if ctest kills this driver.
-        subprocess.run([CLUSTER, "start", cls.dir, "--task-plugin", TASK_PLUGIN, "--nodes",
-                        str(cls.NODES), "--lifetime", "600"], check=True, timeout=90)
-
-    @classmethod
-    def tearDownClass(cls):
-        subprocess.run([CLUSTER, "stop", cls.dir], timeout=60)
-        shutil.rmtree(cls.dir, ignore_errors=True)
-
-    def plugstack(self, args=None):
-        """Load the plugin with these plugstack.conf arguments, or unload it (None)."""
-        cmd = [CLUSTER, "plugstack", self.dir]
-        if args is not None:
-            cmd += ["--plugin", PLUGIN, "--plugin-args", args]
-        subprocess.run(cmd, check=True, timeout=30)
-
-    def setUp(self):
-        self.plugstack("")
-
-    def run_cmd(self, *cmd, check=True, env=None):
-        p = subprocess.run(list(cmd), env=env or self.env, capture_output=True, text=True,
-                           timeout=STEP_TIMEOUT)
-        if check and p.returncode != 0:
-            self.fail(f"{' '.join(cmd)} exited {p.returncode}\nstdout:\n{p.stdout}\n"
-                      f"stderr:\n{p.stderr}")
-        return p
-
-    def tasks(self, *srun_args, check=True, env=None):
-        """Runs REPORT in every task; returns ({task id: Task}, completed process)."""
-        p = self.run_cmd("srun", "-l", *srun_args, "bash", "-c", REPORT, check=check, env=env)
-        tasks = {}
-        for line in p.stdout.splitlines():
-            m = re.match(r"\s*(\d+): env=(.*)", line)
-            if m:
-                tasks[int(m.group(1))] = Task(m.group(2))
-        return tasks, p
+import slurm_case
+from slurm_case import CLUSTER, HERE, REPORT, STEP_TIMEOUT, ClusterCase, Task, cpus
 
 
 class WorkloadOnSlurm(ClusterCase):
@@ -159,7 +78,7 @@ class PluginOnSlurm(ClusterCase):
         # Where the step's CPUs came from: its cpuset cgroup under task/cgroup, else Slurm's
         # allocation (task/affinity alone leaves tasks in the root cpuset).
         for l in lines:
-            if TASK_PLUGIN == "cgroup":
+            if slurm_case.TASK_PLUGIN == "cgroup":
                 self.assertRegex(l, r"from /\S+/job_\d+/step_\d+/cpuset\.effective_cpus$")
             else:
                 self.assertTrue(l.endswith("from S_STEP_ALLOC_CORES"), l)
@@ -335,10 +254,10 @@ class PluginOnSlurm(ClusterCase):
             self.skipTest(f"an installed binder ({installed}) would be found")
         alone = os.path.join(self.dir, "alone")
         os.makedirs(alone, exist_ok=True)
-        shutil.copy(PLUGIN, alone)
+        shutil.copy(slurm_case.PLUGIN, alone)
         with open(os.path.join(alone, "zenflow_bind_binder.so"), "w") as f:
             f.write("not an ELF object\n")
-        plugin = os.path.join(alone, os.path.basename(PLUGIN))
+        plugin = os.path.join(alone, os.path.basename(slurm_case.PLUGIN))
         subprocess.run([CLUSTER, "plugstack", self.dir, "--plugin", plugin, "--plugin-args",
                         "onerror=warn"], check=True, timeout=30)
         tasks, p = self.tasks("-n1", "-c2", "--zenflow-bind")
@@ -408,32 +327,6 @@ class TwoNodes(ClusterCase):
             self.assertNotEqual(cpus_of[0], cpus_of[1], f"{node}: tasks share a core")
 
 
-def main():
-    global PLUGIN, TASK_PLUGIN
-    args = sys.argv[1:]
-    if len(args) < 3 or args[1] != "--task-plugin":
-        print(__doc__, file=sys.stderr)
-        return 2
-    PLUGIN, TASK_PLUGIN, rest = os.path.abspath(args[0]), args[2], args[3:]
-    missing = [b for b in ("slurmctld", "slurmd", "srun", "sbatch") if not shutil.which(b)]
-    why = None
-    if os.geteuid() != 0:
-        why = "needs root (slurmd creates cgroups and starts tasks)"
-    elif missing:
-        why = "Slurm is not installed: missing " + ", ".join(missing)
-    elif not os.path.exists(PLUGIN):
-        why = "plugin not built: " + PLUGIN
-    if why:
-        # Under any CI a skip would pass silently; ZB_ALLOW_SKIP=1 is the explicit way to accept it.
-        if os.environ.get("CI") and os.environ.get("ZB_ALLOW_SKIP") != "1":
-            print(f"FAIL: CI={os.environ['CI']} and the Slurm tests cannot run: {why} "
-                  "(ZB_ALLOW_SKIP=1 accepts the skip)", file=sys.stderr)
-            return 1
-        print(f"SKIP: {why}", file=sys.stderr)
-        return SKIP
-    prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    return 0 if prog.result.wasSuccessful() else 1
-
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(slurm_case.main())
