@@ -152,7 +152,11 @@ int bench_adam(int argc, char **argv) {
                      o.threads, cpus.size());
         return 2;
     }
-    zb::opt::force_isa(o.isa);
+    if (!zb::opt::force_isa(o.isa)) { // checked in parse_args; kept as a guard
+        std::fprintf(stderr, "zenflow-bench adam: this CPU cannot run --isa %s\n",
+                     zb::opt::isa_name(o.isa));
+        return 2;
+    }
     omp_set_dynamic(0);
 
     const size_t n = o.elements, gsize = o.grad == zb::opt::GradType::f32 ? 4 : 2;

@@ -60,9 +60,11 @@ uint64_t adam_step_in_team(const AdamBatch &batch);
 // cache lines of aligned buffers; callers that first-touch memory use it to place pages.
 void adam_slice(size_t total, int thread, int threads, size_t &lo, size_t &hi);
 
-Isa best_isa();          // what this CPU supports
-Isa active_isa();        // what adam_step uses now
-void force_isa(Isa isa); // tests and benchmarks; clamped to best_isa()
+Isa best_isa();   // what this CPU supports
+Isa active_isa(); // what adam_step uses now
+// Tests and benchmarks: makes adam_step use `isa`. Refuses (false, nothing changed) an ISA this
+// CPU lacks, so a caller cannot believe it ran a kernel it did not.
+[[nodiscard]] bool force_isa(Isa isa);
 const char *isa_name(Isa isa);
 
 } // namespace zb::opt

@@ -117,9 +117,10 @@ Isa active_isa() {
     return forced().load(std::memory_order_relaxed);
 }
 
-void force_isa(Isa isa) {
-    forced().store(static_cast<int>(isa) > static_cast<int>(best_isa()) ? best_isa() : isa,
-                   std::memory_order_relaxed);
+bool force_isa(Isa isa) {
+    if (static_cast<int>(isa) > static_cast<int>(best_isa())) return false;
+    forced().store(isa, std::memory_order_relaxed);
+    return true;
 }
 
 const char *isa_name(Isa isa) {

@@ -5,8 +5,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <omp.h>
+#include <set>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include <setjmp.h>
@@ -27,6 +32,46 @@ using zb::opt::GradType;
 using zb::opt::Isa;
 
 uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+// The ISAs this CPU and kernel support, read from /proc/cpuinfo's flags, independently of the
+// dispatcher's CPUID code: what every cross-ISA test here compares. Printed once, so a log shows
+// when a machine without AVX-512 compared fewer.
+const std::vector<Isa> &isas() {
+    static const std::vector<Isa> list = [] {
+        std::set<std::string> flags;
+        std::ifstream in("/proc/cpuinfo");
+        for (std::string line; std::getline(in, line);)
+            if (line.rfind("flags", 0) == 0) {
+                std::istringstream words(line.substr(line.find(':') + 1));
+                for (std::string w; words >> w;)
+                    flags.insert(w);
+                break;
+            }
+        const auto all = [&](std::initializer_list<const char *> names) {
+            for (const char *n : names)
+                if (!flags.count(n)) return false;
+            return true;
+        };
+        std::vector<Isa> out{Isa::scalar};
+        if (all({"avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"})) {
+            out.push_back(Isa::avx2);
+            if (all({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}))
+                out.push_back(Isa::avx512);
+        }
+        std::fprintf(stderr, "test_adam: comparing the ISAs of this CPU:");
+        for (Isa isa : out)
+            std::fprintf(stderr, " %s", zb::opt::isa_name(isa));
+        std::fprintf(stderr, "\n");
+        return out;
+    }();
+    return list;
+}
+
+// Runs the kernels on `isa` from now on, or fails: no test may believe it ran a kernel it did not.
+void use(Isa isa) {
+    if (!zb::opt::force_isa(isa))
+        fail_msg("this CPU cannot run the %s kernel", zb::opt::isa_name(isa));
+}
 
 double uniform() { // [-1, 1)
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
@@ -169,8 +214,6 @@ void assert_same(const Problem &a, const Problem &b) {
         }
 }
 
-const Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512};
-
 // Small lengths in every configuration, two steps (130: two AVX-512 iterations and a tail of 2, so
 // every path's vector body runs in every configuration); the long tensor (slices ending inside it,
 // vector bodies and tails) in five of the configurations and one step, which keeps the test well
@@ -187,17 +230,17 @@ void test_bit_identical(void **) {
                 Problem start(lengths, g, c, stale);
                 start.hypers[1].step = 3;
                 Problem ref = start;
-                zb::opt::force_isa(Isa::scalar);
+                use(Isa::scalar);
                 std::vector<std::vector<std::vector<unsigned char>>> grads;
                 for (int s = 0; s < steps; ++s) {
                     grads.push_back(ref.grad);
                     ref.step(1);
                     ref.new_grads();
                 }
-                for (Isa isa : kIsas)
+                for (Isa isa : isas())
                     for (int threads : {1, 2, 3}) {
                         if (isa == Isa::scalar && threads == 1) continue;
-                        zb::opt::force_isa(isa);
+                        use(isa);
                         Problem p = start;
                         for (int s = 0; s < steps; ++s) {
                             p.grad = grads[static_cast<size_t>(s)];
@@ -206,7 +249,7 @@ void test_bit_identical(void **) {
                         assert_same(ref, p);
                     }
             }
-    zb::opt::force_isa(zb::opt::best_isa());
+    use(zb::opt::best_isa());
 }
 
 // A torch.optim.Adam/AdamW step in double over the same inputs.
@@ -266,7 +309,7 @@ void assert_close(double got, double want, const char *what, size_t i) {
 }
 
 void test_double_reference(void **) {
-    zb::opt::force_isa(Isa::scalar);
+    use(Isa::scalar);
     for (GradType g : {GradType::f32, GradType::bf16, GradType::f16})
         for (CopyType c : {CopyType::bf16, CopyType::f16}) {
             rng_state = 7;
@@ -291,7 +334,7 @@ void test_double_reference(void **) {
                     assert_int_equal(bits(p.stale_out[k][i]), bits(p.param[k][i]));
                 }
         }
-    zb::opt::force_isa(zb::opt::best_isa());
+    use(zb::opt::best_isa());
 }
 
 void put_grad(Problem &p, size_t i, uint32_t f32, uint16_t half) {
@@ -315,18 +358,18 @@ void test_nonfinite_counted(void **) {
         put_grad(start, 10, bits(2e38f), f16 ? 0x3c00 : bf16_trunc(2e38f));
         const uint64_t want = f16 ? 3 : 4;
         Problem ref = start;
-        zb::opt::force_isa(Isa::scalar);
+        use(Isa::scalar);
         assert_int_equal(ref.step(1), want);
         assert_true(std::isnan(ref.param[0][3]));
-        for (Isa isa : kIsas)
+        for (Isa isa : isas())
             for (int threads : {1, 2, 3}) {
-                zb::opt::force_isa(isa);
+                use(isa);
                 Problem p = start;
                 assert_int_equal(p.step(threads), want);
                 assert_same(ref, p);
             }
     }
-    zb::opt::force_isa(zb::opt::best_isa());
+    use(zb::opt::best_isa());
 }
 
 // A NaN param stays a NaN in the copy-out, whatever its payload: rounding 0x7fffffff to bf16 as a
@@ -335,8 +378,8 @@ void test_nan_copy_out(void **) {
     const uint32_t nans[] = {0x7fffffff, 0xffffffff, 0x7f800001, 0x7fc00000, 0xff80ffff};
     const size_t n = 5 * 7; // vector bodies and tails on every path
     for (CopyType c : {CopyType::bf16, CopyType::f16})
-        for (Isa isa : kIsas) {
-            zb::opt::force_isa(isa);
+        for (Isa isa : isas()) {
+            use(isa);
             rng_state = 13;
             Problem p({n}, GradType::f32, c, false);
             for (size_t i = 0; i < n; ++i)
@@ -351,13 +394,13 @@ void test_nan_copy_out(void **) {
                              h);
             }
         }
-    zb::opt::force_isa(zb::opt::best_isa());
+    use(zb::opt::best_isa());
 }
 
 // Scaling by a power of two is exact, so grad_scale = 1/4 on g must equal scale 1 on g/4.
 void test_grad_scale(void **) {
-    for (Isa isa : kIsas) {
-        zb::opt::force_isa(isa);
+    for (Isa isa : isas()) {
+        use(isa);
         rng_state = 11;
         Problem a({777}, GradType::f32, CopyType::none, false);
         Problem b = a;
@@ -381,7 +424,7 @@ void test_grad_scale(void **) {
         d.step(1);
         assert_true(bits(c.param[0][1]) != bits(d.param[0][1]));
     }
-    zb::opt::force_isa(zb::opt::best_isa());
+    use(zb::opt::best_isa());
 }
 
 // Threads of an existing team each take a slice; their counts add up to adam_step's.
@@ -390,9 +433,9 @@ void test_in_team(void **) {
     Problem start({5, 100003, 64}, GradType::bf16, CopyType::f16, true);
     put_grad(start, 2, 0, 0x7f80);
     Problem ref = start;
-    zb::opt::force_isa(Isa::scalar);
+    use(Isa::scalar);
     assert_int_equal(ref.step(1), 1);
-    zb::opt::force_isa(zb::opt::best_isa());
+    use(zb::opt::best_isa());
     Problem p = start;
     const auto ts = p.tensors();
     const AdamBatch batch{p.gtype, p.ctype, ts.data(), ts.size()};
@@ -419,12 +462,20 @@ void test_slices_and_isa(void **) {
     assert_string_equal(zb::opt::isa_name(Isa::scalar), "scalar");
     assert_string_equal(zb::opt::isa_name(Isa::avx2), "avx2");
     assert_string_equal(zb::opt::isa_name(Isa::avx512), "avx512");
-    zb::opt::force_isa(Isa::avx512);
+    // The dispatcher's CPUID reading agrees with the kernel's view of the CPU, so the cross-ISA
+    // tests below cover every kernel this CPU can run.
+    assert_int_equal(static_cast<int>(zb::opt::best_isa()), static_cast<int>(isas().back()));
+    // An ISA this CPU lacks is refused, and the one in use stays.
+    use(Isa::scalar);
+    for (Isa isa : {Isa::avx2, Isa::avx512})
+        if (static_cast<int>(isa) > static_cast<int>(zb::opt::best_isa())) {
+            assert_false(zb::opt::force_isa(isa));
+            assert_int_equal(static_cast<int>(zb::opt::active_isa()),
+                             static_cast<int>(Isa::scalar));
+        }
+    use(zb::opt::best_isa());
     assert_int_equal(static_cast<int>(zb::opt::active_isa()),
                      static_cast<int>(zb::opt::best_isa()));
-    zb::opt::force_isa(Isa::scalar);
-    assert_int_equal(static_cast<int>(zb::opt::active_isa()), static_cast<int>(Isa::scalar));
-    zb::opt::force_isa(zb::opt::best_isa());
 }
 
 } // namespace
