@@ -25,6 +25,7 @@ struct Options {
     zb::opt::CopyType copy = zb::opt::CopyType::none;
     bool stale = false;
     zb::opt::Isa isa = zb::opt::best_isa();
+    zb::opt::Stores stores = zb::opt::Stores::automatic;
     int steps = 20;
     bool json = false;
 };
@@ -88,6 +89,16 @@ int parse(int argc, char **argv, Options &o) {
                 o.copy = zb::opt::CopyType::f16;
             else
                 return bad_usage("--copy-out wants none, bf16 or fp16, not '%s'", argv[i]);
+        } else if (a == "--stores") {
+            const std::string v = argv[++i];
+            if (v == "auto")
+                o.stores = zb::opt::Stores::automatic;
+            else if (v == "cached")
+                o.stores = zb::opt::Stores::cached;
+            else if (v == "streaming")
+                o.stores = zb::opt::Stores::streaming;
+            else
+                return bad_usage("--stores wants auto, cached or streaming, not '%s'", argv[i]);
         } else if (a == "--isa") {
             const std::string v = argv[++i];
             if (v == "scalar")
@@ -157,6 +168,7 @@ int bench_adam(int argc, char **argv) {
                      zb::opt::isa_name(o.isa));
         return 2;
     }
+    zb::opt::force_stores(o.stores);
     omp_set_dynamic(0);
 
     const size_t n = o.elements, gsize = o.grad == zb::opt::GradType::f32 ? 4 : 2;
@@ -253,20 +265,22 @@ int bench_adam(int argc, char **argv) {
     const double sec = median(kernel);
     const double gelem = static_cast<double>(n) / sec / 1e9, gbs = bytes / sec / 1e9;
     const double rgbs = bytes / rsec / 1e9, ratio = gbs / rgbs;
+    const char *stores = zb::opt::stores_name(zb::opt::stores_for(static_cast<size_t>(bytes)));
     if (o.json) {
-        std::printf("{\"subcommand\":\"adam\",\"elements\":%zu,\"threads\":%d,\"grad\":\"%s\","
-                    "\"copy_out\":\"%s\",\"stale\":%s,\"isa\":\"%s\",\"steps\":%d,"
-                    "\"bytes_per_step\":%.0f,\"seconds\":%.6g,\"gelem_per_s\":%.6g,"
-                    "\"gb_per_s\":%.6g,\"roofline_seconds\":%.6g,\"roofline_gb_per_s\":%.6g,"
-                    "\"roofline_form\":\"%s\",\"roofline_forms_gb_per_s\":{%s},\"ratio\":%.4f}\n",
-                    n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "true" : "false",
-                    zb::opt::isa_name(zb::opt::active_isa()), o.steps, bytes, sec, gelem, gbs, rsec,
-                    rgbs, form, each.c_str(), ratio);
+        std::printf(
+            "{\"subcommand\":\"adam\",\"elements\":%zu,\"threads\":%d,\"grad\":\"%s\","
+            "\"copy_out\":\"%s\",\"stale\":%s,\"isa\":\"%s\",\"stores\":\"%s\",\"steps\":%d,"
+            "\"bytes_per_step\":%.0f,\"seconds\":%.6g,\"gelem_per_s\":%.6g,"
+            "\"gb_per_s\":%.6g,\"roofline_seconds\":%.6g,\"roofline_gb_per_s\":%.6g,"
+            "\"roofline_form\":\"%s\",\"roofline_forms_gb_per_s\":{%s},\"ratio\":%.4f}\n",
+            n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "true" : "false",
+            zb::opt::isa_name(zb::opt::active_isa()), stores, o.steps, bytes, sec, gelem, gbs, rsec,
+            rgbs, form, each.c_str(), ratio);
     } else {
         std::printf("adam: %zu elements, %d threads, grad %s, copy-out %s, stale %s, isa %s, "
-                    "%d steps, %.0f bytes/step\n",
+                    "stores %s, %d steps, %.0f bytes/step\n",
                     n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "yes" : "no",
-                    zb::opt::isa_name(zb::opt::active_isa()), o.steps, bytes);
+                    zb::opt::isa_name(zb::opt::active_isa()), stores, o.steps, bytes);
         std::printf("kernel    %.6f s/step  %.3f Gelem/s  %.2f GB/s\n", sec, gelem, gbs);
         std::printf("roofline  %.6f s/step                 %.2f GB/s  (plain %s pass; GB/s %s)\n",
                     rsec, rgbs, form, each.c_str());

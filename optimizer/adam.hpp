@@ -11,6 +11,11 @@ namespace zb::opt {
 enum class GradType : uint8_t { f32, bf16, f16 };
 enum class CopyType : uint8_t { none, bf16, f16 };
 enum class Isa : uint8_t { scalar, avx2, avx512 };
+// How the vector paths write the streams they only write (copy-out, stale): `automatic` streams
+// them past the caches (non-temporal stores) when a step's bytes exceed the last-level cache, so
+// the read of each line before its overwrite is saved; below that, plain stores leave the results
+// in the cache for whoever reads them next.
+enum class Stores : uint8_t { automatic, cached, streaming };
 
 // torch.optim.Adam/AdamW semantics; eps is added after bias correction.
 struct AdamHyper {
@@ -66,5 +71,11 @@ Isa active_isa(); // what adam_step uses now
 // CPU lacks, so a caller cannot believe it ran a kernel it did not.
 [[nodiscard]] bool force_isa(Isa isa);
 const char *isa_name(Isa isa);
+
+void force_stores(Stores s);     // tests and benchmarks; automatic by default
+Stores active_stores();          // what force_stores() set
+Stores stores_for(size_t bytes); // cached or streaming, for a step of `bytes`
+size_t last_level_cache();       // bytes, from sysfs (32 MiB when it cannot tell)
+const char *stores_name(Stores s);
 
 } // namespace zb::opt

@@ -12,10 +12,9 @@
 namespace zb::opt::detail {
 namespace {
 
-constexpr size_t V = 8;                    // lanes of a vector
-constexpr size_t U = 4;                    // vectors per iteration
-constexpr size_t W = U * V;                // elements per iteration
-constexpr size_t kBlock = size_t{1} << 24; // iterations between sums of the non-finite counters
+constexpr size_t V = 8;     // lanes of a vector
+constexpr size_t U = 4;     // vectors per iteration
+constexpr size_t W = U * V; // elements per iteration
 
 // The constants broadcast once per call: held in registers, they are not reloaded after every
 // store (a float store may alias a `const Consts &` as far as the compiler knows).
@@ -97,7 +96,7 @@ template <bool AdamW>
 // gradient is not finite. Every stream is read before any is written: a load that follows a store
 // to another stream at the same offset in its page waits on it (4K aliasing), and large buffers
 // are often aligned alike.
-template <GradType G, CopyType C, bool AdamW, bool Stale>
+template <GradType G, CopyType C, bool AdamW, bool Stale, bool Stream>
 [[gnu::always_inline]] inline void body(const Ptrs &t, const Vc &c, size_t i, __m256i (&bad)[U]) {
     __m256 g[U], p[U], m[U], v[U];
     ZF_UNROLL
@@ -125,60 +124,64 @@ template <GradType G, CopyType C, bool AdamW, bool Stale>
     for (size_t u = 0; u < U; ++u)
         _mm256_storeu_ps(t.v + i + u * V, v[u]);
     if constexpr (C != CopyType::none) ZF_UNROLL
-    for (size_t u = 0; u < U; u += 2)
-        _mm256_storeu_si256(
-            reinterpret_cast<__m256i *>(static_cast<uint16_t *>(t.copy) + i + u * V),
-            to_copy<C>(p[u], p[u + 1]));
+    for (size_t u = 0; u < U; u += 2) {
+        auto *to = reinterpret_cast<__m256i *>(static_cast<uint16_t *>(t.copy) + i + u * V);
+        if constexpr (Stream)
+            _mm256_stream_si256(to, to_copy<C>(p[u], p[u + 1]));
+        else
+            _mm256_storeu_si256(to, to_copy<C>(p[u], p[u + 1]));
+    }
     if constexpr (Stale) ZF_UNROLL
-    for (size_t u = 0; u < U; ++u)
-        _mm256_storeu_ps(t.stale + i + u * V, p[u]);
+    for (size_t u = 0; u < U; ++u) {
+        if constexpr (Stream)
+            _mm256_stream_ps(t.stale + i + u * V, p[u]);
+        else
+            _mm256_storeu_ps(t.stale + i + u * V, p[u]);
+    }
 }
 
-// Non-finite lanes are counted in a vector of per-lane counters (subtracting the all-ones lanes),
-// summed once per block of 2^24 iterations, so neither a lane nor the sum can overflow.
-template <GradType G, CopyType C, bool AdamW, bool Stale>
-uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
-    const Ptrs ptrs{t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.copy_out, t.stale};
-    const Vc c(consts);
-    uint64_t bad = 0;
-    size_t i = lo;
-    while (hi - i >= W) {
-        const size_t end = i + W * ((hi - i) / W < kBlock ? (hi - i) / W : kBlock);
-        __m256i count = _mm256_setzero_si256();
-        for (; i < end; i += W) {
-            __m256i b[U];
-            body<G, C, AdamW, Stale>(ptrs, c, i, b);
-            ZF_UNROLL
-            for (size_t u = 0; u < U; ++u)
-                count = _mm256_sub_epi32(count, b[u]);
-        }
+// What run_range (adam_kernels.hpp) needs of this path. Non-finite lanes are counted by
+// subtracting their all-ones masks.
+struct Kernel {
+    static constexpr size_t W = detail::W;
+    using Vc = detail::Vc;
+    struct Bad {
+        __m256i lanes[U];
+    };
+    using Count = __m256i;
+    template <GradType G, CopyType C, bool AdamW, bool Stale, bool Stream>
+    [[gnu::always_inline]] static void body(const Ptrs &t, const Vc &c, size_t i, Bad &bad) {
+        detail::body<G, C, AdamW, Stale, Stream>(t, c, i, bad.lanes);
+    }
+    static Count zero() { return _mm256_setzero_si256(); }
+    [[gnu::always_inline]] static void add(Count &count, const Bad &b) {
+        ZF_UNROLL
+        for (size_t u = 0; u < U; ++u)
+            count = _mm256_sub_epi32(count, b.lanes[u]);
+    }
+    static uint64_t sum(Count count) {
         const __m128i half =
             _mm_add_epi32(_mm256_castsi256_si128(count), _mm256_extracti128_si256(count, 1));
         const __m128i quarter = _mm_add_epi32(half, _mm_unpackhi_epi64(half, half));
-        bad += static_cast<uint32_t>(
+        return static_cast<uint32_t>(
             _mm_cvtsi128_si32(_mm_add_epi32(quarter, _mm_srli_epi64(quarter, 32))));
     }
-    return bad + padded_tail<W, G, C>(t, i, hi, [&c](const Ptrs &p) {
-               __m256i b[U];
-               body<G, C, AdamW, Stale>(p, c, 0, b);
-               uint64_t lanes = 0;
-               ZF_UNROLL
-               for (size_t u = 0; u < U; ++u)
-                   lanes |= static_cast<uint64_t>(_mm256_movemask_ps(_mm256_castsi256_ps(b[u])))
-                            << (u * V);
-               return lanes;
-           });
-}
+    static uint64_t lanes(const Bad &b) {
+        uint64_t out = 0;
+        ZF_UNROLL
+        for (size_t u = 0; u < U; ++u)
+            out |= static_cast<uint64_t>(_mm256_movemask_ps(_mm256_castsi256_ps(b.lanes[u])))
+                   << (u * V);
+        return out;
+    }
+    static void fence() { _mm_sfence(); }
+};
 
 } // namespace
 
 uint64_t range_avx2(const AdamTensor &t, const Consts &c, GradType g, CopyType cp, size_t lo,
                     size_t hi) {
-    return dispatch_types(g, cp, [&]<GradType G, CopyType C>() {
-        return dispatch_flags(c.adamw, t.stale != nullptr, [&]<bool AdamW, bool Stale>() {
-            return run<G, C, AdamW, Stale>(t, c, lo, hi);
-        });
-    });
+    return range<Kernel>(t, c, g, cp, lo, hi);
 }
 
 } // namespace zb::opt::detail

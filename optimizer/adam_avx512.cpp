@@ -1,9 +1,9 @@
 // AVX-512F path (compiled with -mavx512f -mfma -mf16c): U vectors of 16 elements per iteration,
 // every stream read and written in whole 64-byte lines (a 16-bit gradient or copy-out a line per
-// pair of vectors). The tail runs the same body on a zero-padded copy, so every element takes the
-// same instructions.
-// No standard-library templates here: their out-of-line copies could be picked by the linker for
-// code that runs on CPUs without AVX-512.
+// pair of vectors), the write-only ones non-temporal when streams_out() says so. The tail runs the
+// same body on a zero-padded copy, so every element takes the same instructions. No
+// standard-library templates here: their out-of-line copies could be picked by the linker for code
+// that runs on CPUs without AVX-512.
 #include "adam_kernels.hpp"
 
 #include <immintrin.h>
@@ -17,8 +17,7 @@ constexpr size_t V = 16; // lanes of a vector
 // zenflow-bench adam on an AMD EPYC (Zen 4) 2-vCPU VM, N = 100M, 1 and 2 threads (ratios to the
 // roofline within the noise of the same runs).
 constexpr size_t U = 2;
-constexpr size_t W = U * V;                // elements per iteration
-constexpr size_t kBlock = size_t{1} << 24; // iterations between sums of the non-finite counters
+constexpr size_t W = U * V; // elements per iteration
 
 // The constants broadcast once per call: held in registers, they are not reloaded after every
 // store (a float store may alias a `const Consts &` as far as the compiler knows).
@@ -94,7 +93,7 @@ template <bool AdamW>
 // not finite. Every stream is read before any is written: a load that follows a store to another
 // stream at the same offset in its page waits on it (4K aliasing), and large buffers are often
 // aligned alike.
-template <GradType G, CopyType C, bool AdamW, bool Stale>
+template <GradType G, CopyType C, bool AdamW, bool Stale, bool Stream>
 [[gnu::always_inline]] inline void body(const Ptrs &t, const Vc &c, size_t i, __mmask16 (&bad)[U]) {
     __m512 g[U], p[U], m[U], v[U];
     ZF_UNROLL
@@ -122,55 +121,61 @@ template <GradType G, CopyType C, bool AdamW, bool Stale>
     for (size_t u = 0; u < U; ++u)
         _mm512_storeu_ps(t.v + i + u * V, v[u]);
     if constexpr (C != CopyType::none) ZF_UNROLL
-    for (size_t u = 0; u < U; u += 2)
-        _mm512_storeu_si512(
-            static_cast<uint16_t *>(t.copy) + i + u * V,
-            _mm512_inserti64x4(_mm512_castsi256_si512(to_copy<C>(p[u])), to_copy<C>(p[u + 1]), 1));
+    for (size_t u = 0; u < U; u += 2) {
+        void *to = static_cast<uint16_t *>(t.copy) + i + u * V;
+        const __m512i h =
+            _mm512_inserti64x4(_mm512_castsi256_si512(to_copy<C>(p[u])), to_copy<C>(p[u + 1]), 1);
+        if constexpr (Stream)
+            _mm512_stream_si512(static_cast<__m512i *>(to), h);
+        else
+            _mm512_storeu_si512(to, h);
+    }
     if constexpr (Stale) ZF_UNROLL
-    for (size_t u = 0; u < U; ++u)
-        _mm512_storeu_ps(t.stale + i + u * V, p[u]);
+    for (size_t u = 0; u < U; ++u) {
+        if constexpr (Stream)
+            _mm512_stream_ps(t.stale + i + u * V, p[u]);
+        else
+            _mm512_storeu_ps(t.stale + i + u * V, p[u]);
+    }
 }
 
-// Non-finite lanes are counted in a vector of per-lane counters (one masked add per vector),
-// summed once per block of 2^24 iterations, so neither a lane nor the sum can overflow.
-template <GradType G, CopyType C, bool AdamW, bool Stale>
-uint64_t run(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
-    const Ptrs ptrs{t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.copy_out, t.stale};
-    const Vc c(consts);
-    uint64_t bad = 0;
-    size_t i = lo;
-    while (hi - i >= W) {
-        const size_t end = i + W * ((hi - i) / W < kBlock ? (hi - i) / W : kBlock);
-        __m512i count = _mm512_setzero_si512();
-        for (; i < end; i += W) {
-            __mmask16 b[U];
-            body<G, C, AdamW, Stale>(ptrs, c, i, b);
-            ZF_UNROLL
-            for (size_t u = 0; u < U; ++u)
-                count = _mm512_mask_add_epi32(count, b[u], count, _mm512_set1_epi32(1));
-        }
-        bad += static_cast<uint32_t>(_mm512_reduce_add_epi32(count));
+// What run_range (adam_kernels.hpp) needs of this path. Non-finite lanes are counted with one
+// masked add per vector.
+struct Kernel {
+    static constexpr size_t W = detail::W;
+    using Vc = detail::Vc;
+    struct Bad {
+        __mmask16 lanes[U];
+    };
+    using Count = __m512i;
+    template <GradType G, CopyType C, bool AdamW, bool Stale, bool Stream>
+    [[gnu::always_inline]] static void body(const Ptrs &t, const Vc &c, size_t i, Bad &bad) {
+        detail::body<G, C, AdamW, Stale, Stream>(t, c, i, bad.lanes);
     }
-    return bad + padded_tail<W, G, C>(t, i, hi, [&c](const Ptrs &p) {
-               __mmask16 b[U];
-               body<G, C, AdamW, Stale>(p, c, 0, b);
-               uint64_t lanes = 0;
-               ZF_UNROLL
-               for (size_t u = 0; u < U; ++u)
-                   lanes |= static_cast<uint64_t>(b[u]) << (u * V);
-               return lanes;
-           });
-}
+    static Count zero() { return _mm512_setzero_si512(); }
+    [[gnu::always_inline]] static void add(Count &count, const Bad &b) {
+        ZF_UNROLL
+        for (size_t u = 0; u < U; ++u)
+            count = _mm512_mask_add_epi32(count, b.lanes[u], count, _mm512_set1_epi32(1));
+    }
+    static uint64_t sum(Count count) {
+        return static_cast<uint32_t>(_mm512_reduce_add_epi32(count));
+    }
+    static uint64_t lanes(const Bad &b) {
+        uint64_t out = 0;
+        ZF_UNROLL
+        for (size_t u = 0; u < U; ++u)
+            out |= static_cast<uint64_t>(b.lanes[u]) << (u * V);
+        return out;
+    }
+    static void fence() { _mm_sfence(); }
+};
 
 } // namespace
 
 uint64_t range_avx512(const AdamTensor &t, const Consts &c, GradType g, CopyType cp, size_t lo,
                       size_t hi) {
-    return dispatch_types(g, cp, [&]<GradType G, CopyType C>() {
-        return dispatch_flags(c.adamw, t.stale != nullptr, [&]<bool AdamW, bool Stale>() {
-            return run<G, C, AdamW, Stale>(t, c, lo, hi);
-        });
-    });
+    return range<Kernel>(t, c, g, cp, lo, hi);
 }
 
 } // namespace zb::opt::detail

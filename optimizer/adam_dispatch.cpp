@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <omp.h>
 
 namespace zb::opt {
@@ -20,6 +21,32 @@ Isa detect() {
 std::atomic<Isa> &forced() {
     static std::atomic<Isa> isa{best_isa()};
     return isa;
+}
+
+std::atomic<Stores> &stores() {
+    static std::atomic<Stores> mode{Stores::automatic};
+    return mode;
+}
+
+// The largest cache of cpu0 that sysfs lists (index0, index1, ... up to the last level), in bytes.
+size_t read_last_level_cache() {
+    size_t best = 0;
+    for (int index = 0; index < 8; ++index) {
+        char path[96];
+        std::snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", index);
+        FILE *f = std::fopen(path, "re");
+        if (!f) break;
+        unsigned long long value = 0;
+        char unit = 0;
+        const int got = std::fscanf(f, "%llu%c", &value, &unit);
+        std::fclose(f);
+        if (got < 1) continue;
+        const size_t bytes = static_cast<size_t>(value) * (unit == 'K'   ? 1024
+                                                           : unit == 'M' ? 1 << 20
+                                                                         : 1);
+        if (bytes > best) best = bytes;
+    }
+    return best ? best : size_t{32} << 20;
 }
 
 detail::RangeKernel kernel_for(Isa isa) {
@@ -77,6 +104,14 @@ uint64_t adam_step_in_team(const AdamBatch &batch) {
     size_t lo, hi;
     adam_slice(total, omp_get_thread_num(), omp_get_num_threads(), lo, hi);
     const detail::RangeKernel kernel = kernel_for(active_isa());
+    size_t bytes_per_element =
+        12 + (batch.grad == GradType::f32 ? 4 : 2) + (batch.copy == CopyType::none ? 0 : 2);
+    for (size_t k = 0; k < batch.count; ++k)
+        if (batch.tensors[k].stale) {
+            bytes_per_element += 4; // an upper bound when only some tensors have a snapshot
+            break;
+        }
+    const bool stream = stores_for(total * bytes_per_element) == Stores::streaming;
     uint64_t bad = 0;
     const AdamHyper *last = nullptr;
     bool have = false;
@@ -89,6 +124,7 @@ uint64_t adam_step_in_team(const AdamBatch &batch) {
             if (!have || t.hyper != last) {
                 static const AdamHyper defaults{};
                 c = detail::make_consts(t.hyper ? *t.hyper : defaults);
+                c.stream_out = stream;
                 last = t.hyper;
                 have = true;
             }
@@ -121,6 +157,37 @@ bool force_isa(Isa isa) {
     if (static_cast<int>(isa) > static_cast<int>(best_isa())) return false;
     forced().store(isa, std::memory_order_relaxed);
     return true;
+}
+
+void force_stores(Stores s) {
+    stores().store(s, std::memory_order_relaxed);
+}
+
+Stores active_stores() {
+    return stores().load(std::memory_order_relaxed);
+}
+
+size_t last_level_cache() {
+    static const size_t bytes = read_last_level_cache();
+    return bytes;
+}
+
+Stores stores_for(size_t bytes) {
+    const Stores s = active_stores();
+    if (s != Stores::automatic) return s;
+    return bytes > last_level_cache() ? Stores::streaming : Stores::cached;
+}
+
+const char *stores_name(Stores s) {
+    switch (s) {
+    case Stores::automatic:
+        return "auto";
+    case Stores::cached:
+        return "cached";
+    case Stores::streaming:
+        return "streaming";
+    }
+    return "unknown";
 }
 
 const char *isa_name(Isa isa) {

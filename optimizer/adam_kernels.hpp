@@ -30,6 +30,7 @@ struct Consts {
     float inv_bias2_sqrt; // 1 / sqrt(1 - beta2^step)
     float eps;
     bool adamw;
+    bool stream_out; // copy-out and stale may take non-temporal stores (set per batch, not hyper)
 };
 
 Consts make_consts(const AdamHyper &h);
@@ -53,6 +54,17 @@ struct Ptrs {
     void *copy;
     float *stale;
 };
+
+// Whether the vector loop writes t's copy-out and stale streams with non-temporal stores: asked
+// for, something to write, and element 0 of each stream 64-byte aligned, so that every W-element
+// block from a multiple of W (W * 2 bytes a multiple of 64) is whole aligned lines. Such stores
+// skip the read of a line that is about to be overwritten whole; the streams that are read and
+// written (param, moments) keep plain stores, which were slower as non-temporal ones.
+inline bool streams_out(const AdamTensor &t, const Consts &c, CopyType cp) {
+    const auto aligned = [](const void *p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; };
+    if (!c.stream_out || (cp == CopyType::none && !t.stale)) return false;
+    return (cp == CopyType::none || aligned(t.copy_out)) && (!t.stale || aligned(t.stale));
+}
 
 // Before every loop over the vectors of an iteration: unrolled completely, its arrays of vectors
 // live in registers. Left to itself, GCC 12 at the project's flags kept them on the stack and
@@ -110,13 +122,72 @@ template <class Run> uint64_t dispatch_types(GradType g, CopyType cp, Run &&run)
     }
 }
 
-// Turns the per-tensor switches into template arguments run.operator()<AdamW, Stale>(), so the
-// vector loops carry no branch on them.
-template <class Run> uint64_t dispatch_flags(bool adamw, bool stale, Run &&run) {
+// Turns the per-tensor switches into template arguments run.operator()<AdamW, Stale, Stream>(),
+// so the vector loops carry no branch on them.
+template <class Run> uint64_t dispatch_flags(bool adamw, bool stale, bool stream, Run &&run) {
+    const auto with_stream = [&]<bool AdamW, bool Stale>() -> uint64_t {
+        return stream ? run.template operator()<AdamW, Stale, true>()
+                      : run.template operator()<AdamW, Stale, false>();
+    };
     if (adamw)
-        return stale ? run.template operator()<true, true>()
-                     : run.template operator()<true, false>();
-    return stale ? run.template operator()<false, true>() : run.template operator()<false, false>();
+        return stale ? with_stream.template operator()<true, true>()
+                     : with_stream.template operator()<true, false>();
+    return stale ? with_stream.template operator()<false, true>()
+                 : with_stream.template operator()<false, false>();
+}
+
+// The loop every vector path runs over elements [lo, hi) of one tensor. K is the path's kernel
+// (adam_avx2.cpp, adam_avx512.cpp), compiled with its own target flags:
+//   K::W                                  elements per iteration (a multiple of 32, at most 64)
+//   K::Vc                                 the constants in registers, made from Consts
+//   K::Bad, K::Count                      one iteration's non-finite lanes; per-lane counters
+//   K::body<G, C, AdamW, Stale, Stream>(ptrs, vc, i, bad)   updates elements [i, i + W)
+//   K::zero(), K::add(count, bad), K::sum(count), K::lanes(bad), K::fence()
+// The counters are summed once per block of 2^24 iterations, so neither a lane nor the sum can
+// overflow. Streaming stores start at a multiple of W (the elements before it take the padded
+// path, as the tail does) and are fenced before returning, so whoever reads the results next sees
+// them.
+template <class K, GradType G, CopyType C, bool AdamW, bool Stale, bool Stream>
+uint64_t run_range(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
+    constexpr size_t W = K::W, kBlock = size_t{1} << 24;
+    const Ptrs ptrs{t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.copy_out, t.stale};
+    const typename K::Vc c(consts);
+    const auto padded = [&c](const Ptrs &p) {
+        typename K::Bad b;
+        K::template body<G, C, AdamW, Stale, false>(p, c, 0, b);
+        return K::lanes(b);
+    };
+    uint64_t bad = 0;
+    size_t i = lo;
+    if constexpr (Stream) {
+        i = (lo + W - 1) / W * W < hi ? (lo + W - 1) / W * W : hi;
+        bad += padded_tail<W, G, C>(t, lo, i, padded);
+    }
+    while (hi - i >= W) {
+        const size_t end = i + W * ((hi - i) / W < kBlock ? (hi - i) / W : kBlock);
+        typename K::Count count = K::zero();
+        for (; i < end; i += W) {
+            typename K::Bad b;
+            K::template body<G, C, AdamW, Stale, Stream>(ptrs, c, i, b);
+            K::add(count, b);
+        }
+        bad += K::sum(count);
+    }
+    bad += padded_tail<W, G, C>(t, i, hi, padded);
+    if constexpr (Stream) K::fence();
+    return bad;
+}
+
+// A vector path's RangeKernel: the run-time types and switches made template arguments.
+template <class K>
+uint64_t range(const AdamTensor &t, const Consts &c, GradType g, CopyType cp, size_t lo,
+               size_t hi) {
+    return dispatch_types(g, cp, [&]<GradType G, CopyType C>() {
+        return dispatch_flags(c.adamw, t.stale != nullptr, streams_out(t, c, C),
+                              [&]<bool AdamW, bool Stale, bool Stream>() {
+                                  return run_range<K, G, C, AdamW, Stale, Stream>(t, c, lo, hi);
+                              });
+    });
 }
 
 } // namespace zb::opt::detail

@@ -2,6 +2,7 @@
 // path agrees with a double-precision torch-style reference; non-finite gradients are counted;
 // copy-outs are correctly rounded; the gradient scale and both weight decays behave as torch's.
 #include "adam.hpp"
+#include "adam_kernels.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -30,6 +31,7 @@ using zb::opt::AdamTensor;
 using zb::opt::CopyType;
 using zb::opt::GradType;
 using zb::opt::Isa;
+using zb::opt::Stores;
 
 uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -121,15 +123,28 @@ size_t grad_size(GradType g) {
     return g == GradType::f32 ? 4 : 2;
 }
 
+// Buffers start on a 64-byte boundary, as the worker's do, so the streaming stores can run.
+template <class T> struct Align64 {
+    using value_type = T;
+    Align64() = default;
+    template <class U> Align64(const Align64<U> &) {}
+    T *allocate(size_t n) {
+        return static_cast<T *>(::operator new (n * sizeof(T), std::align_val_t{64}));
+    }
+    void deallocate(T *p, size_t) { ::operator delete (p, std::align_val_t{64}); }
+    template <class U> bool operator==(const Align64<U> &) const { return true; }
+};
+template <class T> using Buf = std::vector<T, Align64<T>>;
+
 // A batch of tensors with its state, copied so every run starts from the same bits.
 struct Problem {
     GradType gtype = GradType::f32;
     CopyType ctype = CopyType::none;
     bool stale = false;
     std::vector<size_t> lengths;
-    std::vector<std::vector<float>> param, m, v, stale_out;
-    std::vector<std::vector<unsigned char>> grad;
-    std::vector<std::vector<uint16_t>> copy;
+    std::vector<Buf<float>> param, m, v, stale_out;
+    std::vector<Buf<unsigned char>> grad;
+    std::vector<Buf<uint16_t>> copy;
     std::vector<AdamHyper> hypers;
 
     Problem(std::vector<size_t> lens, GradType g, CopyType c, bool s)
@@ -214,7 +229,9 @@ void assert_same(const Problem &a, const Problem &b) {
         }
 }
 
-// Small lengths in every configuration, two steps (130: two AVX-512 iterations and a tail of 2, so
+// Small lengths in every configuration, two steps, with plain and (where there is a copy-out or a
+// snapshot) streaming stores; three threads start slices between W-element boundaries, so the
+// streaming path's head runs too (130: two AVX-512 iterations and a tail of 2, so
 // every path's vector body runs in every configuration); the long tensor (slices ending inside it,
 // vector bodies and tails) in five of the configurations and one step, which keeps the test well
 // under 30 s with ASan.
@@ -231,25 +248,31 @@ void test_bit_identical(void **) {
                 start.hypers[1].step = 3;
                 Problem ref = start;
                 use(Isa::scalar);
-                std::vector<std::vector<std::vector<unsigned char>>> grads;
+                std::vector<std::vector<Buf<unsigned char>>> grads;
                 for (int s = 0; s < steps; ++s) {
                     grads.push_back(ref.grad);
                     ref.step(1);
                     ref.new_grads();
                 }
                 for (Isa isa : isas())
-                    for (int threads : {1, 2, 3}) {
-                        if (isa == Isa::scalar && threads == 1) continue;
-                        use(isa);
-                        Problem p = start;
-                        for (int s = 0; s < steps; ++s) {
-                            p.grad = grads[static_cast<size_t>(s)];
-                            p.step(threads);
+                    for (int threads : {1, 2, 3})
+                        for (Stores stores : {Stores::cached, Stores::streaming}) {
+                            if (isa == Isa::scalar && threads == 1 && stores == Stores::cached)
+                                continue;
+                            if (stores == Stores::streaming && c == CopyType::none && !stale)
+                                continue; // nothing to stream
+                            use(isa);
+                            zb::opt::force_stores(stores);
+                            Problem p = start;
+                            for (int s = 0; s < steps; ++s) {
+                                p.grad = grads[static_cast<size_t>(s)];
+                                p.step(threads);
+                            }
+                            assert_same(ref, p);
                         }
-                        assert_same(ref, p);
-                    }
             }
     use(zb::opt::best_isa());
+    zb::opt::force_stores(Stores::automatic);
 }
 
 // A torch.optim.Adam/AdamW step in double over the same inputs.
@@ -478,6 +501,44 @@ void test_slices_and_isa(void **) {
                      static_cast<int>(zb::opt::best_isa()));
 }
 
+// Streaming stores are used when asked for and possible (aligned streams, something to write), and
+// automatic mode asks for them exactly above the last-level cache.
+void test_streaming_choice(void **) {
+    using zb::opt::detail::streams_out;
+    Problem p({64}, GradType::f32, CopyType::bf16, true);
+    AdamTensor t = p.tensors()[0];
+    zb::opt::detail::Consts c{};
+    assert_false(streams_out(t, c, CopyType::bf16));
+    c.stream_out = true;
+    assert_true(streams_out(t, c, CopyType::bf16));
+    AdamTensor off = t;
+    off.copy_out = static_cast<uint16_t *>(t.copy_out) + 1;
+    assert_false(streams_out(off, c, CopyType::bf16));
+    off = t;
+    off.stale = t.stale + 4;
+    assert_false(streams_out(off, c, CopyType::bf16));
+    off = t;
+    off.stale = nullptr;
+    assert_true(streams_out(off, c, CopyType::bf16));
+    assert_false(streams_out(off, c, CopyType::none));
+    off.stale = t.stale;
+    off.copy_out = static_cast<uint16_t *>(t.copy_out) + 1;
+    assert_true(streams_out(off, c, CopyType::none)); // a copy-out not written is not looked at
+
+    const size_t llc = zb::opt::last_level_cache();
+    assert_true(llc >= 64 * 1024);
+    zb::opt::force_stores(Stores::automatic);
+    assert_int_equal(static_cast<int>(zb::opt::stores_for(llc)), static_cast<int>(Stores::cached));
+    assert_int_equal(static_cast<int>(zb::opt::stores_for(llc + 1)),
+                     static_cast<int>(Stores::streaming));
+    zb::opt::force_stores(Stores::cached);
+    assert_int_equal(static_cast<int>(zb::opt::stores_for(llc * 4)),
+                     static_cast<int>(Stores::cached));
+    zb::opt::force_stores(Stores::streaming);
+    assert_int_equal(static_cast<int>(zb::opt::stores_for(1)), static_cast<int>(Stores::streaming));
+    zb::opt::force_stores(Stores::automatic);
+}
+
 } // namespace
 
 int main() {
@@ -485,7 +546,7 @@ int main() {
         cmocka_unit_test(test_slices_and_isa),   cmocka_unit_test(test_bit_identical),
         cmocka_unit_test(test_double_reference), cmocka_unit_test(test_nonfinite_counted),
         cmocka_unit_test(test_grad_scale),       cmocka_unit_test(test_in_team),
-        cmocka_unit_test(test_nan_copy_out),
+        cmocka_unit_test(test_nan_copy_out),     cmocka_unit_test(test_streaming_choice),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
