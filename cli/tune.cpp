@@ -10,6 +10,7 @@
 #include <zenbind/zenbind.h>
 
 #include "adam.hpp"
+#include "team_share.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -196,13 +197,14 @@ double measure(const NodeBuffers &buf, const std::vector<unsigned> &cpus, unsign
     batch.tensors = &tensor;
     batch.count = 1;
     std::vector<double> seconds;
+    zb::opt::TeamShare share;
     for (unsigned s = 0; s <= steps; ++s) { // step 0 warms up
         hyper.step = s + 1;
         const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(static_cast <int>(count))
         {
             pin_self(cpus[static_cast<size_t>(omp_get_thread_num())]);
-            zb::opt::adam_step_in_team(batch);
+            zb::opt::adam_step_in_team(batch, share);
         }
         const auto t1 = std::chrono::steady_clock::now();
         if (s > 0) seconds.push_back(std::chrono::duration<double>(t1 - t0).count());

@@ -56,13 +56,16 @@ struct AdamBatch {
 uint64_t adam_step(const AdamBatch &batch, int threads);
 
 // Same, from inside an existing OpenMP parallel region: every thread of the team calls it with the
-// same batch and takes its own slice (the worker keeps one pinned team alive across steps).
-// Returns this thread's count of non-finite gradients.
-uint64_t adam_step_in_team(const AdamBatch &batch);
+// same batch and the same TeamShare (team_share.hpp), updates the chunks of its own slice, then
+// helps the others with theirs (the worker keeps one pinned team alive across steps). Returns
+// this thread's count of non-finite gradients.
+class TeamShare;
+uint64_t adam_step_in_team(const AdamBatch &batch, TeamShare &share);
 
 // The elements [lo, hi) of the concatenation of a batch's tensors that `thread` of `threads`
-// updates. Boundaries are multiples of 16 elements, so neighbouring threads do not share the
-// cache lines of aligned buffers; callers that first-touch memory use it to place pages.
+// owns: it updates them unless it falls behind the others. Boundaries are multiples of 16
+// elements, so neighbouring threads do not share the cache lines of aligned buffers; callers that
+// first-touch memory use it to place pages.
 void adam_slice(size_t total, int thread, int threads, size_t &lo, size_t &hi);
 
 Isa best_isa();   // what this CPU supports

@@ -2,6 +2,7 @@
 // the choice of kernel at run time (one binary for every x86-64 node).
 #include "adam_kernels.hpp"
 #include "cpu_level.hpp"
+#include "team_share.hpp"
 
 #include <atomic>
 #include <cmath>
@@ -97,21 +98,11 @@ void adam_slice(size_t total, int thread, int threads, size_t &lo, size_t &hi) {
     if (hi > total) hi = total;
 }
 
-uint64_t adam_step_in_team(const AdamBatch &batch) {
-    size_t total = 0;
-    for (size_t k = 0; k < batch.count; ++k)
-        total += batch.tensors[k].n;
-    size_t lo, hi;
-    adam_slice(total, omp_get_thread_num(), omp_get_num_threads(), lo, hi);
-    const detail::RangeKernel kernel = kernel_for(active_isa());
-    size_t bytes_per_element =
-        12 + (batch.grad == GradType::f32 ? 4 : 2) + (batch.copy == CopyType::none ? 0 : 2);
-    for (size_t k = 0; k < batch.count; ++k)
-        if (batch.tensors[k].stale) {
-            bytes_per_element += 4; // an upper bound when only some tensors have a snapshot
-            break;
-        }
-    const bool stream = stores_for(total * bytes_per_element) == Stores::streaming;
+namespace {
+
+// Updates elements [lo, hi) of the concatenation of the batch's tensors.
+uint64_t run_chunk(const AdamBatch &batch, detail::RangeKernel kernel, bool stream, size_t lo,
+                   size_t hi) {
     uint64_t bad = 0;
     const AdamHyper *last = nullptr;
     bool have = false;
@@ -136,11 +127,40 @@ uint64_t adam_step_in_team(const AdamBatch &batch) {
     return bad;
 }
 
+} // namespace
+
+uint64_t adam_step_in_team(const AdamBatch &batch, TeamShare &share) {
+    size_t total = 0;
+    for (size_t k = 0; k < batch.count; ++k)
+        total += batch.tensors[k].n;
+    const detail::RangeKernel kernel = kernel_for(active_isa());
+    size_t bytes_per_element =
+        12 + (batch.grad == GradType::f32 ? 4 : 2) + (batch.copy == CopyType::none ? 0 : 2);
+    for (size_t k = 0; k < batch.count; ++k)
+        if (batch.tensors[k].stale) {
+            bytes_per_element += 4; // an upper bound when only some tensors have a snapshot
+            break;
+        }
+    const bool stream = stores_for(total * bytes_per_element) == Stores::streaming;
+    const int me = omp_get_thread_num(), threads = omp_get_num_threads();
+    size_t lo, hi;
+    if (threads > TeamShare::kMaxThreads) { // a team that large keeps its static slices
+        adam_slice(total, me, threads, lo, hi);
+        return run_chunk(batch, kernel, stream, lo, hi);
+    }
+    uint64_t bad = 0;
+    share.begin(total, me, threads);
+    while (share.claim(me, lo, hi))
+        bad += run_chunk(batch, kernel, stream, lo, hi);
+    return bad;
+}
+
 uint64_t adam_step(const AdamBatch &batch, int threads) {
     uint64_t bad = 0;
     const int n = threads > 0 ? threads : omp_get_max_threads();
+    TeamShare share;
 #pragma omp parallel num_threads(n) reduction(+ : bad)
-    bad += adam_step_in_team(batch);
+    bad += adam_step_in_team(batch, share);
     return bad;
 }
 

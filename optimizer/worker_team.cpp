@@ -2,6 +2,7 @@
 
 #include "adam.hpp"
 #include "grad_stats.hpp"
+#include "team_share.hpp"
 
 #include <zbproto/fd_passing.hpp>
 #include <zbproto/futex.hpp>
@@ -32,7 +33,8 @@ namespace proto = zb::proto;
 
 // One parameter group. Each thread updates its adam_slice of every group, so a thread's share of a
 // group's moments is the share it zeroed (first touch) when the group was added: NUMA-local on
-// every node of the optimizer's CPUs, whatever groups come before or after. (One kernel call over
+// every node of the optimizer's CPUs, whatever groups come before or after. (A thread that falls
+// behind has the last chunks of its slice updated by the others: TeamShare.) (One kernel call over
 // the concatenation of several groups would move the slice boundaries whenever a group is added.)
 struct Group {
     char *base = nullptr;
@@ -64,6 +66,7 @@ struct Team {
     Work work = Work::answered;
     uint32_t seq = 0; // the request being served
     std::atomic<uint64_t> nonfinite{0};
+    TeamShare share; // how the team shares out each group's step
     std::chrono::steady_clock::time_point step_start;
     // The step's pre-pass: whether it runs, one result per block of every group (sized at
     // registration), and whether it found the step must be skipped.
@@ -447,7 +450,7 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
                 if (t.skip) break;
                 uint64_t bad = 0;
                 for (const Group &g : t.groups)
-                    bad += adam_step_in_team(AdamBatch{g.grad, g.copy, &g.tensor, 1});
+                    bad += adam_step_in_team(AdamBatch{g.grad, g.copy, &g.tensor, 1}, t.share);
                 t.nonfinite.fetch_add(bad, std::memory_order_relaxed);
                 break;
             }

@@ -3,6 +3,7 @@
 // copy-outs are correctly rounded; the gradient scale and both weight decays behave as torch's.
 #include "adam.hpp"
 #include "adam_kernels.hpp"
+#include "team_share.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -463,8 +464,9 @@ void test_in_team(void **) {
     const auto ts = p.tensors();
     const AdamBatch batch{p.gtype, p.ctype, ts.data(), ts.size()};
     uint64_t bad = 0;
+    zb::opt::TeamShare share;
 #pragma omp parallel num_threads(3) reduction(+ : bad)
-    bad += zb::opt::adam_step_in_team(batch);
+    bad += zb::opt::adam_step_in_team(batch, share);
     assert_int_equal(bad, 1);
     assert_same(ref, p);
 }

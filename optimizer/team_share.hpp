@@ -1,0 +1,58 @@
+// How a team of threads shares out the elements of one step. Each thread owns its adam_slice (so
+// it updates the pages it first touched, on its own NUMA node) and takes that slice's chunks from
+// the front; a thread whose own chunks are done takes the last untaken chunk of the thread with
+// the most left. A thread that is descheduled, or slower (an SMT sibling busy, a smaller core),
+// then holds the step back by at most a chunk, instead of by the rest of its slice.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace zb::opt {
+
+class TeamShare {
+  public:
+    static constexpr int kMaxThreads = 256;
+    // Elements per chunk: ~1.8 MB of fp32 traffic, tens of microseconds, so a claim (one atomic
+    // operation) costs nothing beside it and the last chunk of a step is short.
+    static constexpr size_t kChunk = size_t{1} << 16;
+
+    TeamShare() = default;
+    TeamShare(const TeamShare &) = delete;
+    TeamShare &operator=(const TeamShare &) = delete;
+
+    // Called by every thread of a team of `threads` (at most kMaxThreads) once per step of `total`
+    // elements, the same number of times by each, before its first claim. A thread may begin the
+    // next step as soon as its claim() returned false, without waiting for the others.
+    void begin(size_t total, int me, int threads);
+
+    // Claims the next chunk for thread `me`: its own first, then another's. False when every
+    // chunk of the step is claimed.
+    bool claim(int me, size_t &lo, size_t &hi);
+
+    // How many chunks thread `me` took from others in this step (tests, diagnostics).
+    size_t stolen(int me) const { return slots_[me].stolen; }
+
+  private:
+    // A slot's state in one word: the step it belongs to (16 bits, compared modulo 2^16), then the
+    // first and one past the last untaken chunk of its owner's slice (24 bits each, relative to
+    // the slice: slices up to 2^40 elements). A slot of an older step is opened by whoever
+    // touches it first, owner or thief.
+    // Every field but `state` is its owner's alone: what the owner's begin() was told, which
+    // every thread of the team is told alike.
+    struct alignas(64) Slot {
+        std::atomic<uint64_t> state{0};
+        uint32_t epoch = 0; // the owner's count of begin() calls
+        size_t total = 0;
+        int threads = 0;
+        size_t stolen = 0;
+    };
+
+    uint64_t opened(int slot, uint32_t epoch, size_t total, int threads);
+    bool take(int slot, const Slot &mine, bool front, size_t &lo, size_t &hi);
+
+    Slot slots_[kMaxThreads];
+};
+
+} // namespace zb::opt
