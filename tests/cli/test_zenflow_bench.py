@@ -52,6 +52,14 @@ class Adam(unittest.TestCase):
         for isa in isas[: isas.index(best) + 1]:
             self.assertEqual(adam("--isa", isa)["isa"], isa)
 
+    def test_stores(self):
+        # Small steps stay in the cache unless streaming is asked for; with nothing written only,
+        # every store is a plain one.
+        self.assertEqual(adam("--stale")["stores"], "cached")
+        self.assertEqual(adam("--stale", "--stores", "streaming")["stores"], "streaming")
+        self.assertEqual(adam("--copy-out", "bf16", "--stores", "streaming")["stores"], "streaming")
+        self.assertEqual(adam("--stores", "streaming")["stores"], "cached")
+
     def test_table(self):
         r = run("adam", "--elements", "4096", "--steps", "10")
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -82,6 +90,7 @@ class Errors(unittest.TestCase):
                           "--copy-out wants none, bf16 or fp16")
         self.assert_usage(["adam", "--elements", "10", "--steps", "9"], "--steps wants")
         self.assert_usage(["adam", "--elements", "10", "--isa", "neon"], "--isa wants")
+        self.assert_usage(["adam", "--elements", "10", "--stores", "nt"], "--stores wants")
         self.assert_usage(["adam", "--elements", "10", "--bogus"], "'--bogus'")
         self.assert_usage(["adam", "--elements"], "missing value: '--elements'")
         cpus = len(os.sched_getaffinity(0))
