@@ -9,11 +9,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <iterator>
 #include <omp.h>
 
 #include <sched.h>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -45,6 +47,22 @@ bool parse_count(const char *s, unsigned long long max, unsigned long long &out)
     return errno == 0 && *end == 0 && out >= 1 && out <= max;
 }
 
+using zb::opt::CopyType;
+using zb::opt::GradType;
+using zb::opt::Isa;
+using zb::opt::Stores;
+
+// Sets `out` to the value named `word` among `names`; false if none is.
+template <class E>
+bool pick(const char *word, std::initializer_list<std::pair<const char *, E>> names, E &out) {
+    for (const auto &[name, value] : names)
+        if (!std::strcmp(word, name)) {
+            out = value;
+            return true;
+        }
+    return false;
+}
+
 // Returns 0, or the exit status of a usage error.
 int parse(int argc, char **argv, Options &o) {
     for (int i = 1; i < argc; ++i) {
@@ -70,44 +88,26 @@ int parse(int argc, char **argv, Options &o) {
                 return bad_usage("--steps wants an integer in [10, 1000000], not '%s'", argv[i]);
             o.steps = static_cast<int>(n);
         } else if (a == "--grad") {
-            const std::string v = argv[++i];
-            if (v == "fp32")
-                o.grad = zb::opt::GradType::f32;
-            else if (v == "bf16")
-                o.grad = zb::opt::GradType::bf16;
-            else if (v == "fp16")
-                o.grad = zb::opt::GradType::f16;
-            else
+            if (!pick(argv[++i],
+                      {{"fp32", GradType::f32}, {"bf16", GradType::bf16}, {"fp16", GradType::f16}},
+                      o.grad))
                 return bad_usage("--grad wants fp32, bf16 or fp16, not '%s'", argv[i]);
         } else if (a == "--copy-out") {
-            const std::string v = argv[++i];
-            if (v == "none")
-                o.copy = zb::opt::CopyType::none;
-            else if (v == "bf16")
-                o.copy = zb::opt::CopyType::bf16;
-            else if (v == "fp16")
-                o.copy = zb::opt::CopyType::f16;
-            else
+            if (!pick(argv[++i],
+                      {{"none", CopyType::none}, {"bf16", CopyType::bf16}, {"fp16", CopyType::f16}},
+                      o.copy))
                 return bad_usage("--copy-out wants none, bf16 or fp16, not '%s'", argv[i]);
         } else if (a == "--stores") {
-            const std::string v = argv[++i];
-            if (v == "auto")
-                o.stores = zb::opt::Stores::automatic;
-            else if (v == "cached")
-                o.stores = zb::opt::Stores::cached;
-            else if (v == "streaming")
-                o.stores = zb::opt::Stores::streaming;
-            else
+            if (!pick(argv[++i],
+                      {{"auto", Stores::automatic},
+                       {"cached", Stores::cached},
+                       {"streaming", Stores::streaming}},
+                      o.stores))
                 return bad_usage("--stores wants auto, cached or streaming, not '%s'", argv[i]);
         } else if (a == "--isa") {
-            const std::string v = argv[++i];
-            if (v == "scalar")
-                o.isa = zb::opt::Isa::scalar;
-            else if (v == "avx2")
-                o.isa = zb::opt::Isa::avx2;
-            else if (v == "avx512")
-                o.isa = zb::opt::Isa::avx512;
-            else
+            if (!pick(argv[++i],
+                      {{"scalar", Isa::scalar}, {"avx2", Isa::avx2}, {"avx512", Isa::avx512}},
+                      o.isa))
                 return bad_usage("--isa wants scalar, avx2 or avx512, not '%s'", argv[i]);
             if (static_cast<int>(o.isa) > static_cast<int>(zb::opt::best_isa()))
                 return bad_usage("this CPU does not support --isa %s", argv[i]);
