@@ -169,7 +169,10 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
         error = std::string("cannot apply profile=") + options.profile + ": " + zb_last_error();
         return false;
     }
-    const TaskGpus gpus = step_gpus ? task_gpus(sp, *step_gpus, task) : TaskGpus{};
+    TaskGpus gpus = step_gpus ? task_gpus(sp, *step_gpus, task) : TaskGpus{};
+    // On a single NUMA node there is nothing to place: a GPU's unknown node is no news.
+    if (hwloc_get_nbobjs_by_type(zb_topology_hwloc(topology), HWLOC_OBJ_NUMANODE) < 2)
+        gpus.notes.clear();
     zb_plan_t *raw = nullptr;
     if (zb_plan_compute_gpus(topology, step_cpus, task.ntasks, &options,
                              gpus.node.empty() ? nullptr : gpus.node.data(), &raw) != ZB_OK) {
