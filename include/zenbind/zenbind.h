@@ -268,22 +268,23 @@ unsigned zb_plan_ntasks(const zb_plan_t *plan);
 /* Task `index`'s share; ZB_EINVAL if index >= ntasks. */
 zb_status zb_plan_task(const zb_plan_t *plan, unsigned index, zb_task_plan *out);
 unsigned zb_plan_nwarnings(const zb_plan_t *plan);
+/* Warning `index` (NULL if out of range), a full sentence naming the task(s) concerned. */
+const char *zb_plan_warning(const zb_plan_t *plan, unsigned index);
 /* zb_plan_compute, with the NUMA node (OS number) of each task's GPU: gpu_nodes[i] for local task
  * i, -1 for a task without one; gpu_nodes NULL is zb_plan_compute. The shares are exactly those
- * zb_plan_compute gives; which task gets which changes: each task with a GPU takes the share on
- * its GPU's node, else the free share nearest to it (hwloc distances, else the topology tree),
- * in task order. Tasks without a GPU take the shares left in order. A task not placed on its
- * GPU's node, or whose node is not in the topology, is named in a warning. options->gpu ==
- * ZB_GPU_IGNORE ignores gpu_nodes. */
+ * zb_plan_compute gives; which task gets which changes. In task order, each task whose GPU's node
+ * holds cores of a free share takes the one with most cores there; then each other task with a
+ * GPU takes the free share nearest its node (hwloc distances, else the topology tree); tasks
+ * without a GPU take the shares left, in order. A task not placed on its GPU's node, or whose
+ * node is not in the topology, is named in a warning. options->gpu == ZB_GPU_IGNORE ignores
+ * gpu_nodes. */
 zb_status zb_plan_compute_gpus(const zb_topology_t *topology, hwloc_const_cpuset_t allowed,
                                unsigned ntasks, const zb_options *options, const int *gpu_nodes,
                                zb_plan_t **out);
 /* The GPU node task `index` was planned with (-1: none, or out of range). */
 int zb_plan_task_gpu_node(const zb_plan_t *plan, unsigned index);
-/* Warning `index` (NULL if out of range), a full sentence naming the task(s) concerned. */
-const char *zb_plan_warning(const zb_plan_t *plan, unsigned index);
 
-/* ---- GPUs ------------------------------------------------------------------------------------ */
+/* ---- GPUs --------------------------------------------------------------------------------- */
 
 /* Largest GPU index accepted (in a map file, an environment list, a --gpus list). */
 #define ZB_GPU_MAX_INDEX 1023
