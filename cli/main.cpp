@@ -22,8 +22,9 @@ const Command commands[] = {
     {"plan", zb::cli::cmd_plan,
      "zenbind plan --tasks N [--synthetic STRING | --topology FILE.xml] [--cpuset LIST]\n"
      "             [--options OPTS] [--json] [--picture FILE.svg|FILE.png]\n"
+     "             [--gpu-nodes NODE|-,... | --gpus LIST [--gpu-root DIR | --gpumap FILE]]\n"
      "  What each of N local tasks gets: training and optimizer CPUs, thread counts, NUMA\n"
-     "  nodes. Default: this machine and this process's allowed CPUs."},
+     "  nodes, each task beside its GPU. Default: this machine and this process's allowed CPUs."},
     {"show", zb::cli::cmd_show,
      "zenbind show [--json]\n"
      "  This process's allowed CPUs, the cgroup file they came from, and the topology by NUMA\n"

@@ -16,8 +16,13 @@ namespace {
 struct PlanArgs {
     unsigned tasks = 0;
     std::string synthetic, topology_file, cpuset, options, picture;
+    std::string gpu_nodes, gpus, gpu_root, gpumap;
     bool has_cpuset = false, json = false;
 };
+
+const std::vector<std::string> kValueFlags = {
+    "--tasks",   "--synthetic", "--topology", "--cpuset",   "--options",
+    "--picture", "--gpu-nodes", "--gpus",     "--gpu-root", "--gpumap"};
 
 int parse(int argc, char **argv, PlanArgs &a) {
     for (int i = 0; i < argc; ++i) {
@@ -25,8 +30,7 @@ int parse(int argc, char **argv, PlanArgs &a) {
         std::string value;
         if (arg == "--json") {
             a.json = true;
-        } else if (arg == "--tasks" || arg == "--synthetic" || arg == "--topology" ||
-                   arg == "--cpuset" || arg == "--options" || arg == "--picture") {
+        } else if (std::find(kValueFlags.begin(), kValueFlags.end(), arg) != kValueFlags.end()) {
             if (!take_value(argc, argv, i, value)) return error(kUsage, arg + " needs a value");
             if (arg == "--tasks") {
                 char *end = nullptr;
@@ -44,6 +48,14 @@ int parse(int argc, char **argv, PlanArgs &a) {
                 a.has_cpuset = true;
             } else if (arg == "--picture") {
                 a.picture = value;
+            } else if (arg == "--gpu-nodes") {
+                a.gpu_nodes = value;
+            } else if (arg == "--gpus") {
+                a.gpus = value;
+            } else if (arg == "--gpu-root") {
+                a.gpu_root = value;
+            } else if (arg == "--gpumap") {
+                a.gpumap = value;
             } else {
                 a.options = value;
             }
@@ -54,7 +66,82 @@ int parse(int argc, char **argv, PlanArgs &a) {
     if (!a.tasks) return error(kUsage, "plan: --tasks N is required");
     if (!a.synthetic.empty() && !a.topology_file.empty())
         return error(kUsage, "plan: give --synthetic or --topology, not both");
+    if (!a.gpu_nodes.empty() && !a.gpus.empty())
+        return error(kUsage, "plan: give --gpu-nodes or --gpus, not both");
+    if ((!a.gpu_root.empty() || !a.gpumap.empty()) && a.gpus.empty())
+        return error(kUsage, "plan: --gpu-root and --gpumap resolve --gpus, which is missing");
+    if (!a.gpu_root.empty() && !a.gpumap.empty())
+        return error(kUsage, "plan: give --gpu-root or --gpumap, not both");
     return kOk;
+}
+
+// Each task's GPU (index, or -1 when only its node is known) and the GPU's NUMA node (-1: none).
+struct TaskGpus {
+    std::vector<int> index, node;
+};
+
+// --gpu-nodes: one NUMA node per task, "-" for a task without a GPU.
+int parse_gpu_nodes(const std::string &text, unsigned ntasks, TaskGpus &out) {
+    size_t begin = 0;
+    for (;;) {
+        const size_t comma = text.find(',', begin);
+        const std::string item =
+            text.substr(begin, comma == std::string::npos ? comma : comma - begin);
+        char *end = nullptr;
+        const unsigned long node = std::strtoul(item.c_str(), &end, 10);
+        if (item == "-")
+            out.node.push_back(-1);
+        else if (!item.empty() && !*end && item[0] >= '0' && item[0] <= '9' &&
+                 node <= ZB_CPULIST_MAX_ID)
+            out.node.push_back(static_cast<int>(node));
+        else
+            return error(kUsage, "--gpu-nodes: '" + item +
+                                     "' is neither a NUMA node number nor '-' (no GPU)");
+        if (comma == std::string::npos) break;
+        begin = comma + 1;
+    }
+    if (out.node.size() != ntasks)
+        return error(kUsage, "--gpu-nodes lists " + std::to_string(out.node.size()) +
+                                 " tasks, --tasks says " + std::to_string(ntasks));
+    out.index.assign(ntasks, -1);
+    return kOk;
+}
+
+// --gpus: the step's GPU list, given to each task as the plugin does, and resolved to NUMA nodes
+// on this machine (or --gpu-root, --gpumap).
+int resolve_gpus(const PlanArgs &a, TaskGpus &out, std::vector<std::string> &notes) {
+    std::vector<unsigned> index(a.tasks);
+    if (zb_gpus_assign(a.gpus.c_str(), a.tasks, index.data()) != ZB_OK)
+        return zb_error(kUsage, "--gpus");
+    zb_gpus_t *gpus = nullptr;
+    if (zb_gpus_load(a.gpu_root.empty() ? nullptr : a.gpu_root.c_str(),
+                     a.gpumap.empty() ? nullptr : a.gpumap.c_str(), &gpus) != ZB_OK)
+        return zb_error(kRuntime, "cannot find the GPUs of --gpus");
+    for (unsigned i = 0; i < a.tasks; ++i) {
+        zb_gpu gpu;
+        out.index.push_back(static_cast<int>(index[i]));
+        out.node.push_back(-1);
+        if (zb_gpus_find(gpus, index[i], &gpu) != ZB_OK)
+            notes.push_back("task " + std::to_string(i) + ": " + zb_last_error());
+        else if (gpu.numa_node < 0)
+            notes.push_back("task " + std::to_string(i) + ": GPU " + std::to_string(index[i]) +
+                            " has no known NUMA node");
+        else
+            out.node.back() = gpu.numa_node;
+    }
+    zb_gpus_free(gpus);
+    return kOk;
+}
+
+std::string gpu_text(const TaskGpus &g, unsigned i) {
+    if (g.node.empty()) return "";
+    const std::string node = g.node[i] < 0 ? "?" : std::to_string(g.node[i]);
+    if (g.index[i] < 0) return g.node[i] < 0 ? "-" : "node " + node;
+    return std::to_string(g.index[i]) + " (node " + node + ")";
+}
+
+std::string json_int(int value) {
+    return value < 0 ? "null" : std::to_string(value);
 }
 
 struct Owned {
@@ -70,18 +157,20 @@ struct Owned {
     }
 };
 
-void print_json(const Owned &o) {
+void print_json(const Owned &o, const TaskGpus &g) {
     std::printf("{\"allowed\": %s, \"tasks\": [", json_string(cpulist(o.allowed)).c_str());
     for (unsigned i = 0; i < zb_plan_ntasks(o.plan); ++i) {
         zb_task_plan t;
         zb_plan_task(o.plan, i, &t);
         std::printf("%s{\"task\": %u, \"train_cpus\": %s, \"opt_cpus\": %s, \"train_threads\": %u, "
                     "\"opt_threads\": %u, \"opt_mems\": %s, \"nodes\": %s, \"cores\": %u, "
-                    "\"cpus\": %s}",
+                    "\"cpus\": %s, \"gpu\": %s, \"gpu_node\": %s}",
                     i ? ", " : "", i, json_string(cpulist(t.train_cpus)).c_str(),
                     json_string(cpulist(t.opt_cpus)).c_str(), t.train_threads, t.opt_threads,
                     json_string(cpulist(t.opt_mems)).c_str(), json_string(cpulist(t.nodes)).c_str(),
-                    t.cores, json_string(cpulist(t.cpus)).c_str());
+                    t.cores, json_string(cpulist(t.cpus)).c_str(),
+                    json_int(g.index.empty() ? -1 : g.index[i]).c_str(),
+                    json_int(zb_plan_task_gpu_node(o.plan, i)).c_str());
     }
     std::printf("], \"warnings\": [");
     for (unsigned i = 0; i < zb_plan_nwarnings(o.plan); ++i)
@@ -89,10 +178,11 @@ void print_json(const Owned &o) {
     std::printf("]}\n");
 }
 
-void print_table(const Owned &o, const std::string &source) {
+void print_table(const Owned &o, const std::string &source, const TaskGpus &g) {
     std::printf("allowed CPUs %s (%s)\n\n", cpulist(o.allowed).c_str(), source.c_str());
-    const std::vector<std::string> head = {"task",           "cores",   "training CPUs", "threads",
-                                           "optimizer CPUs", "threads", "opt memory",    "NUMA"};
+    std::vector<std::string> head = {"task",           "cores",   "training CPUs", "threads",
+                                     "optimizer CPUs", "threads", "opt memory",    "NUMA"};
+    if (!g.node.empty()) head.push_back("GPU");
     std::vector<std::vector<std::string>> rows = {head};
     for (unsigned i = 0; i < zb_plan_ntasks(o.plan); ++i) {
         zb_task_plan t;
@@ -100,6 +190,7 @@ void print_table(const Owned &o, const std::string &source) {
         rows.push_back({std::to_string(i), std::to_string(t.cores), cpulist(t.train_cpus),
                         std::to_string(t.train_threads), cpulist(t.opt_cpus),
                         std::to_string(t.opt_threads), cpulist(t.opt_mems), cpulist(t.nodes)});
+        if (!g.node.empty()) rows.back().push_back(gpu_text(g, i));
     }
     std::vector<size_t> width(head.size(), 0);
     for (const auto &r : rows)
@@ -153,12 +244,22 @@ int cmd_plan(int argc, char **argv) {
             zb_profile_apply(o.profile, o.topology, o.allowed, a.tasks, &options) != ZB_OK)
             return zb_error(kRuntime, "profile");
     }
-    if (zb_plan_compute(o.topology, o.allowed, a.tasks, &options, &o.plan) != ZB_OK)
+    TaskGpus gpus;
+    std::vector<std::string> notes;
+    if (!a.gpu_nodes.empty()) {
+        if (int rc = parse_gpu_nodes(a.gpu_nodes, a.tasks, gpus)) return rc;
+    } else if (!a.gpus.empty()) {
+        if (int rc = resolve_gpus(a, gpus, notes)) return rc;
+    }
+    if (zb_plan_compute_gpus(o.topology, o.allowed, a.tasks, &options,
+                             gpus.node.empty() ? nullptr : gpus.node.data(), &o.plan) != ZB_OK)
         return zb_error(kRuntime, "no plan");
+    for (const std::string &note : notes)
+        std::fprintf(stderr, "zenbind: warning: %s: share taken in order\n", note.c_str());
     if (a.json)
-        print_json(o);
+        print_json(o, gpus);
     else
-        print_table(o, source);
+        print_table(o, source, gpus);
     if (!a.picture.empty()) {
         std::string why;
         if (!draw_plan(o.topology, o.plan, a.picture, why)) return error(kRuntime, "plan: " + why);

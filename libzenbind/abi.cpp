@@ -13,6 +13,7 @@ extern "C" size_t zb_struct_size(const char *name) {
     static const Entry entries[] = {
         {"zb_options", sizeof(zb_options)},
         {"zb_task_plan", sizeof(zb_task_plan)},
+        {"zb_gpu", sizeof(zb_gpu)},
         {"zb_worker_attr", sizeof(zb_worker_attr)},
         {"zb_adam_hyper", sizeof(zb_adam_hyper)},
         {"zb_group_attr", sizeof(zb_group_attr)},

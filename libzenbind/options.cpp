@@ -83,16 +83,17 @@ void apply_opt(zb_options &o, std::string_view value) {
     o.set |= ZB_SET_OPT;
 }
 
-void apply_profile(zb_options &o, std::string_view value) {
+// An absolute path into a fixed-size field (profile=, gpumap=).
+void apply_path(char (&field)[ZB_PROFILE_PATH_MAX], unsigned bit, zb_options &o,
+                std::string_view key, std::string_view value) {
     bool ok = value.size() > 1 && value.front() == '/' && value.size() < ZB_PROFILE_PATH_MAX;
     for (char c : value)
         ok = ok && static_cast<unsigned char>(c) >= 0x20 && c != 0x7f;
     if (!ok)
-        bad_value("profile", value,
-                  "an absolute path of at most 4095 bytes without control characters");
-    std::memcpy(o.profile, value.data(), value.size());
-    o.profile[value.size()] = '\0';
-    o.set |= ZB_SET_PROFILE;
+        bad_value(key, value, "an absolute path of at most 4095 bytes without control characters");
+    std::memcpy(field, value.data(), value.size());
+    field[value.size()] = '\0';
+    o.set |= bit;
 }
 
 // on|off style admin switches: `word_on` sets the field to 1.
@@ -139,6 +140,7 @@ template <size_t N> using Names = const char *const[N];
 Names<3> smt_names = {"idle", "train", "opt"};
 Names<3> numa_names = {"prefer", "strict", "ignore"};
 Names<2> mode_names = {"split", "offload"};
+Names<2> gpu_names = {"near", "ignore"};
 
 template <class E, size_t N>
 void apply_enum(E &field, unsigned bit, zb_options &o, std::string_view key, std::string_view value,
@@ -163,10 +165,10 @@ std::string format_enum(const E &field, const char *key, Names<N> &names) {
     return value == 0 ? "" : std::string(key) + "=" + names[value];
 }
 
-std::string format_profile(const zb_options &o) {
-    const size_t len = strnlen(o.profile, sizeof o.profile);
-    if (len == sizeof o.profile) zb::fail(ZB_EINVAL, "profile is not NUL-terminated");
-    return len ? "profile=" + std::string(o.profile, len) : "";
+std::string format_path(const char (&field)[ZB_PROFILE_PATH_MAX], const char *key) {
+    const size_t len = strnlen(field, sizeof field);
+    if (len == sizeof field) zb::fail(ZB_EINVAL, std::string(key) + " is not NUL-terminated");
+    return len ? std::string(key) + "=" + std::string(field, len) : "";
 }
 
 // One row per key: the only place a key is described. Parsing, formatting, the admin override
@@ -222,8 +224,11 @@ const Key keys[] = {
          apply_enum(o.numa, ZB_SET_NUMA, o, "numa", v, numa_names);
      },
      [](const zb_options &o) { return format_enum(o.numa, "numa", numa_names); }, ZB_SAME(numa)},
-    {"profile", ZB_SET_PROFILE, false, true, "profile=PATH", "an absolute path", apply_profile,
-     format_profile,
+    {"profile", ZB_SET_PROFILE, false, true, "profile=PATH", "an absolute path",
+     [](zb_options &o, std::string_view v) {
+         apply_path(o.profile, ZB_SET_PROFILE, o, "profile", v);
+     },
+     [](const zb_options &o) { return format_path(o.profile, "profile"); },
      [](const zb_options &a, const zb_options &b) {
          return std::strncmp(a.profile, b.profile, sizeof a.profile) == 0;
      }},
@@ -237,6 +242,11 @@ const Key keys[] = {
          apply_enum(o.mode, ZB_SET_MODE, o, "mode", v, mode_names);
      },
      [](const zb_options &o) { return format_enum(o.mode, "mode", mode_names); }, ZB_SAME(mode)},
+    {"gpu", ZB_SET_GPU, false, true, "gpu=near|ignore", "near, ignore",
+     [](zb_options &o, std::string_view v) {
+         apply_enum(o.gpu, ZB_SET_GPU, o, "gpu", v, gpu_names);
+     },
+     [](const zb_options &o) { return format_enum(o.gpu, "gpu", gpu_names); }, ZB_SAME(gpu)},
     {"default", ZB_SET_DEFAULT, true, true, "default=on|off", "on, off",
      [](zb_options &o, std::string_view v) {
          apply_switch(o.default_on, ZB_SET_DEFAULT, o, "default", v, "on", "off");
@@ -255,6 +265,12 @@ const Key keys[] = {
      },
      [](const zb_options &o) { return std::string(o.fail_on_error ? "onerror=fail" : ""); },
      ZB_SAME(fail_on_error)},
+    {"gpumap", ZB_SET_GPUMAP, true, true, "gpumap=PATH", "an absolute path",
+     [](zb_options &o, std::string_view v) { apply_path(o.gpumap, ZB_SET_GPUMAP, o, "gpumap", v); },
+     [](const zb_options &o) { return format_path(o.gpumap, "gpumap"); },
+     [](const zb_options &a, const zb_options &b) {
+         return std::strncmp(a.gpumap, b.gpumap, sizeof a.gpumap) == 0;
+     }},
 };
 
 #undef ZB_SAME
@@ -348,6 +364,7 @@ void zb_options_init(zb_options *options) {
     options->smt = ZB_SMT_IDLE;
     options->numa = ZB_NUMA_PREFER;
     options->allow_override = 1;
+    options->gpu = ZB_GPU_NEAR;
 }
 
 zb_status zb_options_parse(zb_options *options, const char *text, zb_scope scope) {

@@ -15,9 +15,12 @@
 //    the last ones in sequence order; training gets the rest with all their PUs.
 // 5. mode=offload: no split; the training process gets every PU of its share and one thread per
 //    core, for optimizers that run inside it (rules 1-3 unchanged).
+// 6. GPUs (zb_plan_compute_gpus): the shares of rule 3 are dealt to the tasks by their GPU's
+//    NUMA node (gpu_place.hpp) instead of in order; the CPUs used stay the same.
 #include "bitmap.hpp"
 #include "cpulist.hpp"
 #include "error.hpp"
+#include "gpu_place.hpp"
 #include "topology.hpp"
 
 #include <algorithm>
@@ -34,6 +37,7 @@ struct zb_plan {
     };
     std::vector<Task> tasks;
     std::vector<std::string> warnings;
+    std::vector<int> gpu_nodes; // as given, one per task (-1: none)
 };
 
 namespace {
@@ -229,6 +233,14 @@ zb_plan::Task offload_task(const Machine &m, std::vector<Core>::const_iterator b
     return t;
 }
 
+// The node holding most of a run's cores (index into m.node_os); the first such on a tie.
+int main_node(const Machine &m, size_t first, size_t count) {
+    std::vector<unsigned> per_node(m.node_os.size(), 0);
+    for (size_t i = first; i < first + count; ++i)
+        ++per_node[static_cast<size_t>(m.seq[i].node)];
+    return static_cast<int>(std::max_element(per_node.begin(), per_node.end()) - per_node.begin());
+}
+
 zb_plan::Task make_task(const Machine &m, size_t first, size_t count, const zb_options &o,
                         unsigned index, Warnings &warn) {
     const auto begin = m.seq.begin() + static_cast<long>(first);
@@ -241,19 +253,14 @@ zb_plan::Task make_task(const Machine &m, size_t first, size_t count, const zb_o
     const Split split = split_cores(k, o, index, warn);
     const unsigned nopt = split.opt;
 
-    // Main node: most cores of the task; the first such in sequence order on a tie.
-    std::vector<unsigned> per_node(m.node_os.size(), 0);
-    for (size_t i = 0; i < count; ++i)
-        ++per_node[static_cast<size_t>(begin[i].node)];
-    const int main_node =
-        static_cast<int>(std::max_element(per_node.begin(), per_node.end()) - per_node.begin());
+    const int main = main_node(m, first, count);
 
     // Optimizer: the last cores of the main node, then the last of the others.
     std::vector<bool> is_opt(count, false);
     unsigned chosen = 0;
     for (int pass = 0; pass < 2 && chosen < nopt; ++pass)
         for (size_t i = count; i-- > 0 && chosen < nopt;)
-            if (!is_opt[i] && ((begin[i].node == main_node) == (pass == 0))) {
+            if (!is_opt[i] && ((begin[i].node == main) == (pass == 0))) {
                 is_opt[i] = true;
                 ++chosen;
             }
@@ -289,8 +296,33 @@ zb_plan::Task make_task(const Machine &m, size_t first, size_t count, const zb_o
     return t;
 }
 
+// Rule 6: which share each task takes (in order without GPUs).
+std::vector<size_t> deal_shares(hwloc_topology_t topo, const Machine &m,
+                                const std::vector<size_t> &sizes, const int *gpu_nodes,
+                                Warnings &warn) {
+    std::vector<size_t> order(sizes.size());
+    for (size_t i = 0; i < order.size(); ++i)
+        order[i] = i;
+    if (!gpu_nodes) return order;
+    std::vector<zb::ShareNodes> shares(sizes.size());
+    Bitmap step_nodes;
+    for (size_t s = 0, first = 0; s < sizes.size(); first += sizes[s++]) {
+        std::vector<unsigned> per_node(m.node_os.size(), 0);
+        for (size_t i = first; i < first + sizes[s]; ++i)
+            ++per_node[static_cast<size_t>(m.seq[i].node)];
+        for (size_t k = 0; k < per_node.size(); ++k)
+            if (per_node[k]) shares[s].emplace_back(m.node_os[k], per_node[k]);
+    }
+    for (const Core &c : m.seq)
+        hwloc_bitmap_set(step_nodes, m.node_os[static_cast<size_t>(c.node)]);
+    zb::GpuPlacement p = zb::place_by_gpu(topo, shares, step_nodes, gpu_nodes);
+    for (auto &[task, text] : p.warnings)
+        warn.add(task, text);
+    return p.share_of;
+}
+
 std::unique_ptr<zb_plan> compute(const zb_topology_t *topology, hwloc_const_cpuset_t allowed,
-                                 unsigned ntasks, const zb_options &o) {
+                                 unsigned ntasks, const zb_options &o, const int *gpu_nodes) {
     hwloc_topology_t topo = topology->topo;
     hwloc_const_cpuset_t all = hwloc_topology_get_topology_cpuset(topo);
     if (ntasks == 0) zb::fail(ZB_EINVAL, "the task count must be at least 1");
@@ -307,6 +339,10 @@ std::unique_ptr<zb_plan> compute(const zb_topology_t *topology, hwloc_const_cpus
     const size_t ncores = m.seq.size();
     auto plan = std::make_unique<zb_plan>();
     Warnings warn;
+    if (gpu_nodes) plan->gpu_nodes.assign(gpu_nodes, gpu_nodes + ntasks);
+    if (o.gpu == ZB_GPU_IGNORE) gpu_nodes = nullptr;
+    if (gpu_nodes && ntasks > ncores)
+        warn.add_global("tasks share cores round-robin, so they are not placed by their GPUs");
     if (o.mode == ZB_MODE_OFFLOAD &&
         (o.train_cores || o.train_fraction > 0 || o.opt_cores || o.profile[0]))
         warn.add_global("mode=offload gives each task its whole share: train=, opt= and profile= "
@@ -326,11 +362,12 @@ std::unique_ptr<zb_plan> compute(const zb_topology_t *topology, hwloc_const_cpus
                                       : shared_core_task(m, m.seq[i % ncores]));
     } else {
         const std::vector<size_t> sizes = share_sizes(m.seq, ntasks);
-        size_t first = 0;
-        for (unsigned i = 0; i < ntasks; ++i) {
-            plan->tasks.push_back(make_task(m, first, sizes[i], o, i, warn));
-            first += sizes[i];
-        }
+        std::vector<size_t> firsts(ntasks, 0);
+        for (unsigned i = 1; i < ntasks; ++i)
+            firsts[i] = firsts[i - 1] + sizes[i - 1];
+        const std::vector<size_t> share = deal_shares(topo, m, sizes, gpu_nodes, warn);
+        for (unsigned i = 0; i < ntasks; ++i)
+            plan->tasks.push_back(make_task(m, firsts[share[i]], sizes[share[i]], o, i, warn));
     }
     for (unsigned i = 0; i < ntasks; ++i) {
         const zb_plan::Task &t = plan->tasks[i];
@@ -348,8 +385,9 @@ std::unique_ptr<zb_plan> compute(const zb_topology_t *topology, hwloc_const_cpus
 
 extern "C" {
 
-zb_status zb_plan_compute(const zb_topology_t *topology, hwloc_const_cpuset_t allowed,
-                          unsigned ntasks, const zb_options *options, zb_plan_t **out) {
+zb_status zb_plan_compute_gpus(const zb_topology_t *topology, hwloc_const_cpuset_t allowed,
+                               unsigned ntasks, const zb_options *options, const int *gpu_nodes,
+                               zb_plan_t **out) {
     return zb::guard([&] {
         if (!topology || !allowed || !out) zb::fail(ZB_EINVAL, "zb_plan_compute: NULL argument");
         zb_options defaults;
@@ -357,8 +395,17 @@ zb_status zb_plan_compute(const zb_topology_t *topology, hwloc_const_cpuset_t al
             zb_options_init(&defaults);
             options = &defaults;
         }
-        *out = compute(topology, allowed, ntasks, *options).release();
+        *out = compute(topology, allowed, ntasks, *options, gpu_nodes).release();
     });
+}
+
+zb_status zb_plan_compute(const zb_topology_t *topology, hwloc_const_cpuset_t allowed,
+                          unsigned ntasks, const zb_options *options, zb_plan_t **out) {
+    return zb_plan_compute_gpus(topology, allowed, ntasks, options, nullptr, out);
+}
+
+int zb_plan_task_gpu_node(const zb_plan_t *plan, unsigned index) {
+    return plan && index < plan->gpu_nodes.size() ? plan->gpu_nodes[index] : -1;
 }
 
 void zb_plan_free(zb_plan_t *plan) {

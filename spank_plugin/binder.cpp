@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -18,6 +19,7 @@ using namespace zb::spank;
 struct Step {
     zb_topology_t *topology = nullptr;
     zb_profile_t *profile = nullptr;
+    StepGpus gpus;
     std::string setup_error;    // from step_init, reported by each task
     bool out_of_memory = false; // step_init ran out: nothing may allocate to say so
 };
@@ -56,7 +58,11 @@ int failed(spank_t sp, const zb_options &options, const TaskInfo &task, const st
     return 0;
 }
 
-void step_init(spank_t, const zb_options *options) noexcept {
+// Where GPUs are discovered: "/", or the tree slurmd's environment names (tests, and containers
+// that mount the host's /sys and /proc elsewhere).
+constexpr const char *kGpuRootVariable = "ZENFLOW_BIND_GPU_ROOT";
+
+void step_init(spank_t sp, const zb_options *options) noexcept {
     try {
         Step &s = step();
         if (zb_topology_load(&s.topology) != ZB_OK) {
@@ -69,6 +75,7 @@ void step_init(spank_t, const zb_options *options) noexcept {
         const char *path = options->profile;
         if (*path && options->mode != ZB_MODE_OFFLOAD && zb_profile_load(path, &s.profile) != ZB_OK)
             s.setup_error = std::string("cannot load profile=") + path + ": " + zb_last_error();
+        load_step_gpus(sp, *options, std::getenv(kGpuRootVariable), s.gpus);
     } catch (...) {
         step().out_of_memory = true;
     }
@@ -102,7 +109,7 @@ int task_init(spank_t sp, const zb_options *options) noexcept {
         if (!cpus) return failed(sp, *options, task, "out of memory");
         if (!step_cpus(sp, s.topology, job_id, step_id, cpus.get(), task.step_cpus_source, error))
             return failed(sp, *options, task, error);
-        if (!bind_task(sp, s.topology, s.profile, cpus.get(), *options, task, error))
+        if (!bind_task(sp, s.topology, s.profile, &s.gpus, cpus.get(), *options, task, error))
             return failed(sp, *options, task, error);
         return 0;
     } catch (...) {
@@ -115,6 +122,8 @@ void step_exit() noexcept {
     Step &s = step();
     zb_profile_free(s.profile);
     s.profile = nullptr;
+    zb_gpus_free(s.gpus.gpus);
+    s.gpus = StepGpus{};
     zb_topology_free(s.topology);
     s.topology = nullptr;
 }

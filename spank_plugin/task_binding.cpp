@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 namespace zb::spank {
 namespace {
@@ -70,7 +71,82 @@ std::string options_text(const zb_options &options) {
     return zb_options_format(&options, buf, sizeof buf) >= 0 ? buf : "";
 }
 
+// Where the step's GPU list comes from, first found wins: Slurm's own indexes (what gres.conf
+// numbers, with or without ConstrainDevices), then a vendor variable set without Slurm's gres.
+constexpr const char *kGpuVariables[] = {"SLURM_STEP_GPUS", "SLURM_JOB_GPUS",
+                                         "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                                         "GPU_DEVICE_ORDINAL"};
+
+std::string env(spank_t sp, const char *name) {
+    char value[4096] = {};
+    if (spank_getenv(sp, name, value, sizeof value) != ESPANK_SUCCESS) return "";
+    return value;
+}
+
+// What the plan knows of the tasks' GPUs: each local task's GPU index and its NUMA node (-1 when
+// unknown), and the sentences that say why a task is not placed by its GPU.
+struct TaskGpus {
+    std::vector<unsigned> index;
+    std::vector<int> node;
+    std::vector<std::string> notes; // for the whole node: said once, by local task 0
+    std::string own_note;           // this task only
+};
+
+TaskGpus task_gpus(spank_t sp, const StepGpus &step, const TaskInfo &task) {
+    TaskGpus t;
+    if (step.list.empty()) return t;
+    if (!step.problem.empty()) {
+        t.notes.push_back("GPU placement off: " + step.problem);
+        return t;
+    }
+    t.index.assign(task.ntasks, 0);
+    if (zb_gpus_assign(step.list.c_str(), task.ntasks, t.index.data()) != ZB_OK) {
+        t.notes.push_back("GPU placement off: " + step.variable + ": " + zb_last_error());
+        t.index.clear();
+        return t;
+    }
+    t.node.assign(task.ntasks, -1);
+    for (unsigned i = 0; i < task.ntasks; ++i) {
+        zb_gpu gpu;
+        if (zb_gpus_find(step.gpus, t.index[i], &gpu) != ZB_OK)
+            t.notes.push_back("task " + std::to_string(i) + ": " + zb_last_error() +
+                              ": share taken in order");
+        else if (gpu.numa_node < 0)
+            t.notes.push_back("task " + std::to_string(i) + ": GPU " + std::to_string(gpu.index) +
+                              " (" + gpu.bus_id + ") has no known NUMA node in " +
+                              zb_gpus_source(step.gpus) + ": share taken in order");
+        else
+            t.node[i] = gpu.numa_node;
+    }
+    // Slurm narrowed this task's list (--gpus-per-task, --gpu-bind): its own first GPU is the
+    // truth for it; when the step-wide rule assumed another, the share stays where the rule put
+    // it (every task must compute the same plan) and the task says so.
+    const std::string own = env(sp, step.variable.c_str());
+    unsigned first = 0;
+    if (!own.empty() && own != step.list && zb_gpus_assign(own.c_str(), 1, &first) == ZB_OK &&
+        first != t.index[task.local_id])
+        t.own_note = "task " + std::to_string(task.local_id) + " drives GPU " +
+                     std::to_string(first) + " (" + step.variable + "=" + own +
+                     ") but the plan placed it by GPU " + std::to_string(t.index[task.local_id]) +
+                     ", the one of the step's " + step.list + " its rank gets";
+    return t;
+}
+
 } // namespace
+
+void load_step_gpus(spank_t sp, const zb_options &options, const char *fsroot, StepGpus &out) {
+    if (options.gpu == ZB_GPU_IGNORE) return;
+    for (const char *name : kGpuVariables) {
+        out.list = env(sp, name);
+        if (out.list.empty()) continue;
+        out.variable = name;
+        break;
+    }
+    if (out.list.empty()) return;
+    if (zb_gpus_load(fsroot, options.gpumap, &out.gpus) != ZB_OK)
+        out.problem = std::string("cannot tell which NUMA node the step's GPUs (") + out.variable +
+                      "=" + out.list + ") are on: " + zb_last_error();
+}
 
 std::string cpulist(hwloc_const_bitmap_t set) {
     char small[256];
@@ -84,8 +160,8 @@ std::string cpulist(hwloc_const_bitmap_t set) {
 }
 
 bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *profile,
-               hwloc_const_bitmap_t step_cpus, const zb_options &given, const TaskInfo &task,
-               std::string &error) {
+               const StepGpus *step_gpus, hwloc_const_bitmap_t step_cpus, const zb_options &given,
+               const TaskInfo &task, std::string &error) {
     zb_options options = given;
     // A profile sizes the optimizer worker's share; offload has none.
     if (profile && options.mode != ZB_MODE_OFFLOAD &&
@@ -93,8 +169,13 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
         error = std::string("cannot apply profile=") + options.profile + ": " + zb_last_error();
         return false;
     }
+    TaskGpus gpus = step_gpus ? task_gpus(sp, *step_gpus, task) : TaskGpus{};
+    // On a single NUMA node there is nothing to place: a GPU's unknown node is no news.
+    if (hwloc_get_nbobjs_by_type(zb_topology_hwloc(topology), HWLOC_OBJ_NUMANODE) < 2)
+        gpus.notes.clear();
     zb_plan_t *raw = nullptr;
-    if (zb_plan_compute(topology, step_cpus, task.ntasks, &options, &raw) != ZB_OK) {
+    if (zb_plan_compute_gpus(topology, step_cpus, task.ntasks, &options,
+                             gpus.node.empty() ? nullptr : gpus.node.data(), &raw) != ZB_OK) {
         error = std::string("no plan for ") + std::to_string(task.ntasks) + " task(s) on CPUs " +
                 cpulist(step_cpus) + ": " + zb_last_error();
         return false;
@@ -102,10 +183,13 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
     PlanPtr plan(raw, zb_plan_free);
     // Every task computes the same plan; the first one on the node speaks for all.
     if (task.local_id == 0) {
+        for (const std::string &note : gpus.notes)
+            tell_user(task.host + ": warning: " + note);
         for (unsigned i = 0; i < zb_plan_nwarnings(plan.get()); ++i)
             if (const char *w = zb_plan_warning(plan.get(), i))
                 tell_user(task.host + ": warning: " + w);
     }
+    if (!gpus.own_note.empty()) tell_user(task.host + ": warning: " + gpus.own_note);
     zb_task_plan share;
     if (zb_plan_task(plan.get(), task.local_id, &share) != ZB_OK) {
         error = std::string("no share for task ") + std::to_string(task.local_id) + ": " +
@@ -147,7 +231,13 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
     if (!options.verbose && !task.slurm_verbose) return true;
     const std::string who = task.host + " task " + std::to_string(task.local_id) + " (rank " +
                             std::to_string(task.global_id) + "): ";
-    const std::string where = ", NUMA node " + nodes + ", step CPUs " + cpulist(step_cpus) +
+    const int gpu_node = zb_plan_task_gpu_node(plan.get(), task.local_id);
+    const std::string gpu = gpus.index.empty()
+                                ? ""
+                                : ", GPU " + std::to_string(gpus.index[task.local_id]) + " on " +
+                                      (gpu_node < 0 ? std::string("an unknown node")
+                                                    : "node " + std::to_string(gpu_node));
+    const std::string where = ", NUMA node " + nodes + gpu + ", step CPUs " + cpulist(step_cpus) +
                               " from " + task.step_cpus_source +
                               (task.slurm_verbose ? "; replaces the --cpu-bind mask above" : "");
     if (offload)

@@ -22,10 +22,24 @@ struct TaskInfo {
     bool slurm_verbose = false;   // --cpu-bind=verbose: Slurm printed a mask this replaces
 };
 
-// `profile` (may be null) sets the optimizer core count unless the options fix the split.
+// The step's GPUs, read once in user_init from the step's environment (before Slurm narrows it
+// per task): the list of GPU indexes, the variable it came from, and the node's GPUs to map them
+// to NUMA nodes. `problem` says why GPU placement cannot apply when the step has GPUs.
+struct StepGpus {
+    std::string list, variable;
+    zb_gpus_t *gpus = nullptr;
+    std::string problem;
+};
+
+// Reads the step's GPU list from its environment and loads the node's GPUs (under `fsroot`, or
+// from options.gpumap). Never fails: a problem is kept for the tasks to report.
+void load_step_gpus(spank_t sp, const zb_options &options, const char *fsroot, StepGpus &out);
+
+// `profile` (may be null) sets the optimizer core count unless the options fix the split; `gpus`
+// (may be null) places each task's share by its GPU's NUMA node.
 bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *profile,
-               hwloc_const_bitmap_t step_cpus, const zb_options &options, const TaskInfo &task,
-               std::string &error);
+               const StepGpus *gpus, hwloc_const_bitmap_t step_cpus, const zb_options &options,
+               const TaskInfo &task, std::string &error);
 
 // Removes every ZENFLOW_* variable bind_task() sets, including ones the task inherited (from a
 // bound batch step, say), so a task left unbound has none that would pin its worker elsewhere.

@@ -175,8 +175,16 @@ enum {
     ZB_SET_DEFAULT = 1u << 8,
     ZB_SET_OVERRIDE = 1u << 9,
     ZB_SET_ONERROR = 1u << 10,
-    ZB_SET_MODE = 1u << 11
+    ZB_SET_MODE = 1u << 11,
+    ZB_SET_GPU = 1u << 12,
+    ZB_SET_GPUMAP = 1u << 13
 };
+
+/* Whether each task's share goes beside its GPU (gpu=). */
+typedef enum zb_gpu_place {
+    ZB_GPU_NEAR = 0, /* tasks of a step with GPUs go on their GPU's NUMA node (default) */
+    ZB_GPU_IGNORE    /* shares in topology order, whatever the GPUs */
+} zb_gpu_place;
 
 #define ZB_PROFILE_PATH_MAX 4096
 
@@ -193,10 +201,12 @@ enum {
  *     batch             bind the batch step (the sbatch script) too
  *     mode=split|offload  training + optimizer worker (split, default), or the whole share for a
  *                       training process that runs its optimizer itself (offload)
+ *     gpu=near|ignore   place each task's share on its GPU's NUMA node (near, default) or not
  *   admin keys (ZB_SCOPE_ADMIN only):
  *     default=on|off    bind every step without the option (on) or only on request (off, default)
  *     override=allow|deny  may users change the admin's values (allow, default)
  *     onerror=fail|warn    an impossible plan fails the task, or warns and leaves it unbound (warn)
+ *     gpumap=PATH       a GPU map file (zb_gpus_load) instead of discovering the node's GPUs
  */
 typedef struct zb_options {
     int enabled;           /* 1 on, 0 off */
@@ -213,6 +223,8 @@ typedef struct zb_options {
     int fail_on_error;                 /* admin */
     unsigned set;                      /* ZB_SET_* bits set by parses */
     zb_mode mode;
+    zb_gpu_place gpu;
+    char gpumap[ZB_PROFILE_PATH_MAX]; /* admin; "" when not given */
 } zb_options;
 
 void zb_options_init(zb_options *options);
@@ -258,6 +270,58 @@ zb_status zb_plan_task(const zb_plan_t *plan, unsigned index, zb_task_plan *out)
 unsigned zb_plan_nwarnings(const zb_plan_t *plan);
 /* Warning `index` (NULL if out of range), a full sentence naming the task(s) concerned. */
 const char *zb_plan_warning(const zb_plan_t *plan, unsigned index);
+/* zb_plan_compute, with the NUMA node (OS number) of each task's GPU: gpu_nodes[i] for local task
+ * i, -1 for a task without one; gpu_nodes NULL is zb_plan_compute. The shares are exactly those
+ * zb_plan_compute gives; which task gets which changes. In task order, each task whose GPU's node
+ * holds cores of a free share takes the one with most cores there; then each other task with a
+ * GPU takes the free share nearest its node (hwloc distances, else the topology tree); tasks
+ * without a GPU take the shares left, in order. A task not placed on its GPU's node, or whose
+ * node is not in the topology, is named in a warning. options->gpu == ZB_GPU_IGNORE ignores
+ * gpu_nodes. */
+zb_status zb_plan_compute_gpus(const zb_topology_t *topology, hwloc_const_cpuset_t allowed,
+                               unsigned ntasks, const zb_options *options, const int *gpu_nodes,
+                               zb_plan_t **out);
+/* The GPU node task `index` was planned with (-1: none, or out of range). */
+int zb_plan_task_gpu_node(const zb_plan_t *plan, unsigned index);
+
+/* ---- GPUs --------------------------------------------------------------------------------- */
+
+/* Largest GPU index accepted (in a map file, an environment list, a --gpus list). */
+#define ZB_GPU_MAX_INDEX 1023
+
+typedef struct zb_gpus zb_gpus_t;
+
+/* One GPU of the node. Pointers are owned by the zb_gpus_t. */
+typedef struct zb_gpu {
+    unsigned index;                  /* the GPU's index on the node, as Slurm numbers it */
+    int numa_node;                   /* OS number of its NUMA node; -1 when unknown */
+    const char *bus_id;              /* PCI address "0000:07:00.0"; "" when a map gives none */
+    hwloc_const_cpuset_t local_cpus; /* CPUs the kernel calls local to it; empty if unknown */
+} zb_gpu;
+
+/* The node's GPUs. With `map` (not NULL or ""), exactly those a GPU map file lists (format in
+ * zenflow_bind(8), GPU MAP: "INDEX NODE [BUS-ID]" lines). Otherwise discovered under `fsroot`
+ * (NULL or "" means "/"): the NVIDIA driver's proc/driver/nvidia/gpus/BUS/information, where GPU
+ * index = device minor (the N of /dev/nvidiaN that gres.conf File= names); else the NVIDIA and AMD
+ * display-class functions of sys/bus/pci/devices in PCI address order (nvidia-smi's and Slurm's
+ * AutoDetect order), index = position. Each GPU's node and local CPUs are its PCI function's
+ * numa_node and local_cpulist. ZB_ENOENT when there are none; ZB_EINVAL for a bad map file (the
+ * message names the file and line). */
+zb_status zb_gpus_load(const char *fsroot, const char *map, zb_gpus_t **out);
+void zb_gpus_free(zb_gpus_t *gpus);
+unsigned zb_gpus_count(const zb_gpus_t *gpus);
+/* The `i`-th GPU, in index order; ZB_EINVAL if i >= count. */
+zb_status zb_gpus_get(const zb_gpus_t *gpus, unsigned i, zb_gpu *out);
+/* The GPU with index `index`; ZB_ENOENT if there is none. */
+zb_status zb_gpus_find(const zb_gpus_t *gpus, unsigned index, zb_gpu *out);
+/* Where the GPUs came from: the map file, or the directory discovery read. */
+const char *zb_gpus_source(const zb_gpus_t *gpus);
+/* Which GPU each of `ntasks` local tasks drives, from the step's GPU list as Slurm exports it
+ * (SLURM_STEP_GPUS: indexes separated by commas). With n GPUs for T tasks, task i drives the
+ * (i * (n / T))-th when n >= T (Slurm's --gpus-per-task binding, and one GPU per local rank when
+ * n == T), else the (i * n / T)-th (consecutive tasks share a GPU). task_gpu[i] is its index.
+ * ZB_EINVAL for a list that is not decimal indexes 0..ZB_GPU_MAX_INDEX separated by commas. */
+zb_status zb_gpus_assign(const char *step_gpus, unsigned ntasks, unsigned *task_gpu);
 
 /* ---- tuning profiles ---------------------------------------------------------------------- */
 

@@ -4,6 +4,8 @@
 #   cluster.sh start  DIR [--task-plugin cgroup|affinity] [--plugin SO] [--plugin-args "ARGS"]
 #                         [--nodes N]            N slurmd on this host, nodes HOST-1..HOST-N
 #                         [--lifetime SECONDS]   stop by itself after that long (tests: no leaks)
+#                         [--gres-gpus "FILE..."] gres GPUs backed by these files, in index order
+#                                                (default: $ZB_CLUSTER_GRES_GPUS)
 #   cluster.sh plugstack DIR [--plugin SO] [--plugin-args "ARGS"]   rewrite plugstack.conf only
 #   cluster.sh status DIR        exit 0 when the node answers and is idle/mixed/allocated
 #   cluster.sh env    DIR        print "export SLURM_CONF=..." for eval
@@ -39,6 +41,7 @@ plugin=""
 plugin_args=""
 lifetime=0
 nnodes=1
+gres_gpus=${ZB_CLUSTER_GRES_GPUS:-}
 while [ $# -gt 0 ]; do
     case $1 in
     --task-plugin) task_plugin=$2; shift 2 ;;
@@ -46,6 +49,7 @@ while [ $# -gt 0 ]; do
     --plugin-args) plugin_args=$2; shift 2 ;;
     --lifetime) lifetime=$2; shift 2 ;;
     --nodes) nnodes=$2; shift 2 ;;
+    --gres-gpus) gres_gpus=$2; shift 2 ;;
     *) usage ;;
     esac
 done
@@ -139,13 +143,14 @@ KillWait=5
 InactiveLimit=0
 SlurmdTimeout=120
 EOF
+    write_gres
     for name in $(node_names); do
         port=$(free_port)
         while [[ $used == *" $port "* ]]; do port=$(free_port); done
         used+="$port "
         mkdir -p "$dir/spool/$name"
         echo "NodeName=$name NodeHostname=$(hostname -s) NodeAddr=127.0.0.1 Port=$port $hw" \
-            "State=UNKNOWN" >>"$conf"
+            "$gres_node State=UNKNOWN" >>"$conf"
         nodes+=${nodes:+,}$name
     done
     echo "PartitionName=debug Nodes=$nodes Default=YES MaxTime=INFINITE State=UP" >>"$conf"
@@ -157,6 +162,20 @@ ConstrainCores=yes
 ConstrainRAMSpace=no
 ConstrainDevices=no
 EOF
+}
+
+# --gres-gpus: one gres.conf line per file (Slurm only stats them), GPU i = the i-th file.
+gres_node=""
+write_gres() {
+    local file n=0
+    [ -n "$gres_gpus" ] || return 0
+    : >"$dir/etc/gres.conf"
+    for file in $gres_gpus; do
+        echo "Name=gpu File=$file" >>"$dir/etc/gres.conf"
+        n=$((n + 1))
+    done
+    echo "GresTypes=gpu" >>"$conf"
+    gres_node="Gres=gpu:$n"
 }
 
 # Succeeds when slurmctld answers and every node is up (idle, mixed or allocated).

@@ -57,6 +57,8 @@ static void assert_same_fields(const zb_options *a, const zb_options *b) {
     assert_int_equal(a->default_on, b->default_on);
     assert_int_equal(a->allow_override, b->allow_override);
     assert_int_equal(a->fail_on_error, b->fail_on_error);
+    assert_int_equal(a->gpu, b->gpu);
+    assert_string_equal(a->gpumap, b->gpumap);
 }
 
 static void test_defaults(void **state) {
@@ -76,6 +78,8 @@ static void test_defaults(void **state) {
     assert_int_equal(o.default_on, 0);
     assert_int_equal(o.allow_override, 1);
     assert_int_equal(o.fail_on_error, 0);
+    assert_int_equal(o.gpu, ZB_GPU_NEAR);
+    assert_string_equal(o.gpumap, "");
     assert_int_equal(o.set, 0);
     assert_string_equal(formatted(&o), "");
 
@@ -133,6 +137,11 @@ static void test_every_key(void **state) {
     assert_int_equal(o.mode, ZB_MODE_OFFLOAD);
     assert_int_equal(o.set, ZB_SET_MODE);
 
+    assert_int_equal(parsed("gpu=near", ZB_SCOPE_USER).gpu, ZB_GPU_NEAR);
+    o = parsed("gpu=ignore", ZB_SCOPE_USER);
+    assert_int_equal(o.gpu, ZB_GPU_IGNORE);
+    assert_int_equal(o.set, ZB_SET_GPU);
+
     o = parsed("profile=/etc/zenflow/a100.prof", ZB_SCOPE_USER);
     assert_string_equal(o.profile, "/etc/zenflow/a100.prof");
     assert_int_equal(o.set, ZB_SET_PROFILE);
@@ -156,6 +165,14 @@ static void test_every_key(void **state) {
     assert_int_equal(o.fail_on_error, 1);
     assert_int_equal(o.set, ZB_SET_ONERROR);
     assert_int_equal(parsed("onerror=warn", ZB_SCOPE_ADMIN).fail_on_error, 0);
+    o = parsed("gpumap=/etc/slurm/gpus.map", ZB_SCOPE_ADMIN);
+    assert_string_equal(o.gpumap, "/etc/slurm/gpus.map");
+    assert_int_equal(o.set, ZB_SET_GPUMAP);
+    assert_string_equal(formatted(&o), "gpumap=/etc/slurm/gpus.map");
+    assert_string_equal(rejected("gpumap=/x", ZB_SCOPE_USER),
+                        "key 'gpumap' is admin-only (set it in plugstack.conf)");
+    rejected("gpumap=etc/gpus.map", ZB_SCOPE_ADMIN);
+    rejected("gpu=closest", ZB_SCOPE_USER);
 
     /* user keys are admin keys too */
     o = parsed("train=3,opt=2,smt=train,numa=strict,verbose,batch,off", ZB_SCOPE_ADMIN);
@@ -221,10 +238,11 @@ static void test_messages(void **state) {
     (void)state;
     assert_string_equal(rejected("trian=2", ZB_SCOPE_USER),
                         "unknown key 'trian' (accepted keys: on, off, train=, opt=, smt=, numa=, "
-                        "profile=, verbose, batch, mode=)");
+                        "profile=, verbose, batch, mode=, gpu=)");
     assert_string_equal(rejected("trian", ZB_SCOPE_ADMIN),
                         "unknown key 'trian' (accepted keys: on, off, train=, opt=, smt=, numa=, "
-                        "profile=, verbose, batch, mode=, default=, override=, onerror=)");
+                        "profile=, verbose, batch, mode=, gpu=, default=, override=, onerror=, "
+                        "gpumap=)");
     assert_string_equal(rejected("mode=inproc", ZB_SCOPE_USER),
                         "bad value 'inproc' for mode= (accepted: split, offload)");
     assert_string_equal(rejected("smt=x", ZB_SCOPE_USER),
@@ -413,6 +431,7 @@ static void test_overridden(void **state) {
         {"profile=/a", "profile=/b", "profile"},
         {"off", "on", "on"},
         {"mode=offload", "mode=split", "mode"},
+        {"gpu=ignore", "gpu=near", "gpu"},
     };
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; ++i) {
         const zb_options admin = parsed(pairs[i][0], ZB_SCOPE_ADMIN);
