@@ -265,10 +265,7 @@ int bench_adam(int argc, char **argv) {
     const double sec = median(kernel);
     const double gelem = static_cast<double>(n) / sec / 1e9, gbs = bytes / sec / 1e9;
     const double rgbs = bytes / rsec / 1e9, ratio = gbs / rgbs;
-    // With nothing only written, every store is a plain one.
-    const bool write_only = o.copy != zb::opt::CopyType::none || o.stale;
-    const char *stores = zb::opt::stores_name(
-        write_only ? zb::opt::stores_for(static_cast<size_t>(bytes)) : zb::opt::Stores::cached);
+    const char *stores = zb::opt::stores_name(zb::opt::batch_stores(batch));
     if (o.json) {
         std::printf(
             "{\"subcommand\":\"adam\",\"elements\":%zu,\"threads\":%d,\"grad\":\"%s\","

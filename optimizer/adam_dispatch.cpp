@@ -134,17 +134,10 @@ uint64_t adam_step_in_team(const AdamBatch &batch, TeamShare &share) {
     for (size_t k = 0; k < batch.count; ++k)
         total += batch.tensors[k].n;
     const detail::RangeKernel kernel = kernel_for(active_isa());
-    size_t bytes_per_element =
-        12 + (batch.grad == GradType::f32 ? 4 : 2) + (batch.copy == CopyType::none ? 0 : 2);
-    for (size_t k = 0; k < batch.count; ++k)
-        if (batch.tensors[k].stale) {
-            bytes_per_element += 4; // an upper bound when only some tensors have a snapshot
-            break;
-        }
-    const bool stream = stores_for(total * bytes_per_element) == Stores::streaming;
+    const bool stream = batch_stores(batch) == Stores::streaming;
     const int me = omp_get_thread_num(), threads = omp_get_num_threads();
     size_t lo, hi;
-    if (threads > TeamShare::kMaxThreads) { // a team that large keeps its static slices
+    if (!TeamShare::fits(total, threads)) {
         adam_slice(total, me, threads, lo, hi);
         return run_chunk(batch, kernel, stream, lo, hi);
     }
@@ -196,6 +189,22 @@ Stores stores_for(size_t bytes) {
     const Stores s = active_stores();
     if (s != Stores::automatic) return s;
     return bytes > last_level_cache() ? Stores::streaming : Stores::cached;
+}
+
+Stores batch_stores(const AdamBatch &batch) {
+    size_t total = 0;
+    bool stale = false;
+    for (size_t k = 0; k < batch.count; ++k) {
+        total += batch.tensors[k].n;
+        stale = stale || batch.tensors[k].stale;
+    }
+    if (active_isa() == Isa::scalar || (batch.copy == CopyType::none && !stale))
+        return Stores::cached;
+    // Every stream once: what the step leaves in the caches (a snapshot counted for every tensor
+    // when some have one).
+    const size_t bytes_per_element = 12 + (batch.grad == GradType::f32 ? 4 : 2) +
+                                     (batch.copy == CopyType::none ? 0 : 2) + (stale ? 4 : 0);
+    return stores_for(total * bytes_per_element);
 }
 
 const char *stores_name(Stores s) {

@@ -26,6 +26,13 @@ size_t chunks_of(size_t lo, size_t hi) {
 
 } // namespace
 
+bool TeamShare::fits(size_t total, int threads) {
+    if (threads < 1 || threads > kMaxThreads) return false;
+    size_t lo, hi;
+    adam_slice(total, 0, threads, lo, hi); // slices differ by at most 16 elements
+    return chunks_of(lo, hi + 16) <= kField;
+}
+
 void TeamShare::begin(size_t total, int me, int threads) {
     Slot &s = slots_[me];
     ++s.epoch;

@@ -22,9 +22,16 @@ class TeamShare {
     TeamShare(const TeamShare &) = delete;
     TeamShare &operator=(const TeamShare &) = delete;
 
-    // Called by every thread of a team of `threads` (at most kMaxThreads) once per step of `total`
-    // elements, the same number of times by each, before its first claim. A thread may begin the
-    // next step as soon as its claim() returned false, without waiting for the others.
+    // Whether a team of `threads` can share out `total` elements: at most kMaxThreads threads,
+    // and each slice at most 2^24 - 1 chunks (about 2^40 elements). Teams that cannot keep their
+    // static slices.
+    static bool fits(size_t total, int threads);
+
+    // Called by every thread of a team of `threads` once per step of `total` elements (fits()),
+    // the same number of times by each, before its first claim. A thread may begin the next step
+    // as soon as its claim() returned false, without waiting for the others; but a chunk another
+    // thread claimed may still be in its hands, so the next step must not touch the same elements
+    // before a barrier (the worker's groups are disjoint, and it passes one after each step).
     void begin(size_t total, int me, int threads);
 
     // Claims the next chunk for thread `me`: its own first, then another's. False when every
@@ -37,8 +44,8 @@ class TeamShare {
   private:
     // A slot's state in one word: the step it belongs to (16 bits, compared modulo 2^16), then the
     // first and one past the last untaken chunk of its owner's slice (24 bits each, relative to
-    // the slice: slices up to 2^40 elements). A slot of an older step is opened by whoever
-    // touches it first, owner or thief.
+    // the slice: see fits()). A slot of an older step is opened by whoever touches it first,
+    // owner or thief.
     // Every field but `state` is its owner's alone: what the owner's begin() was told, which
     // every thread of the team is told alike.
     struct alignas(64) Slot {

@@ -5,6 +5,7 @@
 #include "adam_kernels.hpp"
 #include "team_share.hpp"
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -503,6 +504,46 @@ void test_slices_and_isa(void **) {
                      static_cast<int>(zb::opt::best_isa()));
 }
 
+// Each vector path's streaming instantiation, called directly (so it surely runs), from an
+// element off the W boundary (its head), to the end and to a point inside: the same bits as plain
+// stores, and nothing written outside [lo, hi).
+void test_streaming_kernels(void **) {
+    using zb::opt::detail::RangeKernel;
+    const RangeKernel kernels[] = {zb::opt::detail::range_avx2, zb::opt::detail::range_avx512};
+    const std::array<size_t, 2> kBounds[] = {{5, 1000}, {37, 700}, {64, 97}};
+    for (Isa isa : isas()) {
+        if (isa == Isa::scalar) continue;
+        const RangeKernel kernel = kernels[static_cast<int>(isa) - 1];
+        for (CopyType c : {CopyType::bf16, CopyType::f16})
+            for (const std::array<size_t, 2> &bounds : kBounds) {
+                rng_state = 21;
+                Problem plain({1000}, GradType::bf16, c, true);
+                Problem streamed = plain;
+                zb::opt::detail::Consts k = zb::opt::detail::make_consts(plain.hypers[0]);
+                const AdamTensor a = plain.tensors()[0], b = streamed.tensors()[0];
+                k.stream_out = false;
+                const uint64_t bad_a = kernel(a, k, GradType::bf16, c, bounds[0], bounds[1]);
+                k.stream_out = true;
+                assert_true(zb::opt::detail::streams_out(b, k, c));
+                const uint64_t bad_b = kernel(b, k, GradType::bf16, c, bounds[0], bounds[1]);
+                assert_int_equal(bad_a, bad_b);
+                for (size_t i = 0; i < 1000; ++i)
+                    if (bits(plain.param[0][i]) != bits(streamed.param[0][i]) ||
+                        bits(plain.m[0][i]) != bits(streamed.m[0][i]) ||
+                        bits(plain.v[0][i]) != bits(streamed.v[0][i]) ||
+                        plain.copy[0][i] != streamed.copy[0][i] ||
+                        bits(plain.stale_out[0][i]) != bits(streamed.stale_out[0][i]))
+                        fail_msg("%s element %zu: streaming differs from plain stores",
+                                 zb::opt::isa_name(isa), i);
+                for (size_t i = 0; i < 1000; ++i)
+                    if ((i < bounds[0] || i >= bounds[1]) &&
+                        (streamed.copy[0][i] != 0 || bits(streamed.stale_out[0][i]) != 0))
+                        fail_msg("%s wrote element %zu outside [%zu, %zu)", zb::opt::isa_name(isa),
+                                 i, bounds[0], bounds[1]);
+            }
+    }
+}
+
 // Streaming stores are used when asked for and possible (aligned streams, something to write), and
 // automatic mode asks for them exactly above the last-level cache.
 void test_streaming_choice(void **) {
@@ -538,17 +579,31 @@ void test_streaming_choice(void **) {
                      static_cast<int>(Stores::cached));
     zb::opt::force_stores(Stores::streaming);
     assert_int_equal(static_cast<int>(zb::opt::stores_for(1)), static_cast<int>(Stores::streaming));
+    // A batch streams only what it writes, and never on the scalar path.
+    const AdamTensor one = t;
+    const auto batch_stores = [&](CopyType copy, const AdamTensor *tensor) {
+        return static_cast<int>(zb::opt::batch_stores(AdamBatch{GradType::f32, copy, tensor, 1}));
+    };
+    assert_int_equal(batch_stores(CopyType::bf16, &one), static_cast<int>(Stores::streaming));
+    use(Isa::scalar);
+    assert_int_equal(batch_stores(CopyType::bf16, &one), static_cast<int>(Stores::cached));
+    use(zb::opt::best_isa());
+    off = t;
+    off.stale = nullptr;
+    assert_int_equal(batch_stores(CopyType::none, &off), static_cast<int>(Stores::cached));
     zb::opt::force_stores(Stores::automatic);
+    assert_int_equal(batch_stores(CopyType::bf16, &one), static_cast<int>(Stores::cached));
 }
 
 } // namespace
 
 int main() {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_slices_and_isa),   cmocka_unit_test(test_bit_identical),
-        cmocka_unit_test(test_double_reference), cmocka_unit_test(test_nonfinite_counted),
-        cmocka_unit_test(test_grad_scale),       cmocka_unit_test(test_in_team),
-        cmocka_unit_test(test_nan_copy_out),     cmocka_unit_test(test_streaming_choice),
+        cmocka_unit_test(test_slices_and_isa),    cmocka_unit_test(test_bit_identical),
+        cmocka_unit_test(test_double_reference),  cmocka_unit_test(test_nonfinite_counted),
+        cmocka_unit_test(test_grad_scale),        cmocka_unit_test(test_in_team),
+        cmocka_unit_test(test_nan_copy_out),      cmocka_unit_test(test_streaming_choice),
+        cmocka_unit_test(test_streaming_kernels),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
