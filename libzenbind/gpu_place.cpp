@@ -12,9 +12,13 @@ namespace {
 class Distances {
   public:
     explicit Distances(hwloc_topology_t topo) : topo_(topo) {
+        // A latency matrix (larger is farther; a bandwidth one reads the other way). hwloc fills at
+        // most the one slot given and sets nr to how many there are.
         unsigned nr = 1;
         hwloc_distances_s *d = nullptr;
-        if (hwloc_distances_get_by_type(topo, HWLOC_OBJ_NUMANODE, &nr, &d, 0, 0) == 0 && nr == 1)
+        if (hwloc_distances_get_by_type(topo, HWLOC_OBJ_NUMANODE, &nr, &d,
+                                        HWLOC_DISTANCES_KIND_MEANS_LATENCY, 0) == 0 &&
+            nr >= 1)
             matrix_ = d;
     }
     ~Distances() {

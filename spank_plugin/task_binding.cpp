@@ -67,8 +67,12 @@ std::string threads(unsigned n) {
 }
 
 std::string options_text(const zb_options &options) {
-    char buf[ZB_PROFILE_PATH_MAX + 512];
-    return zb_options_format(&options, buf, sizeof buf) >= 0 ? buf : "";
+    const int n = zb_options_format(&options, nullptr, 0); // like snprintf: the length it needs
+    if (n < 0) return "";
+    std::string text(static_cast<size_t>(n) + 1, '\0');
+    zb_options_format(&options, text.data(), text.size());
+    text.resize(static_cast<size_t>(n));
+    return text;
 }
 
 // Where the step's GPU list comes from, first found wins: Slurm's own indexes (what gres.conf
@@ -136,7 +140,13 @@ TaskGpus task_gpus(spank_t sp, const StepGpus &step, const TaskInfo &task) {
 
 void load_step_gpus(spank_t sp, const zb_options &options, const char *fsroot, StepGpus &out) {
     if (options.gpu == ZB_GPU_IGNORE) return;
+    // SLURM_JOB_GPUS is the batch (or interactive) step's list: a step srun starts from the batch
+    // script inherits it, whether or not it has GPUs of its own.
+    uint32_t step_id = 0;
+    const bool batch_like = spank_get_item(sp, S_JOB_STEPID, &step_id) == ESPANK_SUCCESS &&
+                            (step_id == SLURM_BATCH_SCRIPT || step_id == SLURM_INTERACTIVE_STEP);
     for (const char *name : kGpuVariables) {
+        if (!batch_like && !std::strcmp(name, "SLURM_JOB_GPUS")) continue;
         out.list = env(sp, name);
         if (out.list.empty()) continue;
         out.variable = name;

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -92,6 +93,24 @@ class ClusterCase(unittest.TestCase):
             if m:
                 tasks[int(m.group(1))] = Task(m.group(2))
         return tasks, p
+
+    def sbatch_and_wait(self, option, script_body, *sbatch_args):
+        """Submits script_body as a one-task, two-CPU batch job with `option`, waits for it to
+        end, returns its output."""
+        out = os.path.join(self.dir, "batch.out")
+        script = os.path.join(self.dir, "job.sh")
+        with open(script, "w") as f:
+            f.write("#!/bin/bash\n" + script_body)
+        p = self.run_cmd("sbatch", "--parsable", "-n1", "-c2", "-o", out, *sbatch_args, option,
+                         script)
+        job = p.stdout.strip().split(";")[0]
+        deadline = time.time() + STEP_TIMEOUT
+        while time.time() < deadline:
+            if not self.run_cmd("squeue", "-h", "-j", job, check=False).stdout.strip():
+                break
+            time.sleep(0.3)
+        with open(out) as f:
+            return f.read()
 
 
 def main():

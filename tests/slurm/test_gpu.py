@@ -13,13 +13,14 @@ discovery is pointed at a fake tree (ZENFLOW_BIND_GPU_ROOT): GPU 0 on NUMA node 
 than the one it would get without GPU placement.
 """
 import os
+import re
 import shutil
 import stat
 import sys
 import tempfile
 
 import slurm_case
-from slurm_case import ClusterCase, cpus
+from slurm_case import REPORT, ClusterCase, cpus
 
 TOPOLOGY = "pack:2 [numa] core:1 pu:1"
 # GPU index -> (PCI address, NUMA node); NUMA node n holds CPU n in TOPOLOGY.
@@ -117,6 +118,17 @@ class GpuPlacement(ClusterCase):
         tasks, p = self.tasks("-n2", "--gres=gpu:2", "--gpu-bind=map_gpu:1,0", "--zenflow-bind")
         self.assert_beside_gpus(tasks, [0, 1])  # every task plans with the step-wide rule
         self.assertRegex(p.stderr, r"warning: task 0 drives GPU 1 \(SLURM_STEP_GPUS=1\)")
+
+    def test_step_without_gpus_in_a_gpu_job_keeps_topology_order(self):
+        # The batch script's environment holds SLURM_JOB_GPUS=0 (GPU 0 is on node 1); an srun step
+        # with no GPUs of its own inherits it and must not be placed by it.
+        text = self.sbatch_and_wait(
+            "--gres=gpu:1", f"srun -l -n2 -c1 --gres=none --zenflow-bind bash -c '{REPORT}'\n",
+            "-n2", "-c1")
+        affinity = {int(m.group(1)): cpus(m.group(2).split("|")[-1])
+                    for m in re.finditer(r"(?m)^(\d+): env=(.*)$", text)}
+        self.assertEqual(affinity, {0: {0}, 1: {1}}, text)
+        self.assertNotIn("GPU 0 on node", text)
 
     def test_gpu_ignore_keeps_topology_order(self):
         tasks, p = self.tasks("-n2", "--gres=gpu:2", "--zenflow-bind=gpu=ignore")

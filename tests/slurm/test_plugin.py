@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 import slurm_case
 from slurm_case import CLUSTER, HERE, REPORT, STEP_TIMEOUT, ClusterCase, Task, cpus
@@ -169,21 +168,6 @@ class PluginOnSlurm(ClusterCase):
         self.assertIn("keeps Slurm's binding", p.stderr)
         plain, _ = self.tasks("-n1", "-c2")  # and default=on still binds without --cpu-bind
         self.assertNotEqual(plain[0].train, "unset")
-
-    def sbatch_and_wait(self, option, script_body):
-        out = os.path.join(self.dir, "batch.out")
-        script = os.path.join(self.dir, "job.sh")
-        with open(script, "w") as f:
-            f.write("#!/bin/bash\n" + script_body)
-        p = self.run_cmd("sbatch", "--parsable", "-n1", "-c2", "-o", out, option, script)
-        job = p.stdout.strip().split(";")[0]
-        deadline = time.time() + STEP_TIMEOUT
-        while time.time() < deadline:
-            if not self.run_cmd("squeue", "-h", "-j", job, check=False).stdout.strip():
-                break
-            time.sleep(0.3)
-        with open(out) as f:
-            return f.read()
 
     def test_sbatch_option_reaches_srun_in_script(self):
         # The bare form matters: 22.05 hands it to the job's srun as the text "(null)".
