@@ -1,6 +1,6 @@
 # `cpack -G DEB` in a build directory makes one Debian package per component, split as Debian
 # splits such software, so each machine installs what it runs:
-#   libzenbind0            the runtime library                              (component lib)
+#   libzenbindN            the runtime library (N: ZB_SOVERSION)            (component lib)
 #   libzenbind-dev         headers, libzenbind.so, CMake and pkg-config     (dev)
 #   zenflow-bind           zenbind, zenflow-bench, the zenflow-optimizer worker (tools)
 #   zenflow-bind-slurm     the SPANK plugin, its binder, the plugstack.conf.d snippet (slurm)
@@ -25,17 +25,17 @@ if(ZB_BUILD_PLUGIN)
 endif()
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-# dpkg-shlibdeps finds libzenbind.so.0 in the build tree; the Depends on libzenbind0 is written
+# dpkg-shlibdeps finds libzenbind.so.N in the build tree; the Depends on libzenbindN is written
 # out below, since the package that provides its shlibs is built in the same run.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CMAKE_BINARY_DIR}/libzenbind)
 set(zb_same "(= ${PROJECT_VERSION})")
 
-set(CPACK_DEBIAN_LIB_PACKAGE_NAME libzenbind0)
+set(CPACK_DEBIAN_LIB_PACKAGE_NAME libzenbind${ZB_SOVERSION})
 set(CPACK_DEBIAN_LIB_PACKAGE_SECTION libs)
 # shlibs and the ldconfig trigger written here: CPack would call ldconfig from maintainer scripts,
 # which Debian replaced by the trigger; scripts of our own (that do nothing) keep CPack's out.
 file(WRITE ${CMAKE_BINARY_DIR}/cpack-lib/shlibs
-     "libzenbind ${PROJECT_VERSION_MAJOR} libzenbind0 (>= ${PROJECT_VERSION})\n")
+     "libzenbind ${ZB_SOVERSION} libzenbind${ZB_SOVERSION} (>= ${PROJECT_VERSION})\n")
 file(WRITE ${CMAKE_BINARY_DIR}/cpack-lib/triggers "activate-noawait ldconfig\n")
 foreach(script postinst postrm)
   file(WRITE ${CMAKE_BINARY_DIR}/cpack-lib/${script} "#!/bin/sh\nset -e\nexit 0\n")
@@ -53,7 +53,7 @@ holds the shared library used by the plugin, the tools and the Python package.")
 
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME libzenbind-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
-set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libzenbind0 ${zb_same}, libhwloc-dev")
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libzenbind${ZB_SOVERSION} ${zb_same}, libhwloc-dev")
 set(CPACK_DEBIAN_DEV_DESCRIPTION "development files of libzenbind
 The C headers (zenbind/zenbind.h, zenbind/worker.h), the libzenbind.so link,
 the CMake package (find_package(zenbind)) and the pkg-config file, and the
@@ -62,7 +62,7 @@ zenflow-optimizer worker themselves.")
 
 set(CPACK_DEBIAN_TOOLS_PACKAGE_NAME zenflow-bind)
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SECTION admin)
-set(CPACK_DEBIAN_TOOLS_PACKAGE_DEPENDS "libzenbind0 ${zb_same}")
+set(CPACK_DEBIAN_TOOLS_PACKAGE_DEPENDS "libzenbind${ZB_SOVERSION} ${zb_same}")
 set(CPACK_DEBIAN_TOOLS_DESCRIPTION "CPU Adam worker and planning tools for offloaded training
 zenflow-optimizer runs Adam/AdamW for a training process on CPUs of its own,
 pinned and NUMA-local, driven over shared memory. zenbind previews the plans
@@ -83,7 +83,7 @@ if(ZB_BUILD_PLUGIN)
   # The release series of the spank.h the plugin was built against (22.05 for 22.05.8).
   set(zb_r ${ZB_SLURM_SERIES})
   set(zb_slurm_pin ", slurm-wlm-basic-plugins (>= ${zb_r}), slurm-wlm-basic-plugins (<< ${zb_r}.99)")
-  set(CPACK_DEBIAN_SLURM_PACKAGE_DEPENDS "libzenbind0 ${zb_same}${zb_slurm_pin}")
+  set(CPACK_DEBIAN_SLURM_PACKAGE_DEPENDS "libzenbind${ZB_SOVERSION} ${zb_same}${zb_slurm_pin}")
   set(CPACK_DEBIAN_SLURM_PACKAGE_RECOMMENDS "zenflow-bind ${zb_same}")
   # The snippet is the admin's to edit (enabling the plugin is uncommenting a line): a conffile,
   # so upgrades keep the admin's version.
@@ -96,7 +96,7 @@ set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME python3-zenflow-bind)
 set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION python)
 set(CPACK_DEBIAN_PYTHON_PACKAGE_ARCHITECTURE all)
 set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS
-    "python3, python3-numpy, libzenbind0 ${zb_same}, zenflow-bind ${zb_same}")
+    "python3, python3-numpy, libzenbind${ZB_SOVERSION} ${zb_same}, zenflow-bind ${zb_same}")
 set(CPACK_DEBIAN_PYTHON_PACKAGE_RECOMMENDS "python3-torch")
 set(CPACK_DEBIAN_PYTHON_DESCRIPTION "Python interface of zenflow-bind for PyTorch and DeepSpeed
 zenflow_bind.torch.AdamW is a torch.optim.Optimizer whose step runs in the

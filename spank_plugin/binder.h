@@ -9,7 +9,7 @@
 #include <zenbind/zenbind.h>
 
 // Bumped whenever the table below changes: a plugin refuses a binder of another version.
-#define ZB_BINDER_ABI 1
+#define ZB_BINDER_ABI 2
 
 extern "C" {
 

@@ -14,13 +14,13 @@
  *
  * How the ABI grows:
  *  - Every exported symbol carries the version node of the release that added it (ZENBIND_0.1
- *    for everything in 0.1); a new release adds a node for its new symbols, and programs linked
- *    against an older library keep running.
+ *    for everything in 0.1, ZENBIND_0.2 for the GPU calls of 0.2); a new release adds a node for
+ *    its new symbols, and programs linked against an older library keep running.
  *  - Structs a caller fills have an _init() function that sets every field to its default; a
  *    new field is only ever appended, and its default keeps the old behaviour.
  *  - Until 1.0 a struct that a caller allocates may still grow: the SONAME is bumped when one
  *    does, so a program built against another layout is refused at load time instead of passing
- *    a struct of the wrong size. zb_struct_size() lets a binding in another language check the
+ *    a struct of the wrong size (libzenbind.so.1 since 0.2, whose zb_options grew). zb_struct_size() lets a binding in another language check the
  *    layouts it mirrors (the Python package does, at import).
  *  - zb_api_version() is the version the library was built as, to compare with
  *    ZB_VERSION_NUMBER from the header a program was compiled against.

@@ -15,7 +15,7 @@ skip() {
 }
 [ "$(id -u)" -eq 0 ] || skip "needs root (apt-get install)"
 command -v slurmd >/dev/null || skip "Slurm is not installed"
-pkgs=(libzenbind0 libzenbind-dev zenflow-bind zenflow-bind-slurm python3-zenflow-bind)
+pkgs=(libzenbind1 libzenbind-dev zenflow-bind zenflow-bind-slurm python3-zenflow-bind)
 for p in "${pkgs[@]}"; do
   if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed'; then
     skip "$p is already installed on this machine; this test would remove it"

@@ -26,7 +26,7 @@ has() { # has PACKAGE PATH WHAT
 for p in libzenbind libzenbind-devel zenflow-bind zenflow-bind-slurm python3-zenflow-bind; do
   [ -n "$(rpm_of "$p")" ] || { echo "FAIL no package $p"; fail=1; }
 done
-has libzenbind /usr/lib64/libzenbind.so.0 "the library"
+has libzenbind /usr/lib64/libzenbind.so.1 "the library"
 has libzenbind-devel /usr/include/zenbind/worker.h "the worker API header"
 has zenflow-bind /usr/libexec/zenflow-bind/zenflow-optimizer "the optimizer worker"
 has zenflow-bind-slurm /usr/lib64/slurm/zenflow_bind.so "the plugin in the RPM Slurm's plugin dir"

@@ -2,7 +2,7 @@
 sees (pyproject.toml's [project] table states the same for people and tools that read it).
 
 A wheel holds the pure-Python package plus the native parts it drives, built by the project's own
-CMake from the source tree this directory sits in (contrib/python/../..): libzenbind.so.0 and the
+CMake from the source tree this directory sits in (contrib/python/../..): libzenbind.so.1 and the
 zenflow-optimizer executable, both in zenflow_bind/_lib/. Only the standard library is used, so
 pip's isolated build environment needs no download.
 
@@ -56,7 +56,7 @@ def _build_native(config_settings):
                    stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", build, "--target", "zenbind", "zenflow-optimizer",
                     "--parallel"], check=True)
-    return {"libzenbind.so.0": os.path.join(build, "libzenbind", "libzenbind.so.0"),
+    return {"libzenbind.so.1": os.path.join(build, "libzenbind", "libzenbind.so.1"),
             "zenflow-optimizer": os.path.join(build, "optimizer", "zenflow-optimizer")}
 
 

@@ -4,7 +4,7 @@ step runs in a pinned zenflow-optimizer worker, with a cosine lr schedule and, w
 ZenFlow's overlap (each update lands one step later).
 
 Run under srun --zenflow-bind (the worker then takes the ZENFLOW_OPT_* CPUs), or alone:
-    ZENFLOW_BIND_LIB=.../libzenbind.so.0 ZENFLOW_OPTIMIZER=.../zenflow-optimizer \\
+    ZENFLOW_BIND_LIB=.../libzenbind.so.1 ZENFLOW_OPTIMIZER=.../zenflow-optimizer \\
     PYTHONPATH=contrib/python /usr/bin/python3 contrib/python/examples/train_adamw.py
 """
 

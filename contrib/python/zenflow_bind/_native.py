@@ -80,11 +80,11 @@ _BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib")
 
 def library_path():
     """Where libzenbind is loaded from: $ZENFLOW_BIND_LIB, else the one pip bundled with this
-    package, else the system's libzenbind.so.0."""
-    bundled = os.path.join(_BUNDLED, "libzenbind.so.0")
+    package, else the system's libzenbind.so.1."""
+    bundled = os.path.join(_BUNDLED, "libzenbind.so.1")
     return os.environ.get("ZENFLOW_BIND_LIB") or \
         (bundled if os.path.exists(bundled) else None) or \
-        ctypes.util.find_library("zenbind") or "libzenbind.so.0"
+        ctypes.util.find_library("zenbind") or "libzenbind.so.1"
 
 
 def optimizer_path(path=None):
