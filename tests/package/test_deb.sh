@@ -64,7 +64,8 @@ fi
 
 # No build-tree paths, and no RUNPATH at all (lintian: custom-library-search-path).
 while IFS= read -r f; do
-  if readelf -d "$f" 2>/dev/null | grep -qE 'R(UN)?PATH'; then
+  # Not piped into grep -q: under pipefail an early quit could hide the very line it found.
+  if grep -qE 'R(UN)?PATH' <<<"$(readelf -d "$f" 2>/dev/null)"; then
     echo "FAIL $f has a RUNPATH"; fail=1
   fi
 done < <(find "$root" -type f \( -name '*.so*' -o -perm -u+x \))

@@ -20,7 +20,11 @@ cmake --build "$build" --parallel >"$work/build.log" 2>&1 || { tail -30 "$work/b
 fail=0
 rpm_of() { ls "$work"/out/"$1"-[0-9]*.rpm 2>/dev/null | head -1; }
 has() { # has PACKAGE PATH WHAT
-  if rpm -qlp "$(rpm_of "$1")" 2>/dev/null | grep -qx "$2"; then echo "ok   $1: $3 ($2)"
+  # The list first: under pipefail, grep -q quitting at its match can end rpm with SIGPIPE and
+  # fail the pipe, which read as a missing file now and then.
+  local files
+  files=$(rpm -qlp "$(rpm_of "$1")" 2>/dev/null) || true
+  if grep -qx "$2" <<<"$files"; then echo "ok   $1: $3 ($2)"
   else echo "FAIL $1 lacks $3 ($2)"; fail=1; fi
 }
 for p in libzenbind libzenbind-devel zenflow-bind zenflow-bind-slurm python3-zenflow-bind; do
