@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,6 +33,8 @@
 #endif
 
 #include <cmocka.h>
+
+#include "skip.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -202,6 +205,9 @@ static void test_bad_arguments(void **state) {
  * affinity (which the worker inherits) excludes that CPU. */
 static void check_pinned(zb_worker_t *w, const cpu_set_t *mine);
 
+/* Set by a test that could not check everything; main then reports the skip. */
+static const char *partly_skipped;
+
 static void test_threads_pinned(void **state) {
     (void)state;
     zb_worker_t *w = spawn_threads(2);
@@ -209,7 +215,11 @@ static void test_threads_pinned(void **state) {
     sched_getaffinity(0, sizeof all, &all);
     check_pinned(w, &all);
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
-    if (CPU_COUNT(&all) < 2) return;
+    if (CPU_COUNT(&all) < 2) {
+        partly_skipped = "test_threads_pinned needs 2 allowed CPUs to pin a worker outside the "
+                         "trainer's affinity";
+        return;
+    }
     int first = -1, last = -1;
     for (int c = 0; c < CPU_SETSIZE; ++c)
         if (CPU_ISSET(c, &all)) {
@@ -337,10 +347,72 @@ static void test_worker_killed_mid_step(void **state) {
     }
     const double took = now_s() - t0;
     expect_status(st, ZB_EDEAD, "killed by signal 9");
-    assert_true(took < 1.0);
+    assert_true(took < 0.5); /* about 0.1 s is promised: see test_death_noticed_within_a_slice */
     expect_status(zb_worker_submit(w, &s), ZB_EDEAD, "signal 9");
     expect_status(zb_worker_wait(w, 0, NULL), ZB_EDEAD, "signal 9"); /* not OK, not EINVAL */
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* Median and largest of n latencies, in seconds (sorts them). */
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void median_and_max(double *v, size_t n, double *median, double *max) {
+    qsort(v, n, sizeof *v, cmp_double);
+    *median = v[n / 2];
+    *max = v[n - 1];
+}
+
+typedef struct {
+    pid_t victim;
+    useconds_t delay_us;
+    double killed_at;
+} killer_args;
+
+static void *kill_later(void *p) {
+    killer_args *k = p;
+    usleep(k->delay_us);
+    k->killed_at = now_s();
+    kill(k->victim, SIGKILL);
+    return NULL;
+}
+
+/* Seconds from the worker's death to zb_worker_wait's ZB_EDEAD, the death falling delay_us into
+ * the wait. The worker is stopped first, so the step cannot end before the death does. */
+static double death_noticed_after(useconds_t delay_us) {
+    zb_worker_t *w = spawn_threads(1);
+    add_group(w, 1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+    killer_args k = {0, delay_us, 0.0};
+    zb_worker_pid(w, &k.victim);
+    assert_int_equal(kill(k.victim, SIGSTOP), 0);
+    zb_worker_step s = {1, 1.0f, 0, NULL, 0, 0, 0.0f};
+    assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
+    pthread_t killer;
+    assert_int_equal(pthread_create(&killer, NULL, kill_later, &k), 0);
+    const zb_status st = zb_worker_wait(w, 30000, NULL);
+    const double noticed = now_s();
+    assert_int_equal(pthread_join(killer, NULL), 0);
+    expect_status(st, ZB_EDEAD, "killed by signal 9");
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+    return noticed - k.killed_at;
+}
+
+/* libzenbind(3): ZB_EDEAD comes "within about 0.1 s" of the death (100 ms sleep slices). Deaths
+ * at five points of a slice; on a 2-core machine under load 5 the latency measured 0.07 s median,
+ * 0.15 s at the 99th percentile and 0.32 s at most over 450 deaths: the median must stay under
+ * 0.2 s and every one under 0.5 s. */
+static void test_death_noticed_within_a_slice(void **state) {
+    (void)state;
+    static const useconds_t delays[] = {0, 25000, 50000, 75000, 95000};
+    double took[5];
+    for (size_t i = 0; i < 5; ++i)
+        took[i] = death_noticed_after(delays[i]);
+    double median, max;
+    median_and_max(took, 5, &median, &max);
+    if (median >= 0.2 || max >= 0.5)
+        fail_msg("EDEAD %.3f s (median) / %.3f s (max) after the death", median, max);
 }
 
 /* A registration that runs past control_timeout_ms (here: a stopped worker) stops the worker, so
@@ -390,9 +462,10 @@ static void test_destroy_with_sigchld_ignored(void **state) {
 }
 
 /* A trainer killed with -9 leaves no worker behind: we are the subreaper, so the orphaned worker
- * becomes our child and its exit is observable. */
-static void test_trainer_death(void **state) {
-    (void)state;
+ * becomes our child and its exit is observable. Returns the seconds from the trainer's death to
+ * the worker's, the trainer dying delay_us after the worker started; -1 if the worker outlived
+ * the trainer by 1.5 s. */
+static double worker_outlives_trainer_by(useconds_t delay_us) {
     assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
     int fds[2];
     assert_int_equal(pipe(fds), 0);
@@ -416,20 +489,38 @@ static void test_trainer_death(void **state) {
     assert_int_equal(read(fds[0], &worker, sizeof worker), sizeof worker);
     close(fds[0]);
     assert_true(worker > 0);
+    usleep(delay_us);
+    const double t0 = now_s();
     assert_int_equal(kill(trainer, SIGKILL), 0);
     assert_int_equal(waitpid(trainer, NULL, 0), trainer);
-    const double t0 = now_s();
-    int gone = 0;
-    while (!gone && now_s() - t0 < 1.5) {
+    double took = -1;
+    while (took < 0 && now_s() - t0 < 1.5) {
         int status;
         if (waitpid(worker, &status, WNOHANG) == worker)
-            gone = 1;
+            took = now_s() - t0;
         else
-            usleep(10000);
+            usleep(1000);
     }
-    if (!gone) kill(worker, SIGKILL), waitpid(worker, NULL, 0);
-    assert_true(gone);
+    if (took < 0) kill(worker, SIGKILL), waitpid(worker, NULL, 0);
     prctl(PR_SET_CHILD_SUBREAPER, 0);
+    return took;
+}
+
+/* The worker polls its trainer at least every 50 ms while idle (libzenbind(3), Liveness). Deaths
+ * at five points of a poll interval; measured on a 2-core machine under load 5: 0.036 s median,
+ * 0.050 s at most over 155 deaths. The median must stay under 0.1 s, every one under 0.5 s. */
+static void test_trainer_death(void **state) {
+    (void)state;
+    static const useconds_t delays[] = {5000, 15000, 25000, 35000, 45000};
+    double took[5];
+    for (size_t i = 0; i < 5; ++i) {
+        took[i] = worker_outlives_trainer_by(delays[i]);
+        if (took[i] < 0) fail_msg("the worker outlived its trainer by 1.5 s");
+    }
+    double median, max;
+    median_and_max(took, 5, &median, &max);
+    if (median >= 0.1 || max >= 0.5)
+        fail_msg("worker gone %.3f s (median) / %.3f s (max) after its trainer", median, max);
 }
 
 /* A limit that refuses the shared memory fails spawn or registration with ZB_ENOMEM, in a child
@@ -674,6 +765,7 @@ int main(void) {
         cmocka_unit_test(test_double_buffer_and_outputs),
         cmocka_unit_test(test_wait_timeout),
         cmocka_unit_test(test_worker_killed_mid_step),
+        cmocka_unit_test(test_death_noticed_within_a_slice),
         cmocka_unit_test(test_registration_timeout_stops_worker),
         cmocka_unit_test(test_destroy_with_sigchld_ignored),
         cmocka_unit_test(test_trainer_death),
@@ -684,5 +776,7 @@ int main(void) {
         cmocka_unit_test(test_environment_defaults),
         cmocka_unit_test(test_ten_thousand_steps_flat),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (failed || !partly_skipped) return failed;
+    return zb_test_skip(partly_skipped);
 }
