@@ -496,9 +496,12 @@ static double worker_outlives_trainer_by(useconds_t delay_us) {
     double took = -1;
     while (took < 0 && now_s() - t0 < 1.5) {
         int status;
-        if (waitpid(worker, &status, WNOHANG) == worker)
+        if (waitpid(worker, &status, WNOHANG) == worker) {
             took = now_s() - t0;
-        else
+            /* zenflow-optimizer(1): exit status 0 when the trainer died */
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+                fail_msg("the orphaned worker ended with status 0x%x, not exit 0", status);
+        } else
             usleep(1000);
     }
     if (took < 0) kill(worker, SIGKILL), waitpid(worker, NULL, 0);
@@ -715,6 +718,200 @@ static void test_environment_defaults(void **state) {
     assert_null(w);
 }
 
+/* The i-th thread pins itself to the i-th CPU in increasing order, cycling past the last. */
+static void test_thread_i_on_the_ith_cpu(void **state) {
+    (void)state;
+    cpu_set_t mine;
+    sched_getaffinity(0, sizeof mine, &mine);
+    int cpus[CPU_SETSIZE], n = 0;
+    char list[256] = "";
+    for (int c = CPU_SETSIZE - 1; c >= 0; --c) /* written in decreasing order on purpose */
+        if (CPU_ISSET(c, &mine) && n < 8) {
+            cpus[n++] = c;
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", *list ? "," : "", c);
+        }
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    strcpy(attr.cpus, list);
+    attr.threads = (unsigned)n + 1;
+    zb_worker_t *w = NULL;
+    assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+    for (unsigned i = 0; i < attr.threads; ++i) {
+        pid_t tid;
+        int cpu;
+        assert_int_equal(zb_worker_thread(w, i, &tid, &cpu), ZB_OK);
+        const int want = cpus[n - 1 - (int)(i % (unsigned)n)]; /* increasing order */
+        if (cpu != want) fail_msg("thread %u of cpus=%s is on CPU %d, not %d", i, list, cpu, want);
+    }
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* The value of NAME in the worker's environment, or NULL. */
+static const char *worker_env(pid_t pid, const char *name) {
+    static char buf[1 << 16];
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    const size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = '\0';
+    const size_t nlen = strlen(name);
+    for (size_t i = 0; i < len; i += strlen(buf + i) + 1)
+        if (!strncmp(buf + i, name, nlen) && buf[i + nlen] == '=') return buf + i + nlen + 1;
+    return NULL;
+}
+
+/* zenflow-optimizer(1), ENVIRONMENT: OpenMP told the thread count and not to bind, OMP_PLACES
+ * removed, OMP_WAIT_POLICY passive unless the trainer set one. And it ignores SIGINT. */
+static void test_worker_environment_and_sigint(void **state) {
+    (void)state;
+    setenv("OMP_NUM_THREADS", "7", 1);
+    setenv("OMP_PROC_BIND", "close", 1);
+    setenv("OMP_PLACES", "cores", 1);
+    setenv("OMP_DYNAMIC", "true", 1);
+    unsetenv("OMP_WAIT_POLICY");
+    zb_worker_t *w = spawn_threads(2);
+    pid_t pid;
+    zb_worker_pid(w, &pid);
+    const char *v = worker_env(pid, "OMP_NUM_THREADS");
+    assert_non_null(v);
+    assert_string_equal(v, "2");
+    assert_non_null(v = worker_env(pid, "OMP_PROC_BIND"));
+    assert_string_equal(v, "false");
+    assert_non_null(v = worker_env(pid, "OMP_DYNAMIC"));
+    assert_string_equal(v, "false");
+    assert_non_null(v = worker_env(pid, "OMP_WAIT_POLICY"));
+    assert_string_equal(v, "passive");
+    assert_null(worker_env(pid, "OMP_PLACES"));
+    /* A Ctrl-C meant for the trainer leaves the worker working. */
+    add_group(w, 1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+    assert_int_equal(kill(pid, SIGINT), 0);
+    assert_int_equal(step(w, 1, 0), ZB_OK);
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+
+    setenv("OMP_WAIT_POLICY", "active", 1);
+    w = spawn_threads(1);
+    zb_worker_pid(w, &pid);
+    assert_non_null(v = worker_env(pid, "OMP_WAIT_POLICY"));
+    assert_string_equal(v, "active");
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+    unsetenv("OMP_WAIT_POLICY");
+    unsetenv("OMP_NUM_THREADS");
+    unsetenv("OMP_PROC_BIND");
+    unsetenv("OMP_PLACES");
+    unsetenv("OMP_DYNAMIC");
+}
+
+/* zb_worker_destroy on a hung (stopped) worker: bounded by control_timeout_ms, then SIGKILL;
+ * it succeeds and leaves no process, not even a zombie. Idle, and with a step in flight. */
+static void test_destroy_a_hung_worker(void **state) {
+    (void)state;
+    for (int in_flight = 0; in_flight <= 1; ++in_flight) {
+        zb_worker_attr attr;
+        zb_worker_attr_init(&attr);
+        attr.threads = 1;
+        attr.control_timeout_ms = 300;
+        zb_worker_t *w = NULL;
+        assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+        add_group(w, 1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+        pid_t pid;
+        zb_worker_pid(w, &pid);
+        assert_int_equal(kill(pid, SIGSTOP), 0);
+        if (in_flight) {
+            zb_worker_step s = {1, 1.0f, 0, NULL, 0, 0, 0.0f};
+            assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
+        }
+        const double t0 = now_s();
+        assert_int_equal(zb_worker_destroy(w), ZB_OK);
+        const double took = now_s() - t0;
+        if (took > 2.0) fail_msg("destroy took %.2f s with control_timeout_ms=300", took);
+        errno = 0;
+        assert_int_equal(kill(pid, 0), -1); /* reaped: a zombie would still answer */
+        assert_int_equal(errno, ESRCH);
+    }
+}
+
+/* libzenbind(3): without $ZENFLOW_OPTIMIZER or attr.path the worker is libexecdir's. */
+static void test_default_worker_path(void **state) {
+    (void)state;
+    const char *installed = ZB_TEST_LIBEXECDIR "/zenflow-bind/zenflow-optimizer";
+    char *saved = strdup(getenv("ZENFLOW_OPTIMIZER"));
+    unsetenv("ZENFLOW_OPTIMIZER");
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = 1;
+    zb_worker_t *w = NULL;
+    const zb_status st = zb_worker_spawn(&attr, &w);
+    setenv("ZENFLOW_OPTIMIZER", saved, 1);
+    free(saved);
+    if (access(installed, X_OK) != 0) { /* not installed: the error names where it looked */
+        expect_status(st, ZB_EINVAL, installed);
+        return;
+    }
+    assert_int_equal(st, ZB_OK); /* installed: that is what runs */
+    pid_t pid;
+    zb_worker_pid(w, &pid);
+    char link[64], exe[512] = {0};
+    snprintf(link, sizeof link, "/proc/%d/exe", (int)pid);
+    assert_true(readlink(link, exe, sizeof exe - 1) > 0);
+    assert_string_equal(exe, installed);
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* ZENFLOW_OPT_MEMS (and attr.mems) is the preferred policy of the worker's moments: the largest
+ * private mapping of the worker after registering a group shows "prefer:N" (or "prefer (many)")
+ * for the last NUMA node this process may use. On a one-node machine that node is also the
+ * default (the optimizer CPUs' node), so only a multi-node machine tells the two apart. */
+static void test_mems_take_effect(void **state) {
+    (void)state;
+    FILE *f = fopen("/proc/self/status", "r");
+    assert_non_null(f);
+    char line[4096];
+    int last = -1; /* the last number of Mems_allowed_list ("0", "0-3", "0,2") */
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "Mems_allowed_list:", 18)) {
+            size_t end = strlen(line);
+            while (end > 18 && (line[end - 1] < '0' || line[end - 1] > '9'))
+                --end;
+            while (end > 18 && line[end - 1] >= '0' && line[end - 1] <= '9')
+                --end;
+            last = atoi(line + end);
+        }
+    fclose(f);
+    assert_true(last >= 0);
+    char node[16];
+    snprintf(node, sizeof node, "%d", last);
+    setenv("ZENFLOW_OPT_MEMS", node, 1);
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = 1;
+    zb_worker_t *w = NULL;
+    const zb_status st = zb_worker_spawn(&attr, &w);
+    unsetenv("ZENFLOW_OPT_MEMS");
+    assert_int_equal(st, ZB_OK);
+    const size_t numel = 1u << 20; /* 8 MiB of moments: the largest anonymous mapping */
+    add_group(w, numel, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+    pid_t pid;
+    zb_worker_pid(w, &pid);
+    char path[64], want[32];
+    snprintf(path, sizeof path, "/proc/%d/numa_maps", (int)pid);
+    snprintf(want, sizeof want, " prefer:%d ", last);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    int found = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *anon = strstr(line, " anon=");
+        if (anon && strtoul(anon + 6, NULL, 10) * 4096 >= 8 * numel) {
+            if (!strstr(line, want)) fail_msg("the moments' mapping is \"%s\", want%s", line, want);
+            found = 1;
+        }
+    }
+    fclose(f);
+    assert_true(found);
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
 static void test_ten_thousand_steps_flat(void **state) {
     (void)state;
     zb_worker_t *w = spawn_threads(1);
@@ -774,6 +971,11 @@ int main(void) {
         cmocka_unit_test(test_trainer_refuses_other_version),
         cmocka_unit_test(test_memory_accounting),
         cmocka_unit_test(test_environment_defaults),
+        cmocka_unit_test(test_thread_i_on_the_ith_cpu),
+        cmocka_unit_test(test_worker_environment_and_sigint),
+        cmocka_unit_test(test_destroy_a_hung_worker),
+        cmocka_unit_test(test_default_worker_path),
+        cmocka_unit_test(test_mems_take_effect),
         cmocka_unit_test(test_ten_thousand_steps_flat),
     };
     const int failed = cmocka_run_group_tests(tests, NULL, NULL);
