@@ -1,5 +1,6 @@
-"""zenflow-bench adam end to end: the JSON contract, the bytes each configuration moves, and
-usage errors (exit status 2 and a message naming the option)."""
+"""zenflow-bench end to end: adam's JSON contract and the bytes each configuration moves, ipc's and
+worker's JSON contracts (ZENFLOW_OPTIMIZER names the worker), and usage errors (exit status 2
+and a message naming the option) and run failures (exit status 1)."""
 import json
 import os
 import subprocess
@@ -68,6 +69,61 @@ class Adam(unittest.TestCase):
                                    r"GB/s simd [\d.]+, lines [\d.]+\)")
 
 
+def bench_json(*args, cmd=None):
+    r = subprocess.run([*(cmd or []), BENCH, *args, "--json"], capture_output=True, text=True,
+                       timeout=120)
+    if r.returncode != 0:
+        raise AssertionError(r.stderr)
+    return json.loads(r.stdout)
+
+
+class IpcAndWorker(unittest.TestCase):
+    def test_ipc_json(self):
+        d = bench_json("ipc", "--iterations", "1000")
+        self.assertEqual(set(d), {"iterations", "trainer_cpu", "worker_cpu", "spin_us", "p50_us",
+                                  "p99_us", "min_us", "futex_p50_us", "futex_p99_us"})
+        allowed = os.sched_getaffinity(0)
+        # this process on its first allowed CPU, the worker on its last, the default spin
+        self.assertEqual((d["iterations"], d["trainer_cpu"], d["worker_cpu"], d["spin_us"]),
+                         (1000, min(allowed), max(allowed), 50))
+        self.assertTrue(0 < d["min_us"] <= d["p50_us"] <= d["p99_us"], d)
+        self.assertTrue(0 < d["futex_p50_us"] <= d["futex_p99_us"], d)
+
+    def test_worker_json(self):
+        keys = {"elements", "grad", "copy", "stale", "threads", "isa", "iterations",
+                "worker_step_s", "inprocess_step_s", "overhead_ratio", "bytes_per_param",
+                "bytes_per_param_layout", "worker_rss", "trainer_rss_anon", "worker_rss_growth",
+                "skip_step_s", "skip_ratio", "clip_step_s", "clip_ratio"}
+        d = bench_json("worker", "--elements", "1000000", "--iterations", "3")
+        self.assertEqual(set(d), keys)
+        self.assertEqual((d["elements"], d["grad"], d["copy"], d["stale"], d["iterations"]),
+                         (1000000, "fp32", "none", False, 3))
+        self.assertEqual(d["threads"], len(os.sched_getaffinity(0)))  # one per allowed CPU
+        self.assertEqual(d["bytes_per_param_layout"], 4 + 2 * 4 + 8)
+        for step, ratio in (("worker_step_s", "overhead_ratio"), ("skip_step_s", "skip_ratio"),
+                            ("clip_step_s", "clip_ratio")):
+            base = d["worker_step_s"] if step != "worker_step_s" else d["inprocess_step_s"]
+            self.assertGreater(d[step], 0)
+            self.assertAlmostEqual(d[ratio], d[step] / base, delta=0.02 * d[ratio] + 1e-3)
+        self.assertGreater(d["worker_rss"], 0)
+        # master + 2 bf16 gradient buffers + moments + bf16 copy-out + stale
+        d = bench_json("worker", "--elements", "100000", "--iterations", "3", "--grad", "bf16",
+                       "--copy-out", "bf16", "--stale", "--threads", "1")
+        self.assertEqual((d["grad"], d["copy"], d["stale"], d["threads"]), ("bf16", "bf16", True, 1))
+        self.assertEqual(d["bytes_per_param_layout"], 4 + 2 * 2 + 8 + 2 + 4)
+
+    def test_run_failures_exit_1(self):
+        cpu = str(min(os.sched_getaffinity(0)))
+        r = subprocess.run(["taskset", "-c", cpu, BENCH, "ipc", "--iterations", "100"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("needs two CPUs, this process may use 1", r.stderr)
+        r = subprocess.run([BENCH, "worker", "--elements", "1000"], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "ZENFLOW_OPTIMIZER": "/nonexistent/w"})
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("cannot start the optimizer worker /nonexistent/w", r.stderr)
+
+
 class Errors(unittest.TestCase):
     def assert_usage(self, args, message):
         r = run(*args)
@@ -81,6 +137,8 @@ class Errors(unittest.TestCase):
             self.assertTrue(r.stdout.startswith(f"usage: zenflow-bench {sub}"), r.stdout)
         self.assert_usage([], "usage: zenflow-bench")
         self.assert_usage(["frobnicate"], "unknown subcommand 'frobnicate'")
+        self.assert_usage(["ipc", "--iterations", "5"], "--iterations takes 10 to 100000000")
+        self.assert_usage(["worker"], "no --elements N")
         self.assert_usage(["adam"], "--elements is required")
         self.assert_usage(["adam", "--elements", "0"], "--elements wants an integer")
         self.assert_usage(["adam", "--elements", "-5"], "--elements wants an integer")

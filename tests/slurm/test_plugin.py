@@ -194,24 +194,33 @@ class PluginOnSlurm(ClusterCase):
     # ---- plugstack.conf --------------------------------------------------------------------
 
     def test_admin_default_on_binds_without_option(self):
-        self.plugstack("default=on opt=1")
+        # The site's value must show: mode=offload binds unlike the default split.
+        self.plugstack("default=on mode=offload")
         tasks, _ = self.tasks("-n1", "-c2")
         t = tasks[0]
-        self.assertEqual(len(cpus(t.opt)), 1)
+        self.assertEqual(len(t.affinity), 2, "offload: the whole share")
         self.assertEqual(t.affinity, cpus(t.train))
+        self.assertEqual((t.omp, t.opt), ("2", "unset"))
+        self.assertIn("mode=offload", t.options)
         off, _ = self.tasks("-n1", "-c2", "--zenflow-bind=off")
         self.assertEqual(off[0].train, "unset", "users may turn it off under override=allow")
 
     def test_override_deny_refuses_user_change(self):
-        self.plugstack("default=on,override=deny opt=1")
-        p = self.run_cmd("srun", "-n1", "-c2", "--zenflow-bind=opt=2", "true", check=False)
+        self.plugstack("default=on,override=deny mode=offload")
+        p = self.run_cmd("srun", "-n1", "-c2", "--zenflow-bind=mode=split", "true", check=False)
         self.assertNotEqual(p.returncode, 0)
-        self.assertIn("opt", p.stderr)
-        self.assertIn("override=deny", p.stderr)
+        self.assertIn("'mode' is fixed by the administrator (override=deny", p.stderr)
         p = self.run_cmd("srun", "-n1", "-c2", "--zenflow-bind=off", "true", check=False)
         self.assertNotEqual(p.returncode, 0)
-        tasks, _ = self.tasks("-n1", "-c2", "--zenflow-bind=opt=1,verbose")
-        self.assertEqual(len(cpus(tasks[0].opt)), 1, "restating the admin's value is fine")
+        self.assertIn("'off' is refused", p.stderr)
+        tasks, _ = self.tasks("-n1", "-c2", "--zenflow-bind=mode=offload,verbose")
+        t = tasks[0]
+        self.assertEqual((len(t.affinity), t.opt), (2, "unset"),
+                         "restating the admin's value is fine, and it applies")
+        self.assertIn("verbose", t.options, "keys the admin did not set stay open")
+        tasks, _ = self.tasks("-n1", "-c2", "--zenflow-bind=verbose")
+        self.assertEqual((len(tasks[0].affinity), tasks[0].opt), (2, "unset"),
+                         "the user's value goes on top of the site's, which stays")
 
     def test_unknown_plugstack_key_refuses_to_load(self):
         self.plugstack("frobnicate=1")
@@ -280,9 +289,12 @@ class PluginOnSlurm(ClusterCase):
     def test_profile_sets_optimizer_cores_and_a_missing_one_is_reported(self):
         profile = os.path.join(self.dir, "node.profile")
         with open(profile, "w") as f:
-            f.write("zenbind-profile 1\nnode 0 saturate 1 gbps 10.000,10.100\n")
-        tasks, _ = self.tasks("-n1", "-c2", f"--zenflow-bind=profile={profile}")
-        self.assertIn("opt=1", tasks[0].options, "the profile chose the optimizer cores")
+            # Saturates at 2 cores: more than the default split's 1, so the profile must show.
+            f.write("zenbind-profile 1\nnode 0 saturate 2 gbps 10.000,20.000\n")
+        tasks, p = self.tasks("-n1", "-c2", f"--zenflow-bind=profile={profile}")
+        self.assertIn("opt=2", tasks[0].options, "the profile chose the optimizer cores")
+        # A 2-core share cannot give both to the optimizer: the plan keeps one and says so.
+        self.assertIn("leaves no training core out of 2", p.stderr)
         self.assertEqual(len(cpus(tasks[0].opt)), 1)
         self.plugstack("onerror=fail")
         missing = os.path.join(self.dir, "missing.profile")

@@ -20,12 +20,16 @@ typedef struct {
     zb_status status;
 } planned;
 
+/* topology: an hwloc synthetic description, or the path of an XML file (starting with '/'). */
 static planned plan_for(const char *topology, const char *allowed_list, unsigned ntasks,
                         const char *opts) {
     planned p = {NULL, NULL, ZB_OK};
     zb_options o;
     hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
-    assert_int_equal(zb_topology_load_synthetic(topology, &p.topo), ZB_OK);
+    if (topology[0] == '/')
+        assert_int_equal(zb_topology_load_xml(topology, &p.topo), ZB_OK);
+    else
+        assert_int_equal(zb_topology_load_synthetic(topology, &p.topo), ZB_OK);
     if (allowed_list)
         assert_int_equal(zb_cpulist_parse(allowed_list, allowed), ZB_OK);
     else
@@ -201,6 +205,34 @@ static void numa_strict_and_ignore(void **state) {
     release(&p);
     p = plan_for(seed, "0-23", 1, "numa=ignore");
     assert_int_equal(p.status, ZB_OK);
+    release(&p);
+}
+
+/* Where hwloc's core order is not grouped by home node, prefer groups the cores by node and ignore
+ * keeps topology order. On machines whose NUMA nodes all hold their CPUs' memory the two orders
+ * agree; here packages 0 and 2 have DRAM nodes P#1 and P#2, packages 1 and 3 only the machine-wide
+ * NVM node P#0, so the home nodes in topology order are 1, 0, 2, 0. */
+static const char *nvm_xml = ZB_SOURCE_DIR "/tests/topologies/dram_and_nvm.xml";
+
+static const char *cpus_and_nodes(const planned *p, unsigned task) {
+    static char buf[256];
+    zb_task_plan t;
+    assert_int_equal(zb_plan_task(p->plan, task, &t), ZB_OK);
+    snprintf(buf, sizeof buf, "%s|%s", fmt(t.cpus), fmt(t.nodes));
+    return buf;
+}
+
+static void numa_ignore_differs_from_prefer(void **state) {
+    (void)state;
+    planned p = plan_for(nvm_xml, NULL, 2, "numa=prefer");
+    assert_int_equal(p.status, ZB_OK);
+    assert_string_equal(cpus_and_nodes(&p, 0), "0-1,4-5|1-2");
+    assert_string_equal(cpus_and_nodes(&p, 1), "2-3,6-7|0"); /* one node: fewer in total */
+    release(&p);
+    p = plan_for(nvm_xml, NULL, 2, "numa=ignore");
+    assert_int_equal(p.status, ZB_OK);
+    assert_string_equal(cpus_and_nodes(&p, 0), "0-3|0-1");
+    assert_string_equal(cpus_and_nodes(&p, 1), "4-7|0,2");
     release(&p);
 }
 
@@ -394,6 +426,7 @@ int main(void) {
         cmocka_unit_test(smt_options),
         cmocka_unit_test(train_and_opt_options),
         cmocka_unit_test(numa_strict_and_ignore),
+        cmocka_unit_test(numa_ignore_differs_from_prefer),
         cmocka_unit_test(interleaved_sockets_follow_the_topology_not_the_ids),
         cmocka_unit_test(memory_only_nodes_hold_no_tasks),
         cmocka_unit_test(degenerate_cases_warn),

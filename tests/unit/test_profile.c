@@ -2,6 +2,7 @@
  * optimizer core count for the tasks sharing a node. */
 #include <zenbind/zenbind.h>
 
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -37,6 +38,10 @@ static void saturation_is_fewest_cores_within_five_percent(void **state) {
     assert_int_equal(zb_profile_saturation(p, 0), 3);
     assert_int_equal(zb_profile_saturation(p, 1), 1); /* 7.0 >= 6.84: one core saturates */
     assert_int_equal(zb_profile_saturation(p, 2), 0); /* unknown node */
+    /* Either side of the 5% line: 18.9 is 94.5% of 20, 19.1 is 95.5% */
+    const double node2[] = {10.0, 18.9, 19.1, 20.0};
+    assert_int_equal(zb_profile_add_node(p, 2, node2, 4), ZB_OK);
+    assert_int_equal(zb_profile_saturation(p, 2), 3);
     zb_profile_free(p);
 }
 
@@ -59,27 +64,75 @@ static void save_then_load_round_trips(void **state) {
     unlink(path);
 }
 
+/* zenbind(1): tune's output is "replaced atomically": a reader holding the old file keeps reading
+ * it whole, the new one appears complete under the name, and no temporary file is left. */
+static void save_replaces_the_file_atomically(void **state) {
+    (void)state;
+    char *path = write_temp("old profile\n");
+    const int old = open(path, O_RDONLY);
+    assert_true(old >= 0);
+    zb_profile_t *p;
+    const double g[] = {5.0, 9.5};
+    assert_int_equal(zb_profile_create(&p), ZB_OK);
+    assert_int_equal(zb_profile_add_node(p, 0, g, 2), ZB_OK);
+    assert_int_equal(zb_profile_save(p, path), ZB_OK);
+    char buf[64] = {0};
+    assert_int_equal(pread(old, buf, sizeof buf - 1, 0), 12);
+    assert_string_equal(buf, "old profile\n");
+    struct stat was, is;
+    assert_int_equal(fstat(old, &was), 0);
+    assert_int_equal(stat(path, &is), 0);
+    assert_true(was.st_ino != is.st_ino);
+    close(old);
+    char tmp[96];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    assert_int_equal(access(tmp, F_OK), -1);
+    zb_profile_t *q;
+    assert_int_equal(zb_profile_load(path, &q), ZB_OK);
+    assert_int_equal(zb_profile_saturation(q, 0), 2);
+    zb_profile_free(q);
+    /* A save that cannot happen leaves the file as it was. */
+    assert_int_equal(zb_profile_save(p, "/nonexistent-dir/x.profile"), ZB_ESYS);
+    assert_non_null(strstr(zb_last_error(), "/nonexistent-dir/x.profile"));
+    zb_profile_free(p);
+    unlink(path);
+}
+
 static void bad_files_are_refused_with_the_line(void **state) {
     (void)state;
-    static const char *bad[] = {
-        "",                                                    /* empty */
-        "zenbind-profile 2\n",                                 /* unknown version */
-        "zenbind-profile 1\nnode 0 saturate 1\n",              /* missing gbps */
-        "zenbind-profile 1\nnode 0 saturate 3 gbps 1,2\n",     /* saturate > counts */
-        "zenbind-profile 1\nnode 0 saturate 0 gbps 1\n",       /* saturate 0 */
-        "zenbind-profile 1\nnode 0 saturate 1 gbps 1,-2\n",    /* negative */
-        "zenbind-profile 1\nnode 0 saturate 1 gbps 0.0001\n",  /* would save as 0.000 */
-        "zenbind-profile 1\nnode 0 saturate 1 gbps 2000000\n", /* above 10^6 GB/s */
-        "zenbind-profile 1\nnode x saturate 1 gbps 1\n",       /* node not a number */
-        "zenbind-profile 1\nnode 0 saturate 1 gbps 1\nnode 0 saturate 1 gbps 1\n", /* twice */
-        "zenbind-profile 1\nnode 0 saturate 1 gbps 1 extra\n",  /* trailing junk */
-        "zenbind-profile 1\nnode 99999999 saturate 1 gbps 1\n", /* node out of range */
+    /* Each bad file, the line its message names (0: the file only) and what the message says. */
+    static const struct {
+        const char *text;
+        unsigned line;
+        const char *why;
+    } bad[] = {
+        {"", 0, "is empty"},
+        {"zenbind-profile 2\n", 1, "not a zenbind profile"},
+        {"zenbind-profile 1\nnode 0 saturate 1\n", 2, "expected 'node N saturate S gbps"},
+        {"zenbind-profile 1\nnode 0 saturate 3 gbps 1,2\n", 2, "3 is out of range"},
+        {"zenbind-profile 1\nnode 0 saturate 0 gbps 1\n", 2, "saturate must be at least 1"},
+        {"zenbind-profile 1\nnode 0 saturate 1 gbps 1,-2\n", 2, "'-2' is not a throughput"},
+        /* would save as 0.000 */
+        {"zenbind-profile 1\nnode 0 saturate 1 gbps 0.0001\n", 2, "between 0.001 and 1000000"},
+        {"zenbind-profile 1\nnode 0 saturate 1 gbps 2000000\n", 2, "between 0.001 and 1000000"},
+        {"zenbind-profile 1\nnode x saturate 1 gbps 1\n", 2, "'x' is not a whole number"},
+        {"zenbind-profile 1\nnode 0 saturate 1 gbps 1\nnode 0 saturate 1 gbps 1\n", 3,
+         "node 0 appears twice"},
+        {"zenbind-profile 1\nnode 0 saturate 1 gbps 1 extra\n", 2, "expected 'node N"},
+        {"zenbind-profile 1\nnode 99999999 saturate 1 gbps 1\n", 2, "99999999 is out of range"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; ++i) {
         zb_profile_t *p = NULL;
-        char *path = write_temp(bad[i]);
+        char *path = write_temp(bad[i].text);
         assert_int_equal(zb_profile_load(path, &p), ZB_EINVAL);
-        assert_non_null(strstr(zb_last_error(), path)); /* names the file (and line) */
+        char where[96];
+        if (bad[i].line)
+            snprintf(where, sizeof where, "%s:%u: ", path, bad[i].line);
+        else
+            snprintf(where, sizeof where, "%s ", path);
+        if (!strstr(zb_last_error(), where) || !strstr(zb_last_error(), bad[i].why))
+            fail_msg("case %zu: \"%s\" lacks \"%s\" or \"%s\"", i, zb_last_error(), where,
+                     bad[i].why);
         assert_null(p);
         unlink(path);
     }
@@ -150,6 +203,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(saturation_is_fewest_cores_within_five_percent),
         cmocka_unit_test(save_then_load_round_trips),
+        cmocka_unit_test(save_replaces_the_file_atomically),
         cmocka_unit_test(bad_files_are_refused_with_the_line),
         cmocka_unit_test(apply_shares_a_nodes_saturation_among_its_tasks),
     };

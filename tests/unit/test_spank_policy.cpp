@@ -65,21 +65,23 @@ void user_values_win_under_override_allow(void **) {
 
 void override_deny_refuses_changes_to_admin_keys_only(void **) {
     const zb_options admin = admin_from({"default=on,override=deny", "opt=1"});
-    assert_true(refuses(admin, "opt=2", "'opt'"));
+    assert_true(refuses(admin, "opt=2", "'opt' is fixed by the administrator"));
     assert_true(refuses(admin, "opt=2", "override=deny"));
-    assert_true(refuses(admin, "off", "off"));
+    assert_true(refuses(admin, "off", "'off' is refused: binding is on by default"));
     zb::spank::Resolved r;
     std::string error;
     assert_true(zb::spank::resolve(admin, "opt=1,train=1,verbose", r, error)); // restated + open
     assert_int_equal(r.options.train_cores, 1);
-    assert_true(refuses(admin_from({"off", "override=deny"}), "", "turned off"));
+    assert_true(
+        refuses(admin_from({"off", "override=deny"}), "", "turned off by the administrator"));
 }
 
 void bad_user_values_name_the_key(void **) {
     const zb_options admin = admin_from({});
-    assert_true(refuses(admin, "bogus=1", "bogus"));
-    assert_true(refuses(admin, "opt=0", "opt"));
-    assert_true(refuses(admin, "default=on", "default")); // admin key from a user
+    assert_true(refuses(admin, "bogus=1", "unknown key 'bogus'"));
+    assert_true(refuses(admin, "opt=0", "bad value '0' for opt="));
+    assert_true(
+        refuses(admin, "default=on", "key 'default' is admin-only")); // admin key from a user
 }
 
 void bad_admin_argument_names_argument_and_key(void **) {

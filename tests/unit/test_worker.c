@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,6 +33,8 @@
 #endif
 
 #include <cmocka.h>
+
+#include "skip.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -202,6 +205,9 @@ static void test_bad_arguments(void **state) {
  * affinity (which the worker inherits) excludes that CPU. */
 static void check_pinned(zb_worker_t *w, const cpu_set_t *mine);
 
+/* Set by a test that could not check everything; main then reports the skip. */
+static const char *partly_skipped;
+
 static void test_threads_pinned(void **state) {
     (void)state;
     zb_worker_t *w = spawn_threads(2);
@@ -209,7 +215,11 @@ static void test_threads_pinned(void **state) {
     sched_getaffinity(0, sizeof all, &all);
     check_pinned(w, &all);
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
-    if (CPU_COUNT(&all) < 2) return;
+    if (CPU_COUNT(&all) < 2) {
+        partly_skipped = "test_threads_pinned needs 2 allowed CPUs to pin a worker outside the "
+                         "trainer's affinity";
+        return;
+    }
     int first = -1, last = -1;
     for (int c = 0; c < CPU_SETSIZE; ++c)
         if (CPU_ISSET(c, &all)) {
@@ -337,10 +347,72 @@ static void test_worker_killed_mid_step(void **state) {
     }
     const double took = now_s() - t0;
     expect_status(st, ZB_EDEAD, "killed by signal 9");
-    assert_true(took < 1.0);
+    assert_true(took < 0.5); /* about 0.1 s is promised: see test_death_noticed_within_a_slice */
     expect_status(zb_worker_submit(w, &s), ZB_EDEAD, "signal 9");
     expect_status(zb_worker_wait(w, 0, NULL), ZB_EDEAD, "signal 9"); /* not OK, not EINVAL */
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* Median and largest of n latencies, in seconds (sorts them). */
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void median_and_max(double *v, size_t n, double *median, double *max) {
+    qsort(v, n, sizeof *v, cmp_double);
+    *median = v[n / 2];
+    *max = v[n - 1];
+}
+
+typedef struct {
+    pid_t victim;
+    useconds_t delay_us;
+    double killed_at;
+} killer_args;
+
+static void *kill_later(void *p) {
+    killer_args *k = p;
+    usleep(k->delay_us);
+    k->killed_at = now_s();
+    kill(k->victim, SIGKILL);
+    return NULL;
+}
+
+/* Seconds from the worker's death to zb_worker_wait's ZB_EDEAD, the death falling delay_us into
+ * the wait. The worker is stopped first, so the step cannot end before the death does. */
+static double death_noticed_after(useconds_t delay_us) {
+    zb_worker_t *w = spawn_threads(1);
+    add_group(w, 1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+    killer_args k = {0, delay_us, 0.0};
+    zb_worker_pid(w, &k.victim);
+    assert_int_equal(kill(k.victim, SIGSTOP), 0);
+    zb_worker_step s = {1, 1.0f, 0, NULL, 0, 0, 0.0f};
+    assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
+    pthread_t killer;
+    assert_int_equal(pthread_create(&killer, NULL, kill_later, &k), 0);
+    const zb_status st = zb_worker_wait(w, 30000, NULL);
+    const double noticed = now_s();
+    assert_int_equal(pthread_join(killer, NULL), 0);
+    expect_status(st, ZB_EDEAD, "killed by signal 9");
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+    return noticed - k.killed_at;
+}
+
+/* libzenbind(3): ZB_EDEAD comes "within about 0.1 s" of the death (100 ms sleep slices). Deaths
+ * at five points of a slice; on a 2-core machine under load 5 the latency measured 0.07 s median,
+ * 0.15 s at the 99th percentile and 0.32 s at most over 450 deaths: the median must stay under
+ * 0.2 s and every one under 0.5 s. */
+static void test_death_noticed_within_a_slice(void **state) {
+    (void)state;
+    static const useconds_t delays[] = {0, 25000, 50000, 75000, 95000};
+    double took[5];
+    for (size_t i = 0; i < 5; ++i)
+        took[i] = death_noticed_after(delays[i]);
+    double median, max;
+    median_and_max(took, 5, &median, &max);
+    if (median >= 0.2 || max >= 0.5)
+        fail_msg("EDEAD %.3f s (median) / %.3f s (max) after the death", median, max);
 }
 
 /* A registration that runs past control_timeout_ms (here: a stopped worker) stops the worker, so
@@ -390,9 +462,10 @@ static void test_destroy_with_sigchld_ignored(void **state) {
 }
 
 /* A trainer killed with -9 leaves no worker behind: we are the subreaper, so the orphaned worker
- * becomes our child and its exit is observable. */
-static void test_trainer_death(void **state) {
-    (void)state;
+ * becomes our child and its exit is observable. Returns the seconds from the trainer's death to
+ * the worker's, the trainer dying delay_us after the worker started; -1 if the worker outlived
+ * the trainer by 1.5 s. */
+static double worker_outlives_trainer_by(useconds_t delay_us) {
     assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
     int fds[2];
     assert_int_equal(pipe(fds), 0);
@@ -416,20 +489,41 @@ static void test_trainer_death(void **state) {
     assert_int_equal(read(fds[0], &worker, sizeof worker), sizeof worker);
     close(fds[0]);
     assert_true(worker > 0);
+    usleep(delay_us);
+    const double t0 = now_s();
     assert_int_equal(kill(trainer, SIGKILL), 0);
     assert_int_equal(waitpid(trainer, NULL, 0), trainer);
-    const double t0 = now_s();
-    int gone = 0;
-    while (!gone && now_s() - t0 < 1.5) {
+    double took = -1;
+    while (took < 0 && now_s() - t0 < 1.5) {
         int status;
-        if (waitpid(worker, &status, WNOHANG) == worker)
-            gone = 1;
-        else
-            usleep(10000);
+        if (waitpid(worker, &status, WNOHANG) == worker) {
+            took = now_s() - t0;
+            /* zenflow-optimizer(1): exit status 0 when the trainer died */
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+                fail_msg("the orphaned worker ended with status 0x%x, not exit 0", status);
+        } else
+            usleep(1000);
     }
-    if (!gone) kill(worker, SIGKILL), waitpid(worker, NULL, 0);
-    assert_true(gone);
+    if (took < 0) kill(worker, SIGKILL), waitpid(worker, NULL, 0);
     prctl(PR_SET_CHILD_SUBREAPER, 0);
+    return took;
+}
+
+/* The worker polls its trainer at least every 50 ms while idle (libzenbind(3), Liveness). Deaths
+ * at five points of a poll interval; measured on a 2-core machine under load 5: 0.036 s median,
+ * 0.050 s at most over 155 deaths. The median must stay under 0.1 s, every one under 0.5 s. */
+static void test_trainer_death(void **state) {
+    (void)state;
+    static const useconds_t delays[] = {5000, 15000, 25000, 35000, 45000};
+    double took[5];
+    for (size_t i = 0; i < 5; ++i) {
+        took[i] = worker_outlives_trainer_by(delays[i]);
+        if (took[i] < 0) fail_msg("the worker outlived its trainer by 1.5 s");
+    }
+    double median, max;
+    median_and_max(took, 5, &median, &max);
+    if (median >= 0.1 || max >= 0.5)
+        fail_msg("worker gone %.3f s (median) / %.3f s (max) after its trainer", median, max);
 }
 
 /* A limit that refuses the shared memory fails spawn or registration with ZB_ENOMEM, in a child
@@ -624,6 +718,200 @@ static void test_environment_defaults(void **state) {
     assert_null(w);
 }
 
+/* The i-th thread pins itself to the i-th CPU in increasing order, cycling past the last. */
+static void test_thread_i_on_the_ith_cpu(void **state) {
+    (void)state;
+    cpu_set_t mine;
+    sched_getaffinity(0, sizeof mine, &mine);
+    int cpus[CPU_SETSIZE], n = 0;
+    char list[256] = "";
+    for (int c = CPU_SETSIZE - 1; c >= 0; --c) /* written in decreasing order on purpose */
+        if (CPU_ISSET(c, &mine) && n < 8) {
+            cpus[n++] = c;
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", *list ? "," : "", c);
+        }
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    strcpy(attr.cpus, list);
+    attr.threads = (unsigned)n + 1;
+    zb_worker_t *w = NULL;
+    assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+    for (unsigned i = 0; i < attr.threads; ++i) {
+        pid_t tid;
+        int cpu;
+        assert_int_equal(zb_worker_thread(w, i, &tid, &cpu), ZB_OK);
+        const int want = cpus[n - 1 - (int)(i % (unsigned)n)]; /* increasing order */
+        if (cpu != want) fail_msg("thread %u of cpus=%s is on CPU %d, not %d", i, list, cpu, want);
+    }
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* The value of NAME in the worker's environment, or NULL. */
+static const char *worker_env(pid_t pid, const char *name) {
+    static char buf[1 << 16];
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    const size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = '\0';
+    const size_t nlen = strlen(name);
+    for (size_t i = 0; i < len; i += strlen(buf + i) + 1)
+        if (!strncmp(buf + i, name, nlen) && buf[i + nlen] == '=') return buf + i + nlen + 1;
+    return NULL;
+}
+
+/* zenflow-optimizer(1), ENVIRONMENT: OpenMP told the thread count and not to bind, OMP_PLACES
+ * removed, OMP_WAIT_POLICY passive unless the trainer set one. And it ignores SIGINT. */
+static void test_worker_environment_and_sigint(void **state) {
+    (void)state;
+    setenv("OMP_NUM_THREADS", "7", 1);
+    setenv("OMP_PROC_BIND", "close", 1);
+    setenv("OMP_PLACES", "cores", 1);
+    setenv("OMP_DYNAMIC", "true", 1);
+    unsetenv("OMP_WAIT_POLICY");
+    zb_worker_t *w = spawn_threads(2);
+    pid_t pid;
+    zb_worker_pid(w, &pid);
+    const char *v = worker_env(pid, "OMP_NUM_THREADS");
+    assert_non_null(v);
+    assert_string_equal(v, "2");
+    assert_non_null(v = worker_env(pid, "OMP_PROC_BIND"));
+    assert_string_equal(v, "false");
+    assert_non_null(v = worker_env(pid, "OMP_DYNAMIC"));
+    assert_string_equal(v, "false");
+    assert_non_null(v = worker_env(pid, "OMP_WAIT_POLICY"));
+    assert_string_equal(v, "passive");
+    assert_null(worker_env(pid, "OMP_PLACES"));
+    /* A Ctrl-C meant for the trainer leaves the worker working. */
+    add_group(w, 1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+    assert_int_equal(kill(pid, SIGINT), 0);
+    assert_int_equal(step(w, 1, 0), ZB_OK);
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+
+    setenv("OMP_WAIT_POLICY", "active", 1);
+    w = spawn_threads(1);
+    zb_worker_pid(w, &pid);
+    assert_non_null(v = worker_env(pid, "OMP_WAIT_POLICY"));
+    assert_string_equal(v, "active");
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+    unsetenv("OMP_WAIT_POLICY");
+    unsetenv("OMP_NUM_THREADS");
+    unsetenv("OMP_PROC_BIND");
+    unsetenv("OMP_PLACES");
+    unsetenv("OMP_DYNAMIC");
+}
+
+/* zb_worker_destroy on a hung (stopped) worker: bounded by control_timeout_ms, then SIGKILL;
+ * it succeeds and leaves no process, not even a zombie. Idle, and with a step in flight. */
+static void test_destroy_a_hung_worker(void **state) {
+    (void)state;
+    for (int in_flight = 0; in_flight <= 1; ++in_flight) {
+        zb_worker_attr attr;
+        zb_worker_attr_init(&attr);
+        attr.threads = 1;
+        attr.control_timeout_ms = 300;
+        zb_worker_t *w = NULL;
+        assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+        add_group(w, 1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+        pid_t pid;
+        zb_worker_pid(w, &pid);
+        assert_int_equal(kill(pid, SIGSTOP), 0);
+        if (in_flight) {
+            zb_worker_step s = {1, 1.0f, 0, NULL, 0, 0, 0.0f};
+            assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
+        }
+        const double t0 = now_s();
+        assert_int_equal(zb_worker_destroy(w), ZB_OK);
+        const double took = now_s() - t0;
+        if (took > 2.0) fail_msg("destroy took %.2f s with control_timeout_ms=300", took);
+        errno = 0;
+        assert_int_equal(kill(pid, 0), -1); /* reaped: a zombie would still answer */
+        assert_int_equal(errno, ESRCH);
+    }
+}
+
+/* libzenbind(3): without $ZENFLOW_OPTIMIZER or attr.path the worker is libexecdir's. */
+static void test_default_worker_path(void **state) {
+    (void)state;
+    const char *installed = ZB_TEST_LIBEXECDIR "/zenflow-bind/zenflow-optimizer";
+    char *saved = strdup(getenv("ZENFLOW_OPTIMIZER"));
+    unsetenv("ZENFLOW_OPTIMIZER");
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = 1;
+    zb_worker_t *w = NULL;
+    const zb_status st = zb_worker_spawn(&attr, &w);
+    setenv("ZENFLOW_OPTIMIZER", saved, 1);
+    free(saved);
+    if (access(installed, X_OK) != 0) { /* not installed: the error names where it looked */
+        expect_status(st, ZB_EINVAL, installed);
+        return;
+    }
+    assert_int_equal(st, ZB_OK); /* installed: that is what runs */
+    pid_t pid;
+    zb_worker_pid(w, &pid);
+    char link[64], exe[512] = {0};
+    snprintf(link, sizeof link, "/proc/%d/exe", (int)pid);
+    assert_true(readlink(link, exe, sizeof exe - 1) > 0);
+    assert_string_equal(exe, installed);
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* ZENFLOW_OPT_MEMS (and attr.mems) is the preferred policy of the worker's moments: the largest
+ * private mapping of the worker after registering a group shows "prefer:N" (or "prefer (many)")
+ * for the last NUMA node this process may use. On a one-node machine that node is also the
+ * default (the optimizer CPUs' node), so only a multi-node machine tells the two apart. */
+static void test_mems_take_effect(void **state) {
+    (void)state;
+    FILE *f = fopen("/proc/self/status", "r");
+    assert_non_null(f);
+    char line[4096];
+    int last = -1; /* the last number of Mems_allowed_list ("0", "0-3", "0,2") */
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "Mems_allowed_list:", 18)) {
+            size_t end = strlen(line);
+            while (end > 18 && (line[end - 1] < '0' || line[end - 1] > '9'))
+                --end;
+            while (end > 18 && line[end - 1] >= '0' && line[end - 1] <= '9')
+                --end;
+            last = atoi(line + end);
+        }
+    fclose(f);
+    assert_true(last >= 0);
+    char node[16];
+    snprintf(node, sizeof node, "%d", last);
+    setenv("ZENFLOW_OPT_MEMS", node, 1);
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = 1;
+    zb_worker_t *w = NULL;
+    const zb_status st = zb_worker_spawn(&attr, &w);
+    unsetenv("ZENFLOW_OPT_MEMS");
+    assert_int_equal(st, ZB_OK);
+    const size_t numel = 1u << 20; /* 8 MiB of moments: the largest anonymous mapping */
+    add_group(w, numel, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+    pid_t pid;
+    zb_worker_pid(w, &pid);
+    char path[64], want[32];
+    snprintf(path, sizeof path, "/proc/%d/numa_maps", (int)pid);
+    snprintf(want, sizeof want, " prefer:%d ", last);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    int found = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *anon = strstr(line, " anon=");
+        if (anon && strtoul(anon + 6, NULL, 10) * 4096 >= 8 * numel) {
+            if (!strstr(line, want)) fail_msg("the moments' mapping is \"%s\", want%s", line, want);
+            found = 1;
+        }
+    }
+    fclose(f);
+    assert_true(found);
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
 static void test_ten_thousand_steps_flat(void **state) {
     (void)state;
     zb_worker_t *w = spawn_threads(1);
@@ -674,6 +962,7 @@ int main(void) {
         cmocka_unit_test(test_double_buffer_and_outputs),
         cmocka_unit_test(test_wait_timeout),
         cmocka_unit_test(test_worker_killed_mid_step),
+        cmocka_unit_test(test_death_noticed_within_a_slice),
         cmocka_unit_test(test_registration_timeout_stops_worker),
         cmocka_unit_test(test_destroy_with_sigchld_ignored),
         cmocka_unit_test(test_trainer_death),
@@ -682,7 +971,14 @@ int main(void) {
         cmocka_unit_test(test_trainer_refuses_other_version),
         cmocka_unit_test(test_memory_accounting),
         cmocka_unit_test(test_environment_defaults),
+        cmocka_unit_test(test_thread_i_on_the_ith_cpu),
+        cmocka_unit_test(test_worker_environment_and_sigint),
+        cmocka_unit_test(test_destroy_a_hung_worker),
+        cmocka_unit_test(test_default_worker_path),
+        cmocka_unit_test(test_mems_take_effect),
         cmocka_unit_test(test_ten_thousand_steps_flat),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (failed || !partly_skipped) return failed;
+    return zb_test_skip(partly_skipped);
 }
