@@ -108,17 +108,23 @@ mounted=()
 # newest first.
 cleanup() {
     local pid i
+    set +e # a trap: every step runs whatever the one before it did
     for pid in $(ls /proc | grep -E '^[0-9]+$'); do
         [ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$merged" ] && kill -KILL "$pid" 2>/dev/null
     done
     sleep 0.5
     for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
-        umount -R "${mounted[i]}" 2>/dev/null || umount -R -l "${mounted[i]}" 2>/dev/null || true
+        umount -R "${mounted[i]}" 2>/dev/null || umount -R -l "${mounted[i]}" ||
+            log "cannot unmount ${mounted[i]}"
     done
     mounted=()
 }
 
 mount_root() {
+    if mountpoint -q "$merged"; then
+        log "$merged is mounted already: another run uses $work"
+        exit 1
+    fi
     rm -rf "$work/upper" "$work/ovl"
     mkdir -p "$work/upper" "$work/ovl" "$merged" "$work/build"
     work=$(cd "$work" && pwd)
@@ -201,7 +207,7 @@ run_vm() {
     timeout 1500 qemu-system-x86_64 -accel "${ZB_VM_ACCEL:-tcg}" -cpu max -smp 4 -m 3072 \
         -nographic -no-reboot -nic none -kernel "$kernel" -initrd "$initrd" \
         -append "root=/dev/vda rw init=/zb-vm-init console=ttyS0 panic=-1 quiet" \
-        -drive "file=$img,if=virtio,format=raw" </dev/null >"$console" 2>&1 || true
+        -device virtio-rng-pci -drive "file=$img,if=virtio,format=raw" </dev/null >"$console" 2>&1 || true
     rm -f "$img"
     grep -E '^(====|ZB-VM-RESULT)|SKIP|FAIL|OK|Error|error' "$console" | tail -n 60 >&2
     grep -q '^ZB-VM-RESULT 0' "$console" || { log "the VM's tests failed (or it did not finish): $console"; exit 1; }
