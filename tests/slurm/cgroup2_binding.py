@@ -15,10 +15,15 @@ from slurm_case import ClusterCase, cpus
 
 CGROUP2 = "/sys/fs/cgroup"
 
-# Each task: its own cgroup (the "0::" line), its affinity and the plugin's variables.
-REPORT = ("echo \"v2=$(sed -n 's/^0:://p' /proc/self/cgroup)|"
-          "$(grep Cpus_allowed_list /proc/self/status | cut -f2)|${ZENFLOW_TRAIN_CPUS-unset}|"
-          "${ZENFLOW_OPT_CPUS-unset}\"")
+# Each task: its own cgroup (the "0::" line), its affinity, the plugin's variables, and its step's
+# cpuset files, read while the step exists (Slurm removes its cgroups as soon as it ends). Slurm's
+# cgroup/v2 writes a step's limits into step_N/user, the parent of the task_N cgroups
+# (src/plugins/cgroup/v2: CG_LEVEL_STEP is CG_LEVEL_STEP_USER).
+REPORT = ("cg=$(sed -n 's/^0:://p' /proc/self/cgroup); "
+          f"step={CGROUP2}$(echo \"$cg\" | grep -o '^.*/job_[0-9]*/step_[0-9]*'); "
+          "echo \"v2=$cg|$(grep Cpus_allowed_list /proc/self/status | cut -f2)|"
+          "${ZENFLOW_TRAIN_CPUS-unset}|${ZENFLOW_OPT_CPUS-unset}|"
+          "$(cat $step/cpuset.cpus.effective)|$(cat $step/user/cpuset.cpus)\"")
 
 
 def read(path):
@@ -28,10 +33,10 @@ def read(path):
 
 class TaskCgroup:
     def __init__(self, line):
-        self.path, affinity, self.train, self.opt = line.split("|")
+        self.path, affinity, self.train, self.opt, effective, self.configured = line.split("|")
         self.affinity = cpus(affinity)
-        m = re.match(r"(.*/job_(\d+)/step_(\d+))(/.*)?$", self.path)
-        self.step_dir = CGROUP2 + m.group(1) if m else None
+        self.in_step = re.search(r"/job_\d+/step_\d+(/|$)", self.path) is not None
+        self.step_set = cpus(effective)
 
 
 class CgroupV2Binding(ClusterCase):
@@ -59,23 +64,19 @@ class CgroupV2Binding(ClusterCase):
         self.assertEqual(sorted(tasks), [0, 1], p.stdout + p.stderr)
         used = set()
         for i, t in tasks.items():
-            self.assertIsNotNone(t.step_dir, f"task {i} is not in a step cgroup: {t.path}")
-            step_set = cpus(read(os.path.join(t.step_dir, "cpuset.cpus.effective")))
+            self.assertTrue(t.in_step, f"task {i} is not in a step cgroup: {t.path}")
             train, opt = cpus(t.train), cpus(t.opt)
             self.assertEqual((len(train), len(opt)), (1, 1), f"task {i}")
             self.assertEqual(t.affinity, train, f"task {i} runs on its training CPU")
-            self.assertLessEqual(train | opt, step_set, f"task {i} inside {t.step_dir}")
+            self.assertLessEqual(train | opt, t.step_set, f"task {i} inside its step: {t.path}")
             self.assertFalse(used & (train | opt), "tasks share no CPU")
             used |= train | opt
-            # Slurm's cgroup/v2 writes a step's limits into step_N/user, the parent of the
-            # task_N cgroups (src/plugins/cgroup/v2: CG_LEVEL_STEP is CG_LEVEL_STEP_USER).
-            configured = read(os.path.join(t.step_dir, "user", "cpuset.cpus"))
             if self.constrained():
                 # Slurm confines the step to its cores: the plugin splits exactly those.
-                self.assertTrue(configured, "ConstrainCores=yes configures the step's cpuset")
-                self.assertLessEqual(train | opt, cpus(configured))
+                self.assertTrue(t.configured, "ConstrainCores=yes configures the step's cpuset")
+                self.assertLessEqual(train | opt, cpus(t.configured))
             else:
-                self.assertEqual(configured, "", "ConstrainCores=no leaves the step's unset")
+                self.assertEqual(t.configured, "", "ConstrainCores=no leaves the step's unset")
         # Where the plugin took the step's CPUs from: the step's v2 cgroup when Slurm confines
         # it, else Slurm's allocation.
         lines = [l for l in p.stderr.splitlines() if re.search(r"zenflow-bind: \S+ task \d", l)]
@@ -90,11 +91,9 @@ class CgroupV2Binding(ClusterCase):
     def test_one_task_whole_step(self):
         tasks, p = self.run_tasks("-n1", "-c4")
         t = tasks[0]
-        step_set = cpus(read(os.path.join(t.step_dir, "cpuset.cpus.effective")))
         self.assertEqual(len(cpus(t.train) | cpus(t.opt)), 4, p.stderr)
-        self.assertLessEqual(cpus(t.train) | cpus(t.opt), step_set)
+        self.assertLessEqual(cpus(t.train) | cpus(t.opt), t.step_set)
         self.assertEqual(t.affinity, cpus(t.train))
-
 
 if __name__ == "__main__":
     sys.exit(slurm_case.main())
