@@ -118,6 +118,9 @@ cleanup() {
             log "cannot unmount ${mounted[i]}"
     done
     mounted=()
+    # The overlay's writes (a copy of the sources for the VM, the cluster's files): the build
+    # in $work/build stays for the next run.
+    mountpoint -q "$merged" || rm -rf "$work/upper" "$work/ovl" "$work/vm.img"
 }
 
 mount_root() {
