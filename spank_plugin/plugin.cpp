@@ -59,8 +59,9 @@ template <class F> int guarded(const char *where, F &&body) noexcept {
 int on_option(int, const char *optarg, int remote) noexcept {
     return guarded("--zenflow-bind", [&] {
         State &s = state();
-        // Slurm 22.05 exports a bare sbatch/salloc --zenflow-bind to the job's srun steps as the
-        // literal text "(null)" (a NULL printed with %s): that, too, is the bare option.
+        // Slurm (22.05 and 24.11 alike, slurm_api.hpp) exports a bare sbatch/salloc
+        // --zenflow-bind to the job's srun steps as the literal text "(null)" (a NULL printed
+        // with %s): that, too, is the bare option.
         const char *text = optarg && std::strcmp(optarg, "(null)") != 0 ? optarg : "";
         if (strnlen(text, max_option_bytes + 1) > max_option_bytes) {
             slurm_error("zenflow-bind: --zenflow-bind value longer than %zu bytes",

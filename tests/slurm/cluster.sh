@@ -16,7 +16,8 @@
 # state, spool, logs, pids. No munge (auth/none, cred/none), SlurmUser=root, free ports picked at
 # start, each node described with the CPU counts slurmd -C reports (with --nodes N they all
 # share this host's CPUs: good for testing per-node logic, not for measuring). Needs root (slurmd must create
-# cgroups and setuid), and the Debian packages slurmctld, slurmd and slurm-client.
+# cgroups and setuid), and the Debian packages slurmctld, slurmd and slurm-client. cgroup v1 or v2
+# as the host mounts it; ZB_CONSTRAIN_CORES=no turns task/cgroup's ConstrainCores off.
 #
 # srun and slurmstepd both read plugstack.conf when a step starts, so `plugstack` changes the
 # plugin or its arguments without restarting the daemons.
@@ -154,11 +155,18 @@ EOF
         nodes+=${nodes:+,}$name
     done
     echo "PartitionName=debug Nodes=$nodes Default=YES MaxTime=INFINITE State=UP" >>"$conf"
-    # Read by task/cgroup and proctrack/cgroup; this host mounts cgroup v1 controllers (hybrid).
-    cat >"$dir/etc/cgroup.conf" <<EOF
-CgroupPlugin=cgroup/v1
+    # Read by task/cgroup and proctrack/cgroup: cgroup v1 controllers (hybrid), or the unified
+    # cgroup v2 hierarchy where /sys/fs/cgroup is one (debian13.sh's VM). There, without systemd,
+    # IgnoreSystemd=yes (Slurm 24.11's cgroup/v2) makes slurmd create its cgroups itself.
+    if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+        printf 'CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n' >"$dir/etc/cgroup.conf"
+    else
+        printf 'CgroupPlugin=cgroup/v1\n' >"$dir/etc/cgroup.conf"
+    fi
+    # ZB_CONSTRAIN_CORES=no: task/cgroup leaves the step's cpuset to its parent's.
+    cat >>"$dir/etc/cgroup.conf" <<EOF
 CgroupMountpoint=/sys/fs/cgroup
-ConstrainCores=yes
+ConstrainCores=${ZB_CONSTRAIN_CORES:-yes}
 ConstrainRAMSpace=no
 ConstrainDevices=no
 EOF

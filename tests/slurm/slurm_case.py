@@ -33,6 +33,15 @@ def cpus(text):
     return out
 
 
+def slurm_release():
+    """The installed Slurm's (major, minor), from `slurmd -V` ("slurm-wlm 24.11.5")."""
+    out = subprocess.run(["slurmd", "-V"], capture_output=True, text=True, timeout=30).stdout
+    m = re.search(r"(\d+)\.(\d+)\.\d+", out)
+    if not m:
+        raise RuntimeError(f"cannot read Slurm's release from slurmd -V: {out!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
 # Printed by every task: the variables the plugin sets, then the task's real affinity.
 REPORT = ("echo \"env=${OMP_NUM_THREADS-unset}|${ZENFLOW_TRAIN_CPUS-unset}|"
           "${ZENFLOW_OPT_CPUS-unset}|${ZENFLOW_OPT_THREADS-unset}|${ZENFLOW_OPT_MEMS-unset}|"
