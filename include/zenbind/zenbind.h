@@ -20,8 +20,9 @@
  *    new field is only ever appended, and its default keeps the old behaviour.
  *  - Until 1.0 a struct that a caller allocates may still grow: the SONAME is bumped when one
  *    does, so a program built against another layout is refused at load time instead of passing
- *    a struct of the wrong size (libzenbind.so.1 since 0.2, whose zb_options grew). zb_struct_size() lets a binding in another language check the
- *    layouts it mirrors (the Python package does, at import).
+ *    a struct of the wrong size (libzenbind.so.1 since 0.2, whose zb_options grew).
+ *    zb_struct_size() lets a binding in another language check the layouts it mirrors (the
+ *    Python package does, at import).
  *  - zb_api_version() is the version the library was built as, to compare with
  *    ZB_VERSION_NUMBER from the header a program was compiled against.
  */
