@@ -19,41 +19,8 @@
 
 #include <zenbind/zenbind.h>
 
-static char root[256];
-
-/* Writes `content` to root/relpath, creating the directories on the way. */
-static void put(const char *relpath, const char *content) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", root, relpath);
-    for (char *slash = strchr(path + strlen(root) + 1, '/'); slash;
-         slash = strchr(slash + 1, '/')) {
-        *slash = '\0';
-        if (mkdir(path, 0755) != 0 && errno != EEXIST)
-            fail_msg("mkdir %s: %s", path, strerror(errno));
-        *slash = '/';
-    }
-    FILE *f = fopen(path, "w");
-    if (!f) fail_msg("fopen %s: %s", path, strerror(errno));
-    fputs(content, f);
-    fclose(f);
-}
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static int setup(void **state) {
-    (void)state;
-    snprintf(root, sizeof root, "%s/zb_cgroup_XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    return mkdtemp(root) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    return nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
+#define ZB_FAKE_TREE_NAME "zb_cgroup"
+#include "fake_tree.h"
 
 /* zb_cgroup_cpuset on the fake root, which must succeed with `list` read from root/`file`. */
 static void expect_cpuset(pid_t pid, unsigned levels_up, const char *list, const char *file) {
@@ -478,7 +445,7 @@ static void test_memory_v2(void **state) {
 }
 
 int main(void) {
-#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+#define T(name) cmocka_unit_test_setup_teardown(name, fake_tree_setup, fake_tree_teardown)
     const struct CMUnitTest tests[] = {
         T(test_v1_slurm_levels),
         T(test_v1_fallback_and_empty_levels),

@@ -21,6 +21,8 @@
 
 #include <zenbind/zenbind.h>
 
+#include "skip.h"
+
 static int v2;             /* the unified hierarchy, else v1's cpuset one */
 static char mount_dir[64]; /* where the cpuset controller is mounted */
 static char home[1024];    /* this process's cgroup before the test, to go back */
@@ -169,23 +171,12 @@ static void allowed_cpus_follow_the_cgroup(void **state) {
     hwloc_bitmap_free(set);
 }
 
-/* Exit 77 (skipped), or 1 under any non-empty CI unless ZB_ALLOW_SKIP=1. */
-static int cannot_run(const char *why) {
-    const char *ci = getenv("CI"), *allow = getenv("ZB_ALLOW_SKIP");
-    if (ci && *ci && !(allow && !strcmp(allow, "1"))) {
-        fprintf(stderr, "FAIL: CI=%s and the real cpuset test cannot run: %s\n", ci, why);
-        return 1;
-    }
-    fprintf(stderr, "SKIP: %s\n", why);
-    return 77;
-}
-
 int main(void) {
-    if (geteuid() != 0) return cannot_run("needs root to create a cpuset cgroup");
+    if (geteuid() != 0) return zb_test_skip("needs root to create a cpuset cgroup");
     const char *why = setup();
     if (why) {
         teardown();
-        return cannot_run(why);
+        return zb_test_skip(why);
     }
     printf("cgroup %s, cpuset %s, CPU %d\n", v2 ? "v2" : "v1", outer, cpu);
     const struct CMUnitTest tests[] = {

@@ -20,40 +20,8 @@
 
 #include <zenbind/zenbind.h>
 
-static char root[256];
-
-/* Writes `content` to root/relpath, creating the directories on the way. */
-static void put(const char *relpath, const char *content) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", root, relpath);
-    for (char *slash = strchr(path + strlen(root) + 1, '/'); slash;
-         slash = strchr(slash + 1, '/')) {
-        *slash = '\0';
-        if (mkdir(path, 0755) != 0 && errno != EEXIST)
-            fail_msg("mkdir %s: %s", path, strerror(errno));
-        *slash = '/';
-    }
-    FILE *f = fopen(path, "w");
-    if (!f) fail_msg("fopen %s: %s", path, strerror(errno));
-    fputs(content, f);
-    fclose(f);
-}
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static int setup(void **state) {
-    (void)state;
-    snprintf(root, sizeof root, "%s/zb_gpu_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    return mkdtemp(root) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    return nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
+#define ZB_FAKE_TREE_NAME "zb_gpu"
+#include "fake_tree.h"
 
 /* A PCI function in sysfs: class, vendor, numa_node ("" leaves the file out), local_cpulist. */
 static void pci(const char *bus, const char *cls, const char *vendor, const char *node,
@@ -289,13 +257,14 @@ static void assign(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(dgx_a100, setup, teardown),
-        cmocka_unit_test_setup_teardown(two_sockets, setup, teardown),
-        cmocka_unit_test_setup_teardown(unknown_and_cpuless_nodes, setup, teardown),
-        cmocka_unit_test_setup_teardown(no_gpus, setup, teardown),
-        cmocka_unit_test_setup_teardown(bad_trees, setup, teardown),
-        cmocka_unit_test_setup_teardown(map_file, setup, teardown),
-        cmocka_unit_test_setup_teardown(map_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(dgx_a100, fake_tree_setup, fake_tree_teardown),
+        cmocka_unit_test_setup_teardown(two_sockets, fake_tree_setup, fake_tree_teardown),
+        cmocka_unit_test_setup_teardown(unknown_and_cpuless_nodes, fake_tree_setup,
+                                        fake_tree_teardown),
+        cmocka_unit_test_setup_teardown(no_gpus, fake_tree_setup, fake_tree_teardown),
+        cmocka_unit_test_setup_teardown(bad_trees, fake_tree_setup, fake_tree_teardown),
+        cmocka_unit_test_setup_teardown(map_file, fake_tree_setup, fake_tree_teardown),
+        cmocka_unit_test_setup_teardown(map_errors, fake_tree_setup, fake_tree_teardown),
         cmocka_unit_test(assign),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
