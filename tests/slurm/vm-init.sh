@@ -12,7 +12,8 @@ mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
 mount -t tmpfs tmpfs /run
-mount -t tmpfs tmpfs /tmp
+# /tmp stays the image's own: a source tree checked out under /tmp (CI's clones, say) was copied
+# there, and a tmpfs on top would hide it.
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 hostname zbvm
 echo "127.0.0.1 localhost zbvm" >/etc/hosts
