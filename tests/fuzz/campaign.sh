@@ -34,7 +34,7 @@ for name in "${targets[@]}"; do
   "$bin" -merge=1 "$work/$name/min" "$work/$name/live" >"$work/$name.merge.log" 2>&1
   # Named seeds (regression inputs, hand-written cases) stay by name; the rest is the minimised set.
   mkdir -p "$work/$name/named"
-  find "$src/tests/fuzz/corpus/$name" -type f ! -regex '.*/[0-9a-f]\{40\}' -exec cp {} "$work/$name/named/" \;
+  find "$src/tests/fuzz/corpus/$name" -type f -regextype posix-extended ! -regex '.*/[0-9a-f]{40}' -exec cp {} "$work/$name/named/" \;
   rm -rf "$src/tests/fuzz/corpus/$name" && mkdir "$src/tests/fuzz/corpus/$name"
   cp "$work/$name/min"/* "$work/$name/named"/* "$src/tests/fuzz/corpus/$name/" 2>/dev/null || true
   echo "$name: $done_runs executions in ${secs:-?} s, $cov, corpus minimised to $(ls "$work/$name/min" | wc -l) inputs"
