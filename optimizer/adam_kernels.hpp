@@ -73,8 +73,8 @@ inline bool streams_out(const AdamTensor &t, const Consts &c, CopyType cp) {
 
 // The last hi - i < W elements of a tensor: copied into zero-padded W-wide buffers, run through the
 // same vector body as every other element (so they take the same arithmetic and give the same
-// bits), and copied back. body(ptrs) updates elements [0, W) of ptrs and returns the mask of lanes
-// with non-finite gradients (W <= 64).
+// bits), and copied back. body(ptrs, r) updates elements [0, W) of ptrs and returns how many of
+// the first r have a non-finite gradient.
 template <size_t W, GradType G, CopyType C, class Body>
 uint64_t padded_tail(const AdamTensor &t, size_t i, size_t hi, Body &&body) {
     const size_t r = hi - i;
@@ -87,16 +87,14 @@ uint64_t padded_tail(const AdamTensor &t, size_t i, size_t hi, Body &&body) {
     std::memcpy(m, t.exp_avg + i, r * 4);
     std::memcpy(v, t.exp_avg_sq + i, r * 4);
     std::memcpy(g, static_cast<const unsigned char *>(t.grad) + i * gsize, r * gsize);
-    static_assert(W <= 64);
-    const uint64_t lanes = (uint64_t{1} << r) - 1; // r < W
-    const uint64_t bad = body(Ptrs{p, g, m, v, cp, s}) & lanes;
+    const uint64_t bad = body(Ptrs{p, g, m, v, cp, s}, r);
     std::memcpy(t.param + i, p, r * 4);
     std::memcpy(t.exp_avg + i, m, r * 4);
     std::memcpy(t.exp_avg_sq + i, v, r * 4);
     if constexpr (C != CopyType::none)
         std::memcpy(static_cast<uint16_t *>(t.copy_out) + i, cp, r * 2);
     if (t.stale) std::memcpy(t.stale + i, s, r * 4);
-    return static_cast<uint64_t>(__builtin_popcountll(bad));
+    return bad;
 }
 
 // Turns the run-time element types into the kernel instantiation run.operator()<G, C>(): the
@@ -138,24 +136,25 @@ template <class Run> uint64_t dispatch_flags(bool adamw, bool stale, bool stream
 
 // The loop every vector path runs over elements [lo, hi) of one tensor. K is the path's kernel
 // (adam_avx2.cpp, adam_avx512.cpp), compiled with its own target flags:
-//   K::W                                  elements per iteration (a multiple of 32, at most 64)
+//   K::W                                  elements per iteration (a multiple of 32)
 //   K::Vc                                 the constants in registers, made from Consts
 //   K::Bad, K::Count                      one iteration's non-finite lanes; per-lane counters
 //   K::body<G, C, AdamW, Stale, Stream>(ptrs, vc, i, bad)   updates elements [i, i + W)
-//   K::zero(), K::add(count, bad), K::sum(count), K::lanes(bad), K::fence()
-// The counters are summed once per block of 2^24 iterations, so neither a lane nor the sum can
+//   K::zero(), K::add(count, bad), K::sum(count), K::fence()
+//   K::count(bad, r)                      how many of the first r elements are non-finite
+// The counters are summed once per block of 2^28 elements, so neither a lane nor the sum can
 // overflow. Streaming stores start at a multiple of W (the elements before it take the padded
 // path, as the tail does) and are fenced before returning, so whoever reads the results next sees
 // them.
 template <class K, GradType G, CopyType C, bool AdamW, bool Stale, bool Stream>
 uint64_t run_range(const AdamTensor &t, const Consts &consts, size_t lo, size_t hi) {
-    constexpr size_t W = K::W, kBlock = size_t{1} << 24;
+    constexpr size_t W = K::W, kBlock = (size_t{1} << 28) / W; // iterations
     const Ptrs ptrs{t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.copy_out, t.stale};
     const typename K::Vc c(consts);
-    const auto padded = [&c](const Ptrs &p) {
+    const auto padded = [&c](const Ptrs &p, size_t r) {
         typename K::Bad b;
         K::template body<G, C, AdamW, Stale, false>(p, c, 0, b);
-        return K::lanes(b);
+        return K::count(b, r);
     };
     uint64_t bad = 0;
     size_t i = lo;

@@ -510,7 +510,7 @@ void test_slices_and_isa(void **) {
 void test_streaming_kernels(void **) {
     using zb::opt::detail::RangeKernel;
     const RangeKernel kernels[] = {zb::opt::detail::range_avx2, zb::opt::detail::range_avx512};
-    const std::array<size_t, 2> kBounds[] = {{5, 1000}, {37, 700}, {64, 97}};
+    const std::array<size_t, 2> kBounds[] = {{5, 1000}, {37, 700}, {64, 197}};
     for (Isa isa : isas()) {
         if (isa == Isa::scalar) continue;
         const RangeKernel kernel = kernels[static_cast<int>(isa) - 1];
