@@ -91,7 +91,8 @@ class IpcAndWorker(unittest.TestCase):
 
     def test_worker_json(self):
         keys = {"elements", "grad", "copy", "stale", "threads", "isa", "iterations",
-                "worker_step_s", "inprocess_step_s", "overhead_ratio", "bytes_per_param",
+                "worker_step_s", "worker_own_step_s", "inprocess_step_s", "overhead_ratio",
+                "bytes_per_param",
                 "bytes_per_param_layout", "worker_rss", "trainer_rss_anon", "worker_rss_growth",
                 "skip_step_s", "skip_ratio", "clip_step_s", "clip_ratio"}
         d = bench_json("worker", "--elements", "1000000", "--iterations", "3")
@@ -105,6 +106,8 @@ class IpcAndWorker(unittest.TestCase):
             base = d["worker_step_s"] if step != "worker_step_s" else d["inprocess_step_s"]
             self.assertGreater(d[step], 0)
             self.assertAlmostEqual(d[ratio], d[step] / base, delta=0.02 * d[ratio] + 1e-3)
+        # the worker's own time is part of the round trip the trainer sees
+        self.assertTrue(0 < d["worker_own_step_s"] <= d["worker_step_s"], d)
         self.assertGreater(d["worker_rss"], 0)
         # master + 2 bf16 gradient buffers + moments + bf16 copy-out + stale
         d = bench_json("worker", "--elements", "100000", "--iterations", "3", "--grad", "bf16",
