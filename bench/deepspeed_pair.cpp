@@ -125,8 +125,10 @@ int main(int argc, char **argv) {
     }
     double diff = 0; // largest difference of the parameters, relative to their size
     for (size_t i = 0; i < n; ++i)
-        diff = std::max(diff, double(std::fabs(ds.p[i] - zf.p[i])) /
-                                  std::max(1e-3, double(std::fabs(ds.p[i]))));
+        if (const double d =
+                double(std::fabs(ds.p[i] - zf.p[i])) / std::max(1e-3, double(std::fabs(ds.p[i])));
+            !(d <= diff)) // a NaN on either side counts as the largest difference
+            diff = d;
     std::printf("{\"elements\":%zu,\"threads\":%d,\"steps\":%d,\"isa\":\"%s\","
                 "\"deepspeed_gelem_per_s\":%.4f,\"zenflow_gelem_per_s\":%.4f,"
                 "\"zenflow_over_deepspeed\":%.4f,\"pair_ratio_min\":%.4f,\"pair_ratio_max\":%.4f,"

@@ -33,7 +33,7 @@ struct Vc {
           inv_bias2_sqrt(_mm256_set1_ps(c.inv_bias2_sqrt)), eps(_mm256_set1_ps(c.eps)) {}
 };
 
-// Elements [i, i + V) and [i + V, i + W) of the gradient as fp32.
+// Elements [i, i + V) and [i + V, i + 2V) of the gradient as fp32.
 template <GradType G> inline void load_grad(const void *grad, size_t i, __m256 &lo, __m256 &hi) {
     if constexpr (G == GradType::f32) {
         lo = _mm256_loadu_ps(static_cast<const float *>(grad) + i);
@@ -64,7 +64,7 @@ inline __m256i bf16_bits(__m256 p) {
     return _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
 }
 
-// The copy-out of elements [0, V) from lo and [V, W) from hi.
+// The copy-out of elements [0, V) from lo and [V, 2V) from hi.
 template <CopyType C> inline __m256i to_copy(__m256 lo, __m256 hi) {
     if constexpr (C == CopyType::bf16) {
         // Every lane is below 0x10000, so the saturating pack is a plain narrowing; it interleaves

@@ -36,7 +36,7 @@ struct Vc {
           inv_bias2_sqrt(_mm512_set1_ps(c.inv_bias2_sqrt)), eps(_mm512_set1_ps(c.eps)) {}
 };
 
-// Elements [i, i + V) and [i + V, i + W) of the gradient as fp32.
+// Elements [i, i + V) and [i + V, i + 2V) of the gradient as fp32.
 template <GradType G> inline void load_grad(const void *grad, size_t i, __m512 &lo, __m512 &hi) {
     if constexpr (G == GradType::f32) {
         lo = _mm512_loadu_ps(static_cast<const float *>(grad) + i);

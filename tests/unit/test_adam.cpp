@@ -401,7 +401,7 @@ void test_nonfinite_counted(void **) {
 // number would carry into the sign and give -0.
 void test_nan_copy_out(void **) {
     const uint32_t nans[] = {0x7fffffff, 0xffffffff, 0x7f800001, 0x7fc00000, 0xff80ffff};
-    const size_t n = 5 * 7; // vector bodies and tails on every path
+    const size_t n = 5 * 27; // vector bodies and tails on every path (W is 32 or 64)
     for (CopyType c : {CopyType::bf16, CopyType::f16})
         for (Isa isa : isas()) {
             use(isa);
