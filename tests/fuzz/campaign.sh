@@ -6,8 +6,11 @@
 # input saved in the work directory (copy it into the corpus as a regression seed once fixed).
 #   usage: tests/fuzz/campaign.sh [RUNS] [SECONDS] [TARGET...]   (run from the source tree; no
 #          TARGET: every fuzz_* target. Two calls with disjoint targets use two cores.)
+#   MAX_LEN (default 16384): the longest input tried. A target whose valid inputs get slow to check
+#          as they grow (fuzz_gpu_map: a map of a thousand GPUs) reaches 10 million runs only with
+#          a smaller one; its longer inputs take the same loop as short ones.
 set -euo pipefail
-runs=${1:-10000000} seconds=${2:-3600}
+runs=${1:-10000000} seconds=${2:-3600} max_len=${MAX_LEN:-16384}
 shift $(($# < 2 ? $# : 2))
 src=$(pwd)
 if [ $# -eq 0 ] || [ ! -x "$src/build/fuzz/tests/fuzz/$1" ]; then
@@ -17,7 +20,7 @@ fi
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=($(cd "$src/build/fuzz/tests/fuzz" && ls fuzz_*))
 work=$(mktemp -d /tmp/zb-fuzz-campaign.XXXXXX)
-echo "campaign in $work: $runs executions or $seconds s per target; $(uptime)"
+echo "campaign in $work: $runs executions or $seconds s per target, inputs up to $max_len bytes; $(uptime)"
 for name in "${targets[@]}"; do
   bin=$src/build/fuzz/tests/fuzz/$name
   dict=()
@@ -25,7 +28,7 @@ for name in "${targets[@]}"; do
   mkdir -p "$work/$name/live"
   cp "$src/tests/fuzz/corpus/$name"/* "$work/$name/live/"
   (cd "$work/$name" && "$bin" -runs="$runs" -max_total_time="$seconds" -timeout=10 \
-      -rss_limit_mb=2048 -max_len=16384 -print_final_stats=1 "${dict[@]}" live \
+      -rss_limit_mb=2048 -max_len="$max_len" -print_final_stats=1 "${dict[@]}" live \
       >"$work/$name.log" 2>&1) || { echo "FAIL $name: see $work/$name.log"; tail -30 "$work/$name.log"; exit 1; }
   done_runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/$name.log")
   secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$work/$name.log")
