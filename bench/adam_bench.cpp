@@ -4,8 +4,8 @@
 #include "roofline.hpp"
 
 #include "affinity.hpp"
+#include "measure.hpp"
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,6 +47,9 @@ bool parse_count(const char *s, unsigned long long max, unsigned long long &out)
     return errno == 0 && *end == 0 && out >= 1 && out <= max;
 }
 
+using zb::bench::median;
+using zb::bench::now;
+using zb::bench::untouched;
 using zb::opt::CopyType;
 using zb::opt::GradType;
 using zb::opt::Isa;
@@ -126,26 +129,6 @@ const char *copy_name(zb::opt::CopyType c) {
     return c == zb::opt::CopyType::none ? "none" : c == zb::opt::CopyType::bf16 ? "bf16" : "fp16";
 }
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t h = v.size() / 2;
-    return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-}
-
-void *untouched(size_t bytes) { // pages are placed by the first thread that writes them
-    void *p = std::aligned_alloc(2u << 20, (bytes + (2u << 20) - 1) & ~size_t((2u << 20) - 1));
-    if (!p) {
-        std::fprintf(stderr, "zenflow-bench adam: cannot allocate %zu bytes\n", bytes);
-        std::exit(1);
-    }
-    return p;
-}
-
-double now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
 } // namespace
 
 int bench_adam(int argc, char **argv) {
@@ -175,13 +158,18 @@ int bench_adam(int argc, char **argv) {
     const size_t csize = o.copy == zb::opt::CopyType::none ? 0 : 2;
     zb::opt::AdamHyper hyper;
     hyper.weight_decay = 0.01f;
+    const char *who = "zenflow-bench adam";
+    const auto param = untouched<float>(n, who), m = untouched<float>(n, who),
+               v = untouched<float>(n, who), stale = untouched<float>(o.stale ? n : 0, who);
+    const auto grad = untouched<unsigned char>(gsize * n, who),
+               copy = untouched<unsigned char>(csize * n, who);
     zb::opt::AdamTensor t;
-    t.param = static_cast<float *>(untouched(4 * n));
-    t.grad = untouched(gsize * n);
-    t.exp_avg = static_cast<float *>(untouched(4 * n));
-    t.exp_avg_sq = static_cast<float *>(untouched(4 * n));
-    t.copy_out = csize ? untouched(csize * n) : nullptr;
-    t.stale = o.stale ? static_cast<float *>(untouched(4 * n)) : nullptr;
+    t.param = param.get();
+    t.grad = grad.get();
+    t.exp_avg = m.get();
+    t.exp_avg_sq = v.get();
+    t.copy_out = copy.get();
+    t.stale = stale.get();
     t.n = n;
     t.hyper = &hyper;
     const zb::opt::AdamBatch batch{o.grad, o.copy, &t, 1};
@@ -286,11 +274,5 @@ int bench_adam(int argc, char **argv) {
                     rsec, rgbs, form, each.c_str());
         std::printf("ratio     %.3f\n", ratio);
     }
-    std::free(t.param);
-    std::free(const_cast<void *>(t.grad));
-    std::free(t.exp_avg);
-    std::free(t.exp_avg_sq);
-    std::free(t.copy_out);
-    std::free(t.stale);
     return 0;
 }

@@ -14,9 +14,9 @@
 
 #include "adam.hpp" // zenflow's kernels (libzfadam)
 #include "cpu_adam.h"
+#include "measure.hpp" // now, median, untouched: as zenflow-bench times and allocates
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -34,30 +34,16 @@ namespace {
 
 constexpr float kLr = 1e-3f, kBeta1 = 0.9f, kBeta2 = 0.999f, kEps = 1e-8f, kWd = 1e-2f;
 
-double now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
+using zb::bench::median;
+using zb::bench::now;
+using zb::bench::untouched;
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
-// 2 MiB-aligned and first touched by the stepping threads, as both tools allocate.
-float *buffer(size_t n) {
-    const size_t a = size_t{2} << 20, bytes = (4 * n + a - 1) / a * a;
-    auto *p = static_cast<float *>(std::aligned_alloc(a, bytes));
-    if (!p) {
-        std::fprintf(stderr, "deepspeed_pair: cannot allocate %zu bytes\n", bytes);
-        std::exit(1);
-    }
-    return p;
-}
-
+// One side's buffers, first touched by the stepping threads.
 struct State {
-    float *p, *g, *m, *v;
-    explicit State(size_t n) : p(buffer(n)), g(buffer(n)), m(buffer(n)), v(buffer(n)) {
+    zb::bench::Buffer<float> p, g, m, v;
+    explicit State(size_t n)
+        : p(untouched<float>(n, "deepspeed_pair")), g(untouched<float>(n, "deepspeed_pair")),
+          m(untouched<float>(n, "deepspeed_pair")), v(untouched<float>(n, "deepspeed_pair")) {
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < n; ++i) {
             p[i] = float(int(i % 2001) - 1000) * 1e-3f;
@@ -92,7 +78,8 @@ int main(int argc, char **argv) {
     hyper.lr = kLr, hyper.beta1 = kBeta1, hyper.beta2 = kBeta2, hyper.eps = kEps;
     hyper.weight_decay = kWd, hyper.adamw = true;
     zb::opt::AdamTensor tensor;
-    tensor.param = zf.p, tensor.grad = zf.g, tensor.exp_avg = zf.m, tensor.exp_avg_sq = zf.v;
+    tensor.param = zf.p.get(), tensor.grad = zf.g.get(), tensor.exp_avg = zf.m.get();
+    tensor.exp_avg_sq = zf.v.get();
     tensor.n = n, tensor.hyper = &hyper;
     const zb::opt::AdamBatch batch{zb::opt::GradType::f32, zb::opt::CopyType::none, &tensor, 1};
 
@@ -100,7 +87,7 @@ int main(int argc, char **argv) {
         const double t0 = now();
         opt->IncrementStep(size_t(step), kBeta1, kBeta2);
         opt->update_state(kLr, kEps, kWd, true);
-        invoke(opt, ds.p, ds.g, ds.m, ds.v, n, true);
+        invoke(opt, ds.p.get(), ds.g.get(), ds.m.get(), ds.v.get(), n, true);
         return now() - t0;
     };
     auto zf_step = [&](int step) {

@@ -9,6 +9,7 @@
 #include <zenbind/worker.h>
 
 #include "affinity.hpp"
+#include "measure.hpp"
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,7 +19,6 @@
 
 #include <sched.h>
 #include <string>
-#include <sys/mman.h>
 #include <vector>
 
 namespace {
@@ -49,35 +49,8 @@ size_t both_rss(pid_t worker) {
     return status_bytes(w.c_str(), "VmRSS") + status_bytes("/proc/self/status", "RssAnon");
 }
 
-// n zeroed elements on their own pages (none when n is 0).
-template <class T> class Pages {
-  public:
-    explicit Pages(size_t n) : bytes_(n * sizeof(T)) {
-        if (!n) return;
-        void *p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED) {
-            std::perror("zenflow-bench worker: mmap");
-            std::exit(1);
-        }
-        p_ = static_cast<T *>(p);
-    }
-    ~Pages() {
-        if (p_) munmap(p_, bytes_);
-    }
-    Pages(const Pages &) = delete;
-    Pages &operator=(const Pages &) = delete;
-    T *data() const { return p_; }
-    bool empty() const { return p_ == nullptr; }
-
-  private:
-    size_t bytes_;
-    T *p_ = nullptr;
-};
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
+using zb::bench::median;
+using zb::bench::untouched;
 
 void fill(void *grad, zb_dtype type, size_t n, unsigned seed) {
     uint32_t x = seed * 2654435761u + 1;
@@ -192,15 +165,18 @@ int bench_worker(int argc, char **argv) {
     zb_worker_memory_usage(w, &mem);
 
     // The in-process reference: the same kernel, threads pinned to the same CPUs, on buffers that
-    // start on a page as the worker's do (malloc's would start 16 bytes into one, splitting every
-    // vector across two cache lines).
+    // start on a page as the worker's do.
     const size_t gsize = grad == ZB_DTYPE_FP32 ? 4 : 2;
-    Pages<float> param(n), m(n), v(n), snapshot(stale ? n : 0);
-    Pages<uint16_t> copied(copy != ZB_DTYPE_NONE ? n : 0);
-    Pages<char> grads(2 * n * gsize);
-    std::fill_n(param.data(), n, 0.1f);
-    fill(grads.data(), grad, n, 1);
-    fill(grads.data() + n * gsize, grad, n, 2);
+    const char *who = "zenflow-bench worker";
+    const auto param = untouched<float>(n, who), m = untouched<float>(n, who),
+               v = untouched<float>(n, who), snapshot = untouched<float>(stale ? n : 0, who);
+    const auto copied = untouched<uint16_t>(copy != ZB_DTYPE_NONE ? n : 0, who);
+    const auto grads = untouched<char>(2 * n * gsize, who);
+    std::fill_n(param.get(), n, 0.1f);
+    std::fill_n(m.get(), n, 0.0f);
+    std::fill_n(v.get(), n, 0.0f);
+    fill(grads.get(), grad, n, 1);
+    fill(grads.get() + n * gsize, grad, n, 2);
 #pragma omp parallel num_threads(threads)
     {
         cpu_set_t one;
@@ -211,11 +187,11 @@ int bench_worker(int argc, char **argv) {
     zb::opt::AdamHyper hyper;
     hyper.weight_decay = 1e-2f;
     zb::opt::AdamTensor tensor;
-    tensor.param = param.data();
-    tensor.exp_avg = m.data();
-    tensor.exp_avg_sq = v.data();
-    tensor.copy_out = copied.empty() ? nullptr : copied.data();
-    tensor.stale = snapshot.empty() ? nullptr : snapshot.data();
+    tensor.param = param.get();
+    tensor.exp_avg = m.get();
+    tensor.exp_avg_sq = v.get();
+    tensor.copy_out = copied.get();
+    tensor.stale = snapshot.get();
     tensor.n = n;
     tensor.hyper = &hyper;
     const zb::opt::CopyType ct = copy == ZB_DTYPE_BF16   ? zb::opt::CopyType::bf16
@@ -227,7 +203,7 @@ int bench_worker(int argc, char **argv) {
     int64_t local_step = 0;
     auto local = [&] {
         hyper.step = ++local_step;
-        tensor.grad = grads.data() + size_t(local_step & 1) * n * gsize;
+        tensor.grad = grads.get() + size_t(local_step & 1) * n * gsize;
         const zb::opt::AdamBatch batch{gt, ct, &tensor, 1};
         const auto t0 = std::chrono::steady_clock::now();
         zb::opt::adam_step(batch, threads);
