@@ -1,7 +1,7 @@
 // AVX2 path (compiled with -mavx2 -mfma -mf16c): U vectors of 8 elements per iteration, so every
-// 16-bit stream (gradient, copy-out) is read and written 32 bytes at a time like the fp32 ones, as
-// a compiler vectorizes the same loop. The tail runs the same body on a zero-padded copy, so every
-// element takes the same instructions.
+// fp32 stream is read and written a whole 64-byte line at a time, and a 16-bit one (gradient,
+// copy-out) 32 bytes. The tail runs the same body on a zero-padded copy, so every element takes the
+// same instructions.
 // No standard-library templates here: their out-of-line copies could be picked by the linker for
 // code that runs on CPUs without AVX2.
 #include "adam_kernels.hpp"
@@ -13,10 +13,14 @@ namespace zb::opt::detail {
 namespace {
 
 constexpr size_t V = 8; // lanes of a vector
-// Vectors per iteration: eight (DeepSpeed's choice) spill data vectors out of the 16 registers and
-// were no faster, forced on the Zen 4 machine (fp32, and bf16 with copy-out and stale, 1 and 2
-// threads, ratios to the roofline in the same runs).
-constexpr size_t U = 4;
+// Vectors per iteration: two, so the 8 data vectors, the constants and the temporaries fit the 16
+// registers. Four (32 elements, a whole line of a 16-bit stream per iteration) put 16 data vectors
+// in them and spilled. Forced on an AMD EPYC (Zen 4) 2-vCPU VM, N = 100M, each step of both
+// alternated in one process: two took 0.97-1.02x the time of four on 1 thread (fp32 and bf16
+// gradients, with and without copy-out and stale), and within the noise (+-2%) on 2; against the
+// roofline, two gave 0.96-0.97 on 1 thread with fp32 gradients in four runs, four 0.85-0.97.
+// Eight (DeepSpeed's choice) spill more and were no faster.
+constexpr size_t U = 2;
 constexpr size_t W = U * V; // elements per iteration
 
 // The constants broadcast once per call: held in registers, they are not reloaded after every

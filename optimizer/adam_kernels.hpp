@@ -57,9 +57,9 @@ struct Ptrs {
 
 // Whether the vector loop writes t's copy-out and stale streams with non-temporal stores: asked
 // for, something to write, and element 0 of each stream 64-byte aligned, so that every W-element
-// block from a multiple of W (W * 2 bytes a multiple of 64) is whole aligned lines. Such stores
-// skip the read of a line that is about to be overwritten whole; the streams that are read and
-// written (param, moments) keep plain stores, which were slower as non-temporal ones.
+// block from a multiple of W is whole aligned vectors (W is a multiple of two vectors' lanes). Such
+// stores fill each line within one or two iterations and skip reading it first; the streams that
+// are read and written (param, moments) keep plain stores, which were slower as non-temporal ones.
 inline bool streams_out(const AdamTensor &t, const Consts &c, CopyType cp) {
     const auto aligned = [](const void *p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; };
     if (!c.stream_out || (cp == CopyType::none && !t.stale)) return false;
@@ -136,7 +136,7 @@ template <class Run> uint64_t dispatch_flags(bool adamw, bool stale, bool stream
 
 // The loop every vector path runs over elements [lo, hi) of one tensor. K is the path's kernel
 // (adam_avx2.cpp, adam_avx512.cpp), compiled with its own target flags:
-//   K::W                                  elements per iteration (a multiple of 32)
+//   K::W                                  elements per iteration (a multiple of two vectors' lanes)
 //   K::Vc                                 the constants in registers, made from Consts
 //   K::Bad, K::Count                      one iteration's non-finite lanes; per-lane counters
 //   K::body<G, C, AdamW, Stale, Stream>(ptrs, vc, i, bad)   updates elements [i, i + W)

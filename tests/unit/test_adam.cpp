@@ -504,9 +504,9 @@ void test_slices_and_isa(void **) {
                      static_cast<int>(zb::opt::best_isa()));
 }
 
-// Each vector path's streaming instantiation, called directly (so it surely runs), from an
-// element off the W boundary (its head), to the end and to a point inside: the same bits as plain
-// stores, and nothing written outside [lo, hi).
+// Each vector path's streaming instantiations, called directly (so they surely run) with fp32 and
+// bf16 gradients, from an element off the W boundary (its head), to the end and to a point inside:
+// the same bits as plain stores, and nothing written outside [lo, hi).
 void test_streaming_kernels(void **) {
     using zb::opt::detail::RangeKernel;
     const RangeKernel kernels[] = {zb::opt::detail::range_avx2, zb::opt::detail::range_avx512};
@@ -514,33 +514,34 @@ void test_streaming_kernels(void **) {
     for (Isa isa : isas()) {
         if (isa == Isa::scalar) continue;
         const RangeKernel kernel = kernels[static_cast<int>(isa) - 1];
-        for (CopyType c : {CopyType::bf16, CopyType::f16})
-            for (const std::array<size_t, 2> &bounds : kBounds) {
-                rng_state = 21;
-                Problem plain({1000}, GradType::bf16, c, true);
-                Problem streamed = plain;
-                zb::opt::detail::Consts k = zb::opt::detail::make_consts(plain.hypers[0]);
-                const AdamTensor a = plain.tensors()[0], b = streamed.tensors()[0];
-                k.stream_out = false;
-                const uint64_t bad_a = kernel(a, k, GradType::bf16, c, bounds[0], bounds[1]);
-                k.stream_out = true;
-                assert_true(zb::opt::detail::streams_out(b, k, c));
-                const uint64_t bad_b = kernel(b, k, GradType::bf16, c, bounds[0], bounds[1]);
-                assert_int_equal(bad_a, bad_b);
-                for (size_t i = 0; i < 1000; ++i)
-                    if (bits(plain.param[0][i]) != bits(streamed.param[0][i]) ||
-                        bits(plain.m[0][i]) != bits(streamed.m[0][i]) ||
-                        bits(plain.v[0][i]) != bits(streamed.v[0][i]) ||
-                        plain.copy[0][i] != streamed.copy[0][i] ||
-                        bits(plain.stale_out[0][i]) != bits(streamed.stale_out[0][i]))
-                        fail_msg("%s element %zu: streaming differs from plain stores",
-                                 zb::opt::isa_name(isa), i);
-                for (size_t i = 0; i < 1000; ++i)
-                    if ((i < bounds[0] || i >= bounds[1]) &&
-                        (streamed.copy[0][i] != 0 || bits(streamed.stale_out[0][i]) != 0))
-                        fail_msg("%s wrote element %zu outside [%zu, %zu)", zb::opt::isa_name(isa),
-                                 i, bounds[0], bounds[1]);
-            }
+        for (GradType g : {GradType::f32, GradType::bf16})
+            for (CopyType c : {CopyType::bf16, CopyType::f16})
+                for (const std::array<size_t, 2> &bounds : kBounds) {
+                    rng_state = 21;
+                    Problem plain({1000}, g, c, true);
+                    Problem streamed = plain;
+                    zb::opt::detail::Consts k = zb::opt::detail::make_consts(plain.hypers[0]);
+                    const AdamTensor a = plain.tensors()[0], b = streamed.tensors()[0];
+                    k.stream_out = false;
+                    const uint64_t bad_a = kernel(a, k, g, c, bounds[0], bounds[1]);
+                    k.stream_out = true;
+                    assert_true(zb::opt::detail::streams_out(b, k, c));
+                    const uint64_t bad_b = kernel(b, k, g, c, bounds[0], bounds[1]);
+                    assert_int_equal(bad_a, bad_b);
+                    for (size_t i = 0; i < 1000; ++i)
+                        if (bits(plain.param[0][i]) != bits(streamed.param[0][i]) ||
+                            bits(plain.m[0][i]) != bits(streamed.m[0][i]) ||
+                            bits(plain.v[0][i]) != bits(streamed.v[0][i]) ||
+                            plain.copy[0][i] != streamed.copy[0][i] ||
+                            bits(plain.stale_out[0][i]) != bits(streamed.stale_out[0][i]))
+                            fail_msg("%s element %zu: streaming differs from plain stores",
+                                     zb::opt::isa_name(isa), i);
+                    for (size_t i = 0; i < 1000; ++i)
+                        if ((i < bounds[0] || i >= bounds[1]) &&
+                            (streamed.copy[0][i] != 0 || bits(streamed.stale_out[0][i]) != 0))
+                            fail_msg("%s wrote element %zu outside [%zu, %zu)",
+                                     zb::opt::isa_name(isa), i, bounds[0], bounds[1]);
+                }
     }
 }
 
