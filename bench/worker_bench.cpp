@@ -68,6 +68,68 @@ void fill(void *grad, zb_dtype type, size_t n, unsigned seed) {
     }
 }
 
+// A JSON list of ratios, in order.
+std::string json_list(const std::vector<double> &v) {
+    std::string out = "[";
+    for (const double x : v) {
+        char one[32];
+        std::snprintf(one, sizeof one, "%s%.4f", out.size() > 1 ? ", " : "", x);
+        out += one;
+    }
+    return out + "]";
+}
+
+// The group in this process: the same kernel, on buffers that start on a page as the worker's do.
+struct InProcess {
+    size_t n, gsize;
+    zb::opt::GradType gt;
+    zb::opt::CopyType ct;
+    zb::bench::Buffer<float> param, m, v, snapshot;
+    zb::bench::Buffer<uint16_t> copied;
+    zb::bench::Buffer<char> grads;
+    zb::opt::AdamHyper hyper;
+    zb::opt::AdamTensor tensor;
+    int64_t step = 0;
+
+    InProcess(size_t count, zb_dtype grad, zb_dtype copy, bool stale, const char *who)
+        : n(count), gsize(grad == ZB_DTYPE_FP32 ? 4 : 2),
+          gt(grad == ZB_DTYPE_FP32   ? zb::opt::GradType::f32
+             : grad == ZB_DTYPE_BF16 ? zb::opt::GradType::bf16
+                                     : zb::opt::GradType::f16),
+          ct(copy == ZB_DTYPE_BF16   ? zb::opt::CopyType::bf16
+             : copy == ZB_DTYPE_FP16 ? zb::opt::CopyType::f16
+                                     : zb::opt::CopyType::none),
+          param(untouched<float>(n, who)), m(untouched<float>(n, who)), v(untouched<float>(n, who)),
+          snapshot(untouched<float>(stale ? n : 0, who)),
+          copied(untouched<uint16_t>(copy != ZB_DTYPE_NONE ? n : 0, who)),
+          grads(untouched<char>(2 * n * gsize, who)) {
+        std::fill_n(param.get(), n, 0.1f);
+        std::fill_n(m.get(), n, 0.0f);
+        std::fill_n(v.get(), n, 0.0f);
+        fill(grads.get(), grad, n, 1);
+        fill(grads.get() + n * gsize, grad, n, 2);
+        hyper.weight_decay = 1e-2f;
+        tensor.param = param.get();
+        tensor.exp_avg = m.get();
+        tensor.exp_avg_sq = v.get();
+        tensor.copy_out = copied.get();
+        tensor.stale = snapshot.get();
+        tensor.n = n;
+        tensor.hyper = &hyper;
+    }
+    InProcess(const InProcess &) = delete;
+
+    // One step on `threads` threads; returns its seconds.
+    double run(int threads) {
+        hyper.step = ++step;
+        tensor.grad = grads.get() + size_t(step & 1) * n * gsize;
+        const zb::opt::AdamBatch batch{gt, ct, &tensor, 1};
+        const double t0 = zb::bench::now();
+        zb::opt::adam_step(batch, threads);
+        return zb::bench::now() - t0;
+    }
+};
+
 } // namespace
 
 int bench_worker(int argc, char **argv) {
@@ -122,6 +184,13 @@ int bench_worker(int argc, char **argv) {
         list += std::to_string(cpus[size_t(t) % cpus.size()]);
     }
 
+    // Two in-process copies, one allocated before the worker's group and one after it: on a KVM
+    // guest the same step on the copy allocated first took 0.93-1.12x the time it took on the
+    // other, depending on the run, and the allocation order alone moved the worker's ratio from
+    // 1.00-1.10 to 0.90-0.98. The worker step is held to the mean of the two.
+    const char *who = "zenflow-bench worker";
+    InProcess before(n, grad, copy, stale != 0, who);
+
     zb_worker_attr attr;
     zb_worker_attr_init(&attr);
     std::snprintf(attr.cpus, sizeof attr.cpus, "%s", list.c_str());
@@ -164,19 +233,7 @@ int bench_worker(int argc, char **argv) {
     zb_worker_memory mem;
     zb_worker_memory_usage(w, &mem);
 
-    // The in-process reference: the same kernel, threads pinned to the same CPUs, on buffers that
-    // start on a page as the worker's do.
-    const size_t gsize = grad == ZB_DTYPE_FP32 ? 4 : 2;
-    const char *who = "zenflow-bench worker";
-    const auto param = untouched<float>(n, who), m = untouched<float>(n, who),
-               v = untouched<float>(n, who), snapshot = untouched<float>(stale ? n : 0, who);
-    const auto copied = untouched<uint16_t>(copy != ZB_DTYPE_NONE ? n : 0, who);
-    const auto grads = untouched<char>(2 * n * gsize, who);
-    std::fill_n(param.get(), n, 0.1f);
-    std::fill_n(m.get(), n, 0.0f);
-    std::fill_n(v.get(), n, 0.0f);
-    fill(grads.get(), grad, n, 1);
-    fill(grads.get() + n * gsize, grad, n, 2);
+    InProcess after(n, grad, copy, stale != 0, who);
 #pragma omp parallel num_threads(threads)
     {
         cpu_set_t one;
@@ -184,40 +241,32 @@ int bench_worker(int argc, char **argv) {
         CPU_SET(cpus[size_t(omp_get_thread_num()) % cpus.size()], &one);
         sched_setaffinity(0, sizeof one, &one);
     }
-    zb::opt::AdamHyper hyper;
-    hyper.weight_decay = 1e-2f;
-    zb::opt::AdamTensor tensor;
-    tensor.param = param.get();
-    tensor.exp_avg = m.get();
-    tensor.exp_avg_sq = v.get();
-    tensor.copy_out = copied.get();
-    tensor.stale = snapshot.get();
-    tensor.n = n;
-    tensor.hyper = &hyper;
-    const zb::opt::CopyType ct = copy == ZB_DTYPE_BF16   ? zb::opt::CopyType::bf16
-                                 : copy == ZB_DTYPE_FP16 ? zb::opt::CopyType::f16
-                                                         : zb::opt::CopyType::none;
-    const zb::opt::GradType gt = grad == ZB_DTYPE_FP32   ? zb::opt::GradType::f32
-                                 : grad == ZB_DTYPE_BF16 ? zb::opt::GradType::bf16
-                                                         : zb::opt::GradType::f16;
-    int64_t local_step = 0;
+    // The in-process step: both copies, in an order swapped every call; returns their mean.
+    int local_calls = 0;
     auto local = [&] {
-        hyper.step = ++local_step;
-        tensor.grad = grads.get() + size_t(local_step & 1) * n * gsize;
-        const zb::opt::AdamBatch batch{gt, ct, &tensor, 1};
-        const auto t0 = std::chrono::steady_clock::now();
-        zb::opt::adam_step(batch, threads);
-        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        InProcess &first = local_calls % 2 ? after : before,
+                  &second = local_calls % 2 ? before : after;
+        ++local_calls;
+        const double a = first.run(threads);
+        return (a + second.run(threads)) / 2;
     };
     local();
     local();
-    std::vector<double> tw, town, tl, tskip, tclip;
+    // Each iteration times a worker step and an in-process one, in an order swapped every
+    // iteration (so neither always follows the other's buffers through the caches), then the two
+    // checked worker steps. Every ratio is the median of the iterations' own ratios: the machine's
+    // speed drifts within a second, and both steps of an iteration see the same drift.
+    std::vector<double> tw, town, tl, tskip, tclip, overhead, skip_over, clip_over;
     for (int i = 0; i < iterations; ++i) {
+        if (i % 2) tl.push_back(local());
         tw.push_back(worker_step());
         town.push_back(own);
+        if (i % 2 == 0) tl.push_back(local());
         tskip.push_back(worker_step(ZB_STEP_SKIP_NONFINITE));
         tclip.push_back(worker_step(ZB_STEP_SKIP_NONFINITE | ZB_STEP_GRAD_NORM, 1.0f));
-        tl.push_back(local());
+        overhead.push_back(tw.back() / tl.back());
+        skip_over.push_back(tskip.back() / tw.back());
+        clip_over.push_back(tclip.back() / tw.back());
     }
     sched_setaffinity(0, sizeof affinity.mask, &affinity.mask);
     const size_t end_worker_rss =
@@ -226,8 +275,8 @@ int bench_worker(int argc, char **argv) {
     zb_worker_memory_usage(w, &end);
     zb_worker_destroy(w);
 
-    const double ratio = median(tw) / median(tl);
-    const double skip_ratio = median(tskip) / median(tw), clip_ratio = median(tclip) / median(tw);
+    const double ratio = median(overhead);
+    const double skip_ratio = median(skip_over), clip_ratio = median(clip_over);
     const double bpp = double(first_rss - base_rss) / double(n);
     const char *gname = grad == ZB_DTYPE_FP32 ? "fp32" : grad == ZB_DTYPE_BF16 ? "bf16" : "fp16";
     const char *cname = copy == ZB_DTYPE_NONE ? "none" : copy == ZB_DTYPE_BF16 ? "bf16" : "fp16";
@@ -237,23 +286,25 @@ int bench_worker(int argc, char **argv) {
                     "\"threads\": %d, \"isa\": \"%s\", "
                     "\"iterations\": %d, \"worker_step_s\": %.6f, \"worker_own_step_s\": %.6f, "
                     "\"inprocess_step_s\": %.6f, "
-                    "\"overhead_ratio\": %.4f, \"bytes_per_param\": %.3f, "
+                    "\"overhead_ratio\": %.4f, \"overhead_ratios\": %s, "
+                    "\"bytes_per_param\": %.3f, "
                     "\"bytes_per_param_layout\": %.3f, \"worker_rss\": %zu, "
                     "\"trainer_rss_anon\": %zu, \"worker_rss_growth\": %ld, "
-                    "\"skip_step_s\": %.6f, \"skip_ratio\": %.4f, \"clip_step_s\": %.6f, "
-                    "\"clip_ratio\": %.4f}\n",
+                    "\"skip_step_s\": %.6f, \"skip_ratio\": %.4f, \"skip_ratios\": %s, "
+                    "\"clip_step_s\": %.6f, \"clip_ratio\": %.4f, \"clip_ratios\": %s}\n",
                     n, gname, cname, stale ? "true" : "false", threads,
                     zb::opt::isa_name(zb::opt::active_isa()), iterations, median(tw), median(town),
-                    median(tl), ratio, bpp, mem.bytes_per_param, mem.worker_rss,
-                    mem.trainer_rss_anon, growth, median(tskip), skip_ratio, median(tclip),
-                    clip_ratio);
+                    median(tl), ratio, json_list(overhead).c_str(), bpp, mem.bytes_per_param,
+                    mem.worker_rss, mem.trainer_rss_anon, growth, median(tskip), skip_ratio,
+                    json_list(skip_over).c_str(), median(tclip), clip_ratio,
+                    json_list(clip_over).c_str());
     } else {
         std::printf("Adam step, %zu elements, %s gradients, copy-out %s, stale %s, %d threads on "
                     "CPUs %s, ISA %s\n",
                     n, gname, cname, stale ? "yes" : "no", threads, list.c_str(),
                     zb::opt::isa_name(zb::opt::active_isa()));
         std::printf("  through the worker: %.3f ms (%.3f ms of them in the worker)   in-process: "
-                    "%.3f ms   ratio %.4f (median of %d, alternated)\n",
+                    "%.3f ms   ratio %.4f (median of %d step pairs)\n",
                     median(tw) * 1e3, median(town) * 1e3, median(tl) * 1e3, ratio, iterations);
         std::printf("  checked steps: skip non-finite %.3f ms (ratio %.4f to a plain worker step), "
                     "skip + norm + clip %.3f ms (ratio %.4f)\n",
