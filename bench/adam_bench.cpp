@@ -163,15 +163,14 @@ int bench_adam(int argc, char **argv) {
                v = untouched<float>(n, who), stale = untouched<float>(o.stale ? n : 0, who);
     const auto grad = untouched<unsigned char>(gsize * n, who),
                copy = untouched<unsigned char>(csize * n, who);
-    zb::opt::AdamTensor t;
-    t.param = param.get();
-    t.grad = grad.get();
-    t.exp_avg = m.get();
-    t.exp_avg_sq = v.get();
-    t.copy_out = copy.get();
-    t.stale = stale.get();
-    t.n = n;
-    t.hyper = &hyper;
+    const zb::opt::AdamTensor t{.param = param.get(),
+                                .grad = grad.get(),
+                                .exp_avg = m.get(),
+                                .exp_avg_sq = v.get(),
+                                .copy_out = copy.get(),
+                                .stale = stale.get(),
+                                .n = n,
+                                .hyper = &hyper};
     const zb::opt::AdamBatch batch{o.grad, o.copy, &t, 1};
 
     // Pin thread k to the k-th allowed CPU (libgomp keeps the same threads for later regions of

@@ -102,20 +102,19 @@ struct InProcess {
           param(untouched<float>(n, who)), m(untouched<float>(n, who)), v(untouched<float>(n, who)),
           snapshot(untouched<float>(stale ? n : 0, who)),
           copied(untouched<uint16_t>(copy != ZB_DTYPE_NONE ? n : 0, who)),
-          grads(untouched<char>(2 * n * gsize, who)) {
+          grads(untouched<char>(2 * n * gsize, who)), tensor{.param = param.get(),
+                                                             .exp_avg = m.get(),
+                                                             .exp_avg_sq = v.get(),
+                                                             .copy_out = copied.get(),
+                                                             .stale = snapshot.get(),
+                                                             .n = n,
+                                                             .hyper = &hyper} {
         std::fill_n(param.get(), n, 0.1f);
         std::fill_n(m.get(), n, 0.0f);
         std::fill_n(v.get(), n, 0.0f);
         fill(grads.get(), grad, n, 1);
         fill(grads.get() + n * gsize, grad, n, 2);
         hyper.weight_decay = 1e-2f;
-        tensor.param = param.get();
-        tensor.exp_avg = m.get();
-        tensor.exp_avg_sq = v.get();
-        tensor.copy_out = copied.get();
-        tensor.stale = snapshot.get();
-        tensor.n = n;
-        tensor.hyper = &hyper;
     }
     InProcess(const InProcess &) = delete;
 
