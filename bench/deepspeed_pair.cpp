@@ -77,10 +77,12 @@ int main(int argc, char **argv) {
     zb::opt::AdamHyper hyper;
     hyper.lr = kLr, hyper.beta1 = kBeta1, hyper.beta2 = kBeta2, hyper.eps = kEps;
     hyper.weight_decay = kWd, hyper.adamw = true;
-    zb::opt::AdamTensor tensor;
-    tensor.param = zf.p.get(), tensor.grad = zf.g.get(), tensor.exp_avg = zf.m.get();
-    tensor.exp_avg_sq = zf.v.get();
-    tensor.n = n, tensor.hyper = &hyper;
+    const zb::opt::AdamTensor tensor{.param = zf.p.get(),
+                                     .grad = zf.g.get(),
+                                     .exp_avg = zf.m.get(),
+                                     .exp_avg_sq = zf.v.get(),
+                                     .n = n,
+                                     .hyper = &hyper};
     const zb::opt::AdamBatch batch{zb::opt::GradType::f32, zb::opt::CopyType::none, &tensor, 1};
 
     auto ds_step = [&](int step) {

@@ -5,8 +5,8 @@
 #include <zenbind/worker.h>
 
 #include "affinity.hpp"
+#include "measure.hpp"
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,13 +38,13 @@ Stats measure(int worker_cpu, unsigned spin_us, long iterations) {
     const long warmup = std::min(iterations / 10 + 1, 1000L);
     for (long i = 0; i < warmup + iterations; ++i) {
         const zb_worker_step step{i + 1, 1.0f, 0, nullptr, 0, 0, 0.0f};
-        const auto t0 = std::chrono::steady_clock::now();
+        const double t0 = zb::bench::now();
         if (zb_worker_submit(w, &step) != ZB_OK || zb_worker_wait(w, 10000, nullptr) != ZB_OK) {
             std::fprintf(stderr, "zenflow-bench ipc: %s\n", zb_last_error());
             std::exit(1);
         }
-        const auto t1 = std::chrono::steady_clock::now();
-        if (i >= warmup) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        const double t1 = zb::bench::now();
+        if (i >= warmup) us.push_back((t1 - t0) * 1e6);
     }
     zb_worker_destroy(w);
     std::sort(us.begin(), us.end());

@@ -11,7 +11,6 @@
 #include "affinity.hpp"
 #include "measure.hpp"
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -220,11 +219,11 @@ int bench_worker(int argc, char **argv) {
     auto worker_step = [&](unsigned flags = 0, float max_grad_norm = 0.0f) {
         const zb_worker_step s{++step, 1.0f, unsigned(step & 1), nullptr, 0, flags, max_grad_norm};
         zb_worker_result result;
-        const auto t0 = std::chrono::steady_clock::now();
+        const double t0 = zb::bench::now();
         if (zb_worker_submit(w, &s) != ZB_OK || zb_worker_wait_result(w, 600000, &result) != ZB_OK)
             die("step");
         own = result.seconds;
-        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return zb::bench::now() - t0;
     };
     worker_step(); // both gradient buffers read once: every shared page is now resident
     worker_step();
