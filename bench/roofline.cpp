@@ -1,6 +1,9 @@
 #include "roofline.hpp"
 
 #include <cstdint>
+#include <cstring>
+
+#include <immintrin.h>
 
 namespace zb::opt::bench {
 namespace {
@@ -28,9 +31,44 @@ template <typename G, bool Copy, bool Stale>
 
 // One 64-byte line of every fp32 stream: the chunk of the `lines` form.
 constexpr size_t kLine = 16;
+// One 64-byte line of every stream, the 16-bit copy-out's included: the chunk of the `nt` form.
+constexpr size_t kNtChunk = 32;
 
-// Every form for one target; ATTR is its target attribute.
-#define ZF_ROOF(NAME, ATTR)                                                                        \
+// Stores the 64-byte line at `s` to `d` (both 64-byte aligned) with the ISA's non-temporal store.
+[[gnu::target("avx512f"), gnu::always_inline]] inline void nt_line_avx512(void *d, const void *s) {
+    _mm512_stream_si512(static_cast<__m512i *>(d), _mm512_load_si512(s));
+}
+[[gnu::target("avx2"), gnu::always_inline]] inline void nt_line_avx2(void *d, const void *s) {
+    for (int k = 0; k < 2; ++k)
+        _mm256_stream_si256(static_cast<__m256i *>(d) + k,
+                            _mm256_load_si256(static_cast<const __m256i *>(s) + k));
+}
+[[gnu::always_inline]] inline void nt_line_default(void *d, const void *s) {
+    for (int k = 0; k < 4; ++k)
+        _mm_stream_si128(static_cast<__m128i *>(d) + k,
+                         _mm_load_si128(static_cast<const __m128i *>(s) + k));
+}
+
+// Elements before the first whose write-only output (the copy-out, else stale) starts a line.
+template <bool Copy, bool Stale> size_t to_line(const uint16_t *c, const uint32_t *s, size_t n) {
+    const auto addr = reinterpret_cast<uintptr_t>(Copy ? static_cast<const void *>(c) : s);
+    const size_t size = Copy ? 2 : 4, head = (64 - addr % 64) % 64 / size;
+    return !Copy && !Stale ? 0 : head < n ? head : n;
+}
+
+// Writes `bytes` (a multiple of 64) from the aligned `src` to `dst`: non-temporally when `dst` is
+// 64-byte aligned (it is whenever copy-out and stale start at the same offset in a line).
+#define ZF_NT_WRITE(LINE, dst, src, bytes)                                                         \
+    do {                                                                                           \
+        if (reinterpret_cast<uintptr_t>(dst) % 64 == 0)                                            \
+            for (size_t b = 0; b < (bytes); b += 64)                                               \
+                LINE(reinterpret_cast<char *>(dst) + b, reinterpret_cast<const char *>(src) + b);  \
+        else                                                                                       \
+            std::memcpy(dst, src, bytes);                                                          \
+    } while (0)
+
+// Every form for one target; ATTR is its target attribute, LINE its non-temporal line store.
+#define ZF_ROOF(NAME, ATTR, LINE)                                                                  \
     template <typename G, bool Copy, bool Stale>                                                   \
     ATTR void NAME##_simd(uint32_t *__restrict p, const G *__restrict g, uint32_t *__restrict m,   \
                           uint32_t *__restrict v, uint16_t *__restrict c, uint32_t *__restrict s,  \
@@ -58,10 +96,38 @@ constexpr size_t kLine = 16;
         }                                                                                          \
         for (; i < n; ++i)                                                                         \
             element<G, Copy, Stale>(p, g, m, v, c, s, i, zero);                                    \
+    }                                                                                              \
+    template <typename G, bool Copy, bool Stale>                                                   \
+    ATTR void NAME##_nt(uint32_t *__restrict p, const G *__restrict g, uint32_t *__restrict m,     \
+                        uint32_t *__restrict v, uint16_t *__restrict c, uint32_t *__restrict s,    \
+                        size_t n, uint32_t zero) {                                                 \
+        size_t i = 0;                                                                              \
+        for (const size_t head = to_line<Copy, Stale>(c, s, n); i < head; ++i)                     \
+            element<G, Copy, Stale>(p, g, m, v, c, s, i, zero);                                    \
+        for (; i + kNtChunk <= n; i += kNtChunk) {                                                 \
+            _Pragma("omp simd") for (size_t k = 0; k < kNtChunk; ++k) p[i + k] ^= zero;            \
+            _Pragma("omp simd") for (size_t k = 0; k < kNtChunk; ++k) m[i + k] ^= zero;            \
+            _Pragma("omp simd") for (size_t k = 0; k < kNtChunk; ++k) v[i + k] ^=                  \
+                static_cast<uint32_t>(g[i + k]) & zero;                                            \
+            if constexpr (Copy) {                                                                  \
+                alignas(64) uint16_t line[kNtChunk];                                               \
+                _Pragma("omp simd") for (size_t k = 0; k < kNtChunk; ++k) line[k] =                \
+                    static_cast<uint16_t>(p[i + k] >> 16);                                         \
+                ZF_NT_WRITE(LINE, c + i, line, sizeof line);                                       \
+            }                                                                                      \
+            if constexpr (Stale) {                                                                 \
+                alignas(64) uint32_t lines[kNtChunk];                                              \
+                _Pragma("omp simd") for (size_t k = 0; k < kNtChunk; ++k) lines[k] = p[i + k];     \
+                ZF_NT_WRITE(LINE, s + i, lines, sizeof lines);                                     \
+            }                                                                                      \
+        }                                                                                          \
+        for (; i < n; ++i)                                                                         \
+            element<G, Copy, Stale>(p, g, m, v, c, s, i, zero);                                    \
+        if constexpr (Copy || Stale) _mm_sfence();                                                 \
     }
-ZF_ROOF(pass_avx512, [[gnu::target("avx512f")]])
-ZF_ROOF(pass_avx2, [[gnu::target("avx2")]])
-ZF_ROOF(pass_default, )
+ZF_ROOF(pass_avx512, [[gnu::target("avx512f")]], nt_line_avx512)
+ZF_ROOF(pass_avx2, [[gnu::target("avx2")]], nt_line_avx2)
+ZF_ROOF(pass_default, , nt_line_default)
 #undef ZF_ROOF
 
 template <typename G, bool Copy, bool Stale>
@@ -77,7 +143,7 @@ void run(const AdamTensor &t, size_t lo, size_t hi, Isa isa, RoofForm form) {
     asm("" : "+r"(zero)); // the compiler no longer knows it is 0
     // One target's forms, indexed by RoofForm.
 #define ZF_FORMS(NAME)                                                                             \
-    { NAME##_simd<G, Copy, Stale>, NAME##_lines<G, Copy, Stale> }
+    { NAME##_simd<G, Copy, Stale>, NAME##_lines<G, Copy, Stale>, NAME##_nt<G, Copy, Stale> }
     using Pass = void (*)(uint32_t *, const G *, uint32_t *, uint32_t *, uint16_t *, uint32_t *,
                           size_t, uint32_t);
     static constexpr Pass avx512[] = ZF_FORMS(pass_avx512), avx2[] = ZF_FORMS(pass_avx2),
@@ -103,7 +169,7 @@ void run_grad(const AdamTensor &t, bool copy, size_t lo, size_t hi, Isa isa, Roo
 } // namespace
 
 const char *roof_form_name(RoofForm f) {
-    return f == RoofForm::lines ? "lines" : "simd";
+    return f == RoofForm::lines ? "lines" : f == RoofForm::nt ? "nt" : "simd";
 }
 
 void stream_pass(const AdamTensor &t, GradType g, CopyType c, size_t lo, size_t hi, Isa isa,

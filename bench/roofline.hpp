@@ -1,7 +1,7 @@
 // The roofline the Adam benchmark compares against: a plain streaming pass over exactly the bytes
 // an Adam step of the same configuration moves (param and moments read and written back in place,
 // the gradient read, copy-out and stale written), as the compiler writes a plain loop for the
-// kernel's instruction set: no intrinsics, no software prefetch, no blocking.
+// kernel's instruction set: no software prefetch, no blocking, no arithmetic.
 #pragma once
 
 #include "adam.hpp"
@@ -16,8 +16,11 @@ enum class RoofForm : uint8_t {
     simd,  // the plain loop under `#pragma omp simd`: vector loads and stores of the ISA's width
     lines, // the loop in chunks of one 64-byte line of each fp32 stream, each stream's chunk an
            // `omp simd` loop of its own: every line is read or written whole before the next
+    nt,    // `lines` in chunks of one line of every stream, with the streams it only writes
+           // (copy-out, stale) stored non-temporally, as `omp simd nontemporal` asks for: GCC 12
+           // ignores that clause, so this form alone spells the ISA's streaming store
 };
-inline constexpr RoofForm kRoofForms[] = {RoofForm::simd, RoofForm::lines};
+inline constexpr RoofForm kRoofForms[] = {RoofForm::simd, RoofForm::lines, RoofForm::nt};
 const char *roof_form_name(RoofForm f);
 
 // Runs the pass over elements [lo, hi) of `t`, compiled for `isa` (the baseline x86-64 for

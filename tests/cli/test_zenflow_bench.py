@@ -32,7 +32,7 @@ class Adam(unittest.TestCase):
         self.assertEqual((d["elements"], d["threads"], d["steps"]), (N, 1, 10))
         self.assertEqual((d["grad"], d["copy_out"], d["stale"]), ("fp32", "none", False))
         forms = d["roofline_forms_gb_per_s"]
-        self.assertEqual(set(forms), {"simd", "lines"})
+        self.assertEqual(set(forms), {"simd", "lines", "nt"})
         self.assertAlmostEqual(d["roofline_gb_per_s"], forms[d["roofline_form"]],
                                delta=1e-3 * d["roofline_gb_per_s"])
         self.assertEqual(d["roofline_form"], max(forms, key=forms.get))
@@ -66,8 +66,8 @@ class Adam(unittest.TestCase):
         r = run("adam", "--elements", "4096", "--steps", "10")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout, r"(?m)^ratio +\d+\.\d+$")
-        self.assertRegex(r.stdout, r"roofline .*\(plain (simd|lines) pass; "
-                                   r"GB/s simd [\d.]+, lines [\d.]+\)")
+        self.assertRegex(r.stdout, r"roofline .*\(plain (simd|lines|nt) pass; "
+                                   r"GB/s simd [\d.]+, lines [\d.]+, nt [\d.]+\)")
 
 
 def bench_json(*args, cmd=None):
