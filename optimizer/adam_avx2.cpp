@@ -1,7 +1,6 @@
 // AVX2 path (compiled with -mavx2 -mfma -mf16c): U vectors of 8 elements per iteration, so every
-// fp32 stream is read and written a whole 64-byte line at a time, and a 16-bit one (gradient,
-// copy-out) 32 bytes. The tail runs the same body on a zero-padded copy, so every element takes the
-// same instructions.
+// stream is read and written in whole 64-byte lines (fp32 ones two per iteration, 16-bit ones one).
+// The tail runs the same body on a zero-padded copy, so every element takes the same instructions.
 // No standard-library templates here: their out-of-line copies could be picked by the linker for
 // code that runs on CPUs without AVX2.
 #include "adam_kernels.hpp"
@@ -13,18 +12,22 @@ namespace zb::opt::detail {
 namespace {
 
 constexpr size_t V = 8; // lanes of a vector
-// Vectors per iteration: two, so the 8 data vectors, the constants and the temporaries fit the 16
-// registers. Four (32 elements, a whole line of a 16-bit stream per iteration) put 16 data vectors
-// in them and spilled. Forced on an AMD EPYC (Zen 4) 2-vCPU VM, N = 100M, each step of both
-// alternated in one process: two took 0.97-1.02x the time of four on 1 thread (fp32 and bf16
-// gradients, with and without copy-out and stale), and within the noise (+-2%) on 2; against the
-// roofline, two gave 0.96-0.97 on 1 thread with fp32 gradients in four runs, four 0.85-0.97.
-// Eight (DeepSpeed's choice) spill more and were no faster.
-constexpr size_t U = 2;
+// Vectors per iteration: four, so every stream moves whole lines per iteration, a 16-bit gradient
+// or copy-out one, fp32 ones two. The 16 data vectors fill the 16 registers, so GCC keeps the
+// constants on the stack and folds them into the arithmetic as loads that hit L1; that was faster
+// than two vectors, which keep everything in registers, on every configuration measured.
+// Each step of both alternated in one process on the same buffers, N = 100M: on an Intel Xeon
+// (AVX-512 CPU, AVX2 forced) KVM guest four took 0.97-0.99x the time of two on 1 and 2 threads
+// for fp32, bf16 and fp16 gradients with and without copy-out and stale (0.96 for the bf16
+// copy-out on 2 threads), against 0.99-1.01 for two against two; on an AMD EPYC (Zen 4), measured
+// on separate buffers (whose placement alone moves a step by up to 8%), 0.98-1.03x. Eight
+// (DeepSpeed's choice) spilled more and were no faster.
+constexpr size_t U = 4;
 constexpr size_t W = U * V; // elements per iteration
 
-// The constants broadcast once per call: held in registers, they are not reloaded after every
-// store (a float store may alias a `const Consts &` as far as the compiler knows).
+// The constants broadcast once per call: held in registers or on the stack, they are not reloaded
+// from Consts after every store (a float store may alias a `const Consts &` as far as the compiler
+// knows).
 struct Vc {
     __m256 grad_scale, decay, l2, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size,
         inv_bias2_sqrt, eps;
