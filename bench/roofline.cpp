@@ -34,6 +34,23 @@ constexpr size_t kLine = 16;
 // One 64-byte line of every stream, the 16-bit copy-out's included: the chunk of the `nt` form.
 constexpr size_t kNtChunk = 32;
 
+// The streams read and written back, for K elements: param and moments, and the gradient read
+// into v's bits. Each stream is its own loop, one after the other, as a chunk of the forms below.
+template <size_t K, typename G>
+[[gnu::always_inline]] inline void in_place(uint32_t *__restrict p, const G *__restrict g,
+                                            uint32_t *__restrict m, uint32_t *__restrict v,
+                                            uint32_t zero) {
+#pragma omp simd
+    for (size_t k = 0; k < K; ++k)
+        p[k] ^= zero;
+#pragma omp simd
+    for (size_t k = 0; k < K; ++k)
+        m[k] ^= zero;
+#pragma omp simd
+    for (size_t k = 0; k < K; ++k)
+        v[k] ^= static_cast<uint32_t>(g[k]) & zero;
+}
+
 // Stores the 64-byte line at `s` to `d` (both 64-byte aligned) with the ISA's non-temporal store.
 [[gnu::target("avx512f"), gnu::always_inline]] inline void nt_line_avx512(void *d, const void *s) {
     _mm512_stream_si512(static_cast<__m512i *>(d), _mm512_load_si512(s));
@@ -82,10 +99,7 @@ template <bool Copy, bool Stale> size_t to_line(const uint16_t *c, const uint32_
                            size_t n, uint32_t zero) {                                              \
         size_t i = 0;                                                                              \
         for (; i + kLine <= n; i += kLine) {                                                       \
-            _Pragma("omp simd") for (size_t k = i; k < i + kLine; ++k) p[k] ^= zero;               \
-            _Pragma("omp simd") for (size_t k = i; k < i + kLine; ++k) m[k] ^= zero;               \
-            _Pragma("omp simd") for (size_t k = i; k < i + kLine; ++k) v[k] ^=                     \
-                static_cast<uint32_t>(g[k]) & zero;                                                \
+            in_place<kLine>(p + i, g + i, m + i, v + i, zero);                                     \
             if constexpr (Copy) {                                                                  \
                 _Pragma("omp simd") for (size_t k = i; k < i + kLine; ++k) c[k] =                  \
                     static_cast<uint16_t>(p[k] >> 16);                                             \
@@ -105,10 +119,7 @@ template <bool Copy, bool Stale> size_t to_line(const uint16_t *c, const uint32_
         for (const size_t head = to_line<Copy, Stale>(c, s, n); i < head; ++i)                     \
             element<G, Copy, Stale>(p, g, m, v, c, s, i, zero);                                    \
         for (; i + kNtChunk <= n; i += kNtChunk) {                                                 \
-            _Pragma("omp simd") for (size_t k = 0; k < kNtChunk; ++k) p[i + k] ^= zero;            \
-            _Pragma("omp simd") for (size_t k = 0; k < kNtChunk; ++k) m[i + k] ^= zero;            \
-            _Pragma("omp simd") for (size_t k = 0; k < kNtChunk; ++k) v[i + k] ^=                  \
-                static_cast<uint32_t>(g[i + k]) & zero;                                            \
+            in_place<kNtChunk>(p + i, g + i, m + i, v + i, zero);                                  \
             if constexpr (Copy) {                                                                  \
                 alignas(64) uint16_t line[kNtChunk];                                               \
                 _Pragma("omp simd") for (size_t k = 0; k < kNtChunk; ++k) line[k] =                \
