@@ -82,4 +82,10 @@ Stores batch_stores(const AdamBatch &batch); // how adam_step writes the batch's
 size_t last_level_cache();                   // bytes, from sysfs (32 MiB when it cannot tell)
 const char *stores_name(Stores s);
 
+// Whether the vector paths prefetch the lines of the streams they read a fixed distance ahead
+// (adam_kernels.hpp) or leave it to the hardware prefetchers alone: on unless force_prefetch()
+// was called (tests, benchmarks). It changes only when lines arrive, never a result.
+void force_prefetch(bool on);
+bool active_prefetch();
+
 } // namespace zb::opt

@@ -29,6 +29,11 @@ std::atomic<Stores> &stores() {
     return mode;
 }
 
+std::atomic<bool> &prefetch() {
+    static std::atomic<bool> on{true};
+    return on;
+}
+
 // The largest cache of cpu0 that sysfs lists (index0, index1, ... up to the last level), in bytes.
 size_t read_last_level_cache() {
     size_t best = 0;
@@ -101,8 +106,8 @@ void adam_slice(size_t total, int thread, int threads, size_t &lo, size_t &hi) {
 namespace {
 
 // Updates elements [lo, hi) of the concatenation of the batch's tensors.
-uint64_t run_chunk(const AdamBatch &batch, detail::RangeKernel kernel, bool stream, size_t lo,
-                   size_t hi) {
+uint64_t run_chunk(const AdamBatch &batch, detail::RangeKernel kernel, bool stream,
+                   bool prefetching, size_t lo, size_t hi) {
     uint64_t bad = 0;
     const AdamHyper *last = nullptr;
     bool have = false;
@@ -116,6 +121,7 @@ uint64_t run_chunk(const AdamBatch &batch, detail::RangeKernel kernel, bool stre
                 static const AdamHyper defaults{};
                 c = detail::make_consts(t.hyper ? *t.hyper : defaults);
                 c.stream_out = stream;
+                c.prefetch = prefetching;
                 last = t.hyper;
                 have = true;
             }
@@ -135,16 +141,17 @@ uint64_t adam_step_in_team(const AdamBatch &batch, TeamShare &share) {
         total += batch.tensors[k].n;
     const detail::RangeKernel kernel = kernel_for(active_isa());
     const bool stream = batch_stores(batch) == Stores::streaming;
+    const bool prefetching = active_prefetch();
     const int me = omp_get_thread_num(), threads = omp_get_num_threads();
     size_t lo, hi;
     if (!TeamShare::fits(total, threads)) {
         adam_slice(total, me, threads, lo, hi);
-        return run_chunk(batch, kernel, stream, lo, hi);
+        return run_chunk(batch, kernel, stream, prefetching, lo, hi);
     }
     uint64_t bad = 0;
     share.begin(total, me, threads);
     while (share.claim(me, lo, hi))
-        bad += run_chunk(batch, kernel, stream, lo, hi);
+        bad += run_chunk(batch, kernel, stream, prefetching, lo, hi);
     return bad;
 }
 
@@ -178,6 +185,14 @@ void force_stores(Stores s) {
 
 Stores active_stores() {
     return stores().load(std::memory_order_relaxed);
+}
+
+void force_prefetch(bool on) {
+    prefetch().store(on, std::memory_order_relaxed);
+}
+
+bool active_prefetch() {
+    return prefetch().load(std::memory_order_relaxed);
 }
 
 size_t last_level_cache() {

@@ -33,6 +33,7 @@ struct Consts {
     float eps;
     bool adamw;
     bool stream_out; // copy-out and stale may take non-temporal stores (set per batch, not hyper)
+    bool prefetch;   // the vector loop prefetches (prefetch_ahead; set per batch, not hyper)
 };
 
 Consts make_consts(const AdamHyper &h);
@@ -80,8 +81,11 @@ inline bool streams_out(const AdamTensor &t, const Consts &c, CopyType cp) {
 // N = 100M, against no software prefetch: on an Intel Xeon KVM guest (AVX-512, AMX) 256, 512 and
 // 1024 elements took 0.94-0.97x the time on 1 thread (fp32, with and without bf16 copy-out); on an
 // AMD EPYC (Zen 4) guest, 512 and 2048 with AVX2 were within its noise (0.84-0.87 of the roofline
-// against 0.83, measured on separate buffers). A constant tuned on two CPUs: hardware prefetch
-// alone left the one-thread kernel 5% under the plain streaming pass on the first.
+// against 0.83, measured on separate buffers). A distance tuned on two CPUs: hardware prefetch
+// alone left the one-thread kernel 5% under the plain streaming pass on the first. Whether to
+// prefetch at all is chosen at run time (force_prefetch(), zenflow-bench adam --vs-prefetch off
+// measures it); the distance is a constant, so the addresses are the loads' plus a displacement: a
+// distance held in registers cost 1-3% with AVX-512 on that Intel CPU (1 and 2 threads, paired).
 constexpr size_t kPrefetchAhead = 512;
 
 // Prefetches into L1 the lines of elements [i + kPrefetchAhead, + W) of the streams an iteration
@@ -170,6 +174,19 @@ template <class Run> uint64_t dispatch_flags(bool adamw, bool stale, bool stream
                  : with_stream.template operator()<false, false>();
 }
 
+// Iterations [i, end) of the vector loop, each preceded by prefetch_ahead() when Prefetch (a
+// template argument, so that the loop carries no test of it).
+template <class K, GradType G, CopyType C, bool AdamW, bool Stale, bool Stream, bool Prefetch>
+[[gnu::always_inline]] inline void iterate(const Ptrs &ptrs, const typename K::Vc &c, size_t i,
+                                           size_t end, typename K::Count &count) {
+    for (; i < end; i += K::W) {
+        if constexpr (Prefetch) prefetch_ahead<K::W, G>(ptrs, i);
+        typename K::Bad b;
+        K::template body<G, C, AdamW, Stale, Stream>(ptrs, c, i, b);
+        K::add(count, b);
+    }
+}
+
 // The loop every vector path runs over elements [lo, hi) of one tensor. K is the path's kernel
 // (adam_avx2.cpp, adam_avx512.cpp), compiled with its own target flags:
 //   K::W                                  elements per iteration (a multiple of two vectors' lanes)
@@ -201,12 +218,11 @@ uint64_t run_range(const AdamTensor &t, const Consts &consts, size_t lo, size_t 
     while (hi - i >= W) {
         const size_t end = i + W * ((hi - i) / W < kBlock ? (hi - i) / W : kBlock);
         typename K::Count count = K::zero();
-        for (; i < end; i += W) {
-            prefetch_ahead<W, G>(ptrs, i);
-            typename K::Bad b;
-            K::template body<G, C, AdamW, Stale, Stream>(ptrs, c, i, b);
-            K::add(count, b);
-        }
+        if (consts.prefetch)
+            iterate<K, G, C, AdamW, Stale, Stream, true>(ptrs, c, i, end, count);
+        else
+            iterate<K, G, C, AdamW, Stale, Stream, false>(ptrs, c, i, end, count);
+        i = end;
         bad += K::sum(count);
     }
     bad += padded_tail<W, G, C>(t, i, hi, padded);

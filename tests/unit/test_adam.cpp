@@ -238,6 +238,7 @@ void assert_same(const Problem &a, const Problem &b) {
 // vector bodies and tails) in five of the configurations and one step, which keeps the test well
 // under 30 s with ASan.
 void test_bit_identical(void **) {
+    const bool prefetch = zb::opt::active_prefetch();
     for (GradType g : {GradType::f32, GradType::bf16, GradType::f16})
         for (CopyType c : {CopyType::none, CopyType::bf16, CopyType::f16})
             for (bool stale : {false, true}) {
@@ -265,6 +266,8 @@ void test_bit_identical(void **) {
                                 continue; // nothing to stream
                             use(isa);
                             zb::opt::force_stores(stores);
+                            // With software prefetch and without: the same bits.
+                            zb::opt::force_prefetch(threads != 2);
                             Problem p = start;
                             for (int s = 0; s < steps; ++s) {
                                 p.grad = grads[static_cast<size_t>(s)];
@@ -275,6 +278,7 @@ void test_bit_identical(void **) {
             }
     use(zb::opt::best_isa());
     zb::opt::force_stores(Stores::automatic);
+    zb::opt::force_prefetch(prefetch);
 }
 
 // A torch.optim.Adam/AdamW step in double over the same inputs.
