@@ -1,17 +1,20 @@
 // zenflow-bench adam: median seconds per Adam step against a plain streaming pass over the same
-// bytes (roofline.hpp), alternated step by step in one run so both see the same machine noise.
+// bytes (roofline.hpp), alternated step by step in one run so both see the same machine noise; and,
+// with --vs-isa or --vs-prefetch, against a second configuration of the kernel on the same buffers.
 #include "adam.hpp"
 #include "roofline.hpp"
 
 #include "affinity.hpp"
 #include "measure.hpp"
 #include <algorithm>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <iterator>
 #include <omp.h>
+#include <optional>
 
 #include <sched.h>
 #include <string>
@@ -20,21 +23,32 @@
 
 namespace {
 
+// What a step of the kernel runs with, besides the batch.
+struct Variant {
+    zb::opt::Isa isa = zb::opt::best_isa();
+    bool prefetch = zb::opt::active_prefetch();
+};
+
 struct Options {
     size_t elements = 0;
     int threads = 1;
     zb::opt::GradType grad = zb::opt::GradType::f32;
     zb::opt::CopyType copy = zb::opt::CopyType::none;
     bool stale = false;
-    zb::opt::Isa isa = zb::opt::best_isa();
+    Variant kernel;
+    std::optional<zb::opt::Isa> vs_isa;
+    std::optional<bool> vs_prefetch;
     zb::opt::Stores stores = zb::opt::Stores::automatic;
     int steps = 20;
     bool json = false;
 };
 
-int bad_usage(const char *fmt, const char *arg) {
+[[gnu::format(printf, 1, 2)]] int bad_usage(const char *fmt, ...) {
     std::fprintf(stderr, "zenflow-bench adam: ");
-    std::fprintf(stderr, fmt, arg);
+    va_list args;
+    va_start(args, fmt);
+    std::vfprintf(stderr, fmt, args);
+    va_end(args);
     std::fprintf(stderr, " (usage: zenflow-bench adam --help)\n");
     return 2;
 }
@@ -107,18 +121,46 @@ int parse(int argc, char **argv, Options &o) {
                        {"streaming", Stores::streaming}},
                       o.stores))
                 return bad_usage("--stores wants auto, cached or streaming, not '%s'", argv[i]);
-        } else if (a == "--isa") {
+        } else if (a == "--isa" || a == "--vs-isa") {
+            Isa isa = Isa::scalar;
             if (!pick(argv[++i],
-                      {{"scalar", Isa::scalar}, {"avx2", Isa::avx2}, {"avx512", Isa::avx512}},
-                      o.isa))
-                return bad_usage("--isa wants scalar, avx2 or avx512, not '%s'", argv[i]);
-            if (static_cast<int>(o.isa) > static_cast<int>(zb::opt::best_isa()))
-                return bad_usage("this CPU does not support --isa %s", argv[i]);
+                      {{"scalar", Isa::scalar}, {"avx2", Isa::avx2}, {"avx512", Isa::avx512}}, isa))
+                return bad_usage("%s wants scalar, avx2 or avx512, not '%s'", a.c_str(), argv[i]);
+            if (static_cast<int>(isa) > static_cast<int>(zb::opt::best_isa()))
+                return bad_usage("this CPU does not support %s %s", a.c_str(), argv[i]);
+            (a == "--isa" ? o.kernel.isa : o.vs_isa.emplace()) = isa;
+        } else if (a == "--prefetch" || a == "--vs-prefetch") {
+            bool on = true;
+            if (!pick(argv[++i], {{"on", true}, {"off", false}}, on))
+                return bad_usage("%s wants on or off, not '%s'", a.c_str(), argv[i]);
+            (a == "--prefetch" ? o.kernel.prefetch : o.vs_prefetch.emplace()) = on;
         } else
             return bad_usage("unknown option '%s'", argv[i]);
     }
     if (o.elements == 0) return bad_usage("%s", "--elements is required");
     return 0;
+}
+
+// The configuration --vs-isa and --vs-prefetch ask for (what they leave out is the kernel's), if
+// any.
+std::optional<Variant> versus(const Options &o) {
+    if (!o.vs_isa && !o.vs_prefetch) return std::nullopt;
+    return Variant{o.vs_isa.value_or(o.kernel.isa), o.vs_prefetch.value_or(o.kernel.prefetch)};
+}
+
+// Makes adam_step run `v`; false if this CPU cannot (parse() checked it; kept as a guard).
+bool use(const Variant &v) {
+    if (!zb::opt::force_isa(v.isa)) {
+        std::fprintf(stderr, "zenflow-bench adam: this CPU cannot run --isa %s\n",
+                     zb::opt::isa_name(v.isa));
+        return false;
+    }
+    zb::opt::force_prefetch(v.prefetch);
+    return true;
+}
+
+const char *on_off(bool on) {
+    return on ? "on" : "off";
 }
 
 const char *grad_name(zb::opt::GradType g) {
@@ -146,11 +188,8 @@ int bench_adam(int argc, char **argv) {
                      o.threads, cpus.size());
         return 2;
     }
-    if (!zb::opt::force_isa(o.isa)) { // checked in parse_args; kept as a guard
-        std::fprintf(stderr, "zenflow-bench adam: this CPU cannot run --isa %s\n",
-                     zb::opt::isa_name(o.isa));
-        return 2;
-    }
+    const std::optional<Variant> vs = versus(o);
+    if (!use(o.kernel) || (vs && !use(*vs))) return 2;
     zb::opt::force_stores(o.stores);
     omp_set_dynamic(0);
 
@@ -208,22 +247,34 @@ int bench_adam(int argc, char **argv) {
     // fp16 gradients hold the same small values as the bf16 ones would; any finite bits will do.
 
     // Each step: the kernel, then every form of the roofline pass; the kernel is held to the
-    // fastest form's median.
+    // fastest form's median. With a second configuration, it runs beside the kernel on the same
+    // buffers, before it on odd steps and after it on even ones, and each step gives the ratio of
+    // their times: separate buffers would differ by their placement alone (by 8% in one case).
     constexpr size_t forms = std::size(zb::opt::bench::kRoofForms);
-    std::vector<double> kernel, roof[forms];
+    std::vector<double> kernel, roof[forms], other, paired;
+    const auto timed_step = [&](const Variant &v) {
+        use(v);
+        const double t0 = now();
+        zb::opt::adam_step(batch, o.threads);
+        return now() - t0;
+    };
     const int warmup = 2;
     for (int s = 0; s < warmup + o.steps; ++s) {
         hyper.step = s + 1;
-        double t0 = now();
-        zb::opt::adam_step(batch, o.threads);
-        if (s >= warmup) kernel.push_back(now() - t0);
+        const double b = vs && s % 2 ? timed_step(*vs) : 0;
+        const double a = timed_step(o.kernel);
+        const double c = vs && s % 2 == 0 ? timed_step(*vs) : b;
+        if (s >= warmup) {
+            kernel.push_back(a);
+            if (vs) other.push_back(c), paired.push_back(a / c);
+        }
         for (size_t f = 0; f < forms; ++f) {
-            t0 = now();
+            const double t0 = now();
 #pragma omp parallel num_threads(o.threads)
             {
                 size_t lo, hi;
                 zb::opt::adam_slice(n, omp_get_thread_num(), o.threads, lo, hi);
-                zb::opt::bench::stream_pass(t, o.grad, o.copy, lo, hi, o.isa,
+                zb::opt::bench::stream_pass(t, o.grad, o.copy, lo, hi, o.kernel.isa,
                                             zb::opt::bench::kRoofForms[f]);
             }
             if (s >= warmup) roof[f].push_back(now() - t0);
@@ -252,26 +303,45 @@ int bench_adam(int argc, char **argv) {
     const double sec = median(kernel);
     const double gelem = static_cast<double>(n) / sec / 1e9, gbs = bytes / sec / 1e9;
     const double rgbs = bytes / rsec / 1e9, ratio = gbs / rgbs;
+    use(o.kernel);
     const char *stores = zb::opt::stores_name(zb::opt::batch_stores(batch));
+    std::string versus_text; // the second configuration's JSON object or table line
+    if (vs) {
+        char line[256];
+        const char *isa = zb::opt::isa_name(vs->isa);
+        if (o.json)
+            std::snprintf(line, sizeof line,
+                          ",\"vs\":{\"isa\":\"%s\",\"prefetch\":\"%s\",\"seconds\":%.6g,"
+                          "\"time_ratio\":%.4f}",
+                          isa, on_off(vs->prefetch), median(other), median(paired));
+        else
+            std::snprintf(line, sizeof line,
+                          "vs        %.6f s/step  (isa %s, prefetch %s)\n"
+                          "time      %.3f  kernel/vs, median of paired steps\n",
+                          median(other), isa, on_off(vs->prefetch), median(paired));
+        versus_text = line;
+    }
     if (o.json) {
         std::printf(
             "{\"subcommand\":\"adam\",\"elements\":%zu,\"threads\":%d,\"grad\":\"%s\","
-            "\"copy_out\":\"%s\",\"stale\":%s,\"isa\":\"%s\",\"stores\":\"%s\",\"steps\":%d,"
+            "\"copy_out\":\"%s\",\"stale\":%s,\"isa\":\"%s\",\"prefetch\":\"%s\",\"stores\":\"%s\","
+            "\"steps\":%d,"
             "\"bytes_per_step\":%.0f,\"seconds\":%.6g,\"gelem_per_s\":%.6g,"
             "\"gb_per_s\":%.6g,\"roofline_seconds\":%.6g,\"roofline_gb_per_s\":%.6g,"
-            "\"roofline_form\":\"%s\",\"roofline_forms_gb_per_s\":{%s},\"ratio\":%.4f}\n",
+            "\"roofline_form\":\"%s\",\"roofline_forms_gb_per_s\":{%s},\"ratio\":%.4f%s}\n",
             n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "true" : "false",
-            zb::opt::isa_name(zb::opt::active_isa()), stores, o.steps, bytes, sec, gelem, gbs, rsec,
-            rgbs, form, each.c_str(), ratio);
+            zb::opt::isa_name(zb::opt::active_isa()), on_off(o.kernel.prefetch), stores, o.steps,
+            bytes, sec, gelem, gbs, rsec, rgbs, form, each.c_str(), ratio, versus_text.c_str());
     } else {
         std::printf("adam: %zu elements, %d threads, grad %s, copy-out %s, stale %s, isa %s, "
-                    "stores %s, %d steps, %.0f bytes/step\n",
+                    "prefetch %s, stores %s, %d steps, %.0f bytes/step\n",
                     n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "yes" : "no",
-                    zb::opt::isa_name(zb::opt::active_isa()), stores, o.steps, bytes);
+                    zb::opt::isa_name(zb::opt::active_isa()), on_off(o.kernel.prefetch), stores,
+                    o.steps, bytes);
         std::printf("kernel    %.6f s/step  %.3f Gelem/s  %.2f GB/s\n", sec, gelem, gbs);
         std::printf("roofline  %.6f s/step                 %.2f GB/s  (plain %s pass; GB/s %s)\n",
                     rsec, rgbs, form, each.c_str());
-        std::printf("ratio     %.3f\n", ratio);
+        std::printf("ratio     %.3f\n%s", ratio, versus_text.c_str());
     }
     return 0;
 }

@@ -62,6 +62,22 @@ class Adam(unittest.TestCase):
         self.assertEqual(adam("--copy-out", "bf16", "--stores", "streaming")["stores"], "streaming")
         self.assertEqual(adam("--stores", "streaming")["stores"], "cached")
 
+    def test_versus(self):
+        # A second configuration runs beside the kernel; what it does not set is the kernel's.
+        self.assertEqual(adam()["prefetch"], "on")
+        d = adam("--vs-prefetch", "off")
+        self.assertEqual((d["vs"]["isa"], d["vs"]["prefetch"]), (d["isa"], "off"))
+        d = adam("--isa", "scalar", "--prefetch", "off", "--vs-isa", adam()["isa"])
+        self.assertEqual((d["isa"], d["prefetch"], d["stores"]), ("scalar", "off", "cached"))
+        self.assertEqual(d["vs"]["prefetch"], "off")
+        for v in (d["vs"]["seconds"], d["vs"]["time_ratio"]):
+            self.assertGreater(v, 0)
+        self.assertNotIn("vs", adam())
+        r = run("adam", "--elements", "4096", "--steps", "10", "--vs-prefetch", "off")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"(?m)^vs +[\d.]+ s/step +\(isa \w+, prefetch off\)$")
+        self.assertRegex(r.stdout, r"(?m)^time +\d+\.\d+ +kernel/vs")
+
     def test_table(self):
         r = run("adam", "--elements", "4096", "--steps", "10")
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -157,6 +173,11 @@ class Errors(unittest.TestCase):
         self.assert_usage(["adam", "--elements", "10", "--steps", "9"], "--steps wants")
         self.assert_usage(["adam", "--elements", "10", "--isa", "neon"], "--isa wants")
         self.assert_usage(["adam", "--elements", "10", "--stores", "nt"], "--stores wants")
+        self.assert_usage(["adam", "--elements", "10", "--vs-isa", "neon"], "--vs-isa wants")
+        self.assert_usage(["adam", "--elements", "10", "--prefetch", "512"],
+                          "--prefetch wants on or off, not '512'")
+        self.assert_usage(["adam", "--elements", "10", "--vs-prefetch", "yes"],
+                          "--vs-prefetch wants on or off")
         self.assert_usage(["adam", "--elements", "10", "--bogus"], "'--bogus'")
         self.assert_usage(["adam", "--elements"], "missing value: '--elements'")
         cpus = len(os.sched_getaffinity(0))
