@@ -279,9 +279,14 @@ int bench_worker(int argc, char **argv) {
     const char *gname = grad == ZB_DTYPE_FP32 ? "fp32" : grad == ZB_DTYPE_BF16 ? "bf16" : "fp16";
     const char *cname = copy == ZB_DTYPE_NONE ? "none" : copy == ZB_DTYPE_BF16 ? "bf16" : "fp16";
     const long growth = long(end_worker_rss) - long(mem.worker_rss);
+    const char *wait_policy = std::getenv("OMP_WAIT_POLICY");
+    if (!wait_policy)
+        wait_policy = "default";
+    else if (std::strspn(wait_policy, "ACEIPSTVacdeiptsv") != std::strlen(wait_policy))
+        wait_policy = "other"; // not one libgomp knows, nor safe to print in JSON
     if (json) {
         std::printf("{\"elements\": %zu, \"grad\": \"%s\", \"copy\": \"%s\", \"stale\": %s, "
-                    "\"threads\": %d, \"isa\": \"%s\", "
+                    "\"threads\": %d, \"isa\": \"%s\", \"omp_wait_policy\": \"%s\", "
                     "\"iterations\": %d, \"worker_step_s\": %.6f, \"worker_own_step_s\": %.6f, "
                     "\"inprocess_step_s\": %.6f, "
                     "\"overhead_ratio\": %.4f, \"overhead_ratios\": %s, "
@@ -291,16 +296,16 @@ int bench_worker(int argc, char **argv) {
                     "\"skip_step_s\": %.6f, \"skip_ratio\": %.4f, \"skip_ratios\": %s, "
                     "\"clip_step_s\": %.6f, \"clip_ratio\": %.4f, \"clip_ratios\": %s}\n",
                     n, gname, cname, stale ? "true" : "false", threads,
-                    zb::opt::isa_name(zb::opt::active_isa()), iterations, median(tw), median(town),
-                    median(tl), ratio, json_list(overhead).c_str(), bpp, mem.bytes_per_param,
-                    mem.worker_rss, mem.trainer_rss_anon, growth, median(tskip), skip_ratio,
-                    json_list(skip_over).c_str(), median(tclip), clip_ratio,
-                    json_list(clip_over).c_str());
+                    zb::opt::isa_name(zb::opt::active_isa()), wait_policy, iterations, median(tw),
+                    median(town), median(tl), ratio, json_list(overhead).c_str(), bpp,
+                    mem.bytes_per_param, mem.worker_rss, mem.trainer_rss_anon, growth,
+                    median(tskip), skip_ratio, json_list(skip_over).c_str(), median(tclip),
+                    clip_ratio, json_list(clip_over).c_str());
     } else {
         std::printf("Adam step, %zu elements, %s gradients, copy-out %s, stale %s, %d threads on "
-                    "CPUs %s, ISA %s\n",
+                    "CPUs %s, ISA %s, OMP_WAIT_POLICY %s\n",
                     n, gname, cname, stale ? "yes" : "no", threads, list.c_str(),
-                    zb::opt::isa_name(zb::opt::active_isa()));
+                    zb::opt::isa_name(zb::opt::active_isa()), wait_policy);
         std::printf("  through the worker: %.3f ms (%.3f ms of them in the worker)   in-process: "
                     "%.3f ms   ratio %.4f (median of %d step pairs)\n",
                     median(tw) * 1e3, median(town) * 1e3, median(tl) * 1e3, ratio, iterations);

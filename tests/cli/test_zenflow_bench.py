@@ -107,14 +107,17 @@ class IpcAndWorker(unittest.TestCase):
         self.assertTrue(0 < d["futex_p50_us"] <= d["futex_p99_us"], d)
 
     def test_worker_json(self):
-        keys = {"elements", "grad", "copy", "stale", "threads", "isa", "iterations",
-                "worker_step_s", "worker_own_step_s", "inprocess_step_s", "overhead_ratio",
+        keys = {"elements", "grad", "copy", "stale", "threads", "isa", "omp_wait_policy",
+                "iterations", "worker_step_s", "worker_own_step_s", "inprocess_step_s", "overhead_ratio",
                 "overhead_ratios", "bytes_per_param",
                 "bytes_per_param_layout", "worker_rss", "trainer_rss_anon", "worker_rss_growth",
                 "skip_step_s", "skip_ratio", "skip_ratios", "clip_step_s", "clip_ratio",
                 "clip_ratios"}
-        d = bench_json("worker", "--elements", "1000000", "--iterations", "3")
+        # Unless told otherwise, the in-process side waits as the worker's team does: passively.
+        d = bench_json("worker", "--elements", "1000000", "--iterations", "3",
+                       cmd=["env", "-u", "OMP_WAIT_POLICY"])
         self.assertEqual(set(d), keys)
+        self.assertEqual(d["omp_wait_policy"], "passive")
         self.assertEqual((d["elements"], d["grad"], d["copy"], d["stale"], d["iterations"]),
                          (1000000, "fp32", "none", False, 3))
         self.assertEqual(d["threads"], len(os.sched_getaffinity(0)))  # one per allowed CPU
@@ -132,8 +135,10 @@ class IpcAndWorker(unittest.TestCase):
         self.assertGreater(d["worker_rss"], 0)
         # master + 2 bf16 gradient buffers + moments + bf16 copy-out + stale
         d = bench_json("worker", "--elements", "100000", "--iterations", "3", "--grad", "bf16",
-                       "--copy-out", "bf16", "--stale", "--threads", "1")
+                       "--copy-out", "bf16", "--stale", "--threads", "1",
+                       cmd=["env", "OMP_WAIT_POLICY=active"])
         self.assertEqual((d["grad"], d["copy"], d["stale"], d["threads"]), ("bf16", "bf16", True, 1))
+        self.assertEqual(d["omp_wait_policy"], "active")
         self.assertEqual(d["bytes_per_param_layout"], 4 + 2 * 2 + 8 + 2 + 4)
 
     def test_run_failures_exit_1(self):
