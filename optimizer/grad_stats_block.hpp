@@ -67,6 +67,14 @@ template <GradType T> inline F8 load8(const void *grad, size_t i) {
     }
 }
 
+// How far ahead of the element it adds the pass asks for the gradients' lines, in elements (4 KiB
+// of fp32, 2 KiB of 16-bit gradients). The hardware prefetchers alone kept too few lines in flight
+// for the arithmetic between the loads: on an Intel Xeon KVM guest (AVX-512) one thread read fp32
+// gradients at 4.0 GB/s, against 13 GB/s for a plain read loop; 256, 512, 1024 and 2048 elements
+// ahead gave 7.6, 8.5, 8.9 and 8.8 GB/s (50M elements, in one process). Measured on that CPU only.
+// The address is an integer: it may lie past the gradients' end, where a prefetch is harmless.
+constexpr size_t kPrefetchAhead = 1024;
+
 template <GradType T> inline GradStats block(const void *grad, size_t lo, size_t hi, float scale) {
     D4 lo4 = {}, hi4 = {}; // lanes 0-3 and 4-7: a vector of eight doubles would be spilled
     I8 bad = {};           // at most kGradStatsBlock / 8 per lane
@@ -78,12 +86,15 @@ template <GradType T> inline GradStats block(const void *grad, size_t lo, size_t
         hi4 += b * b;
         bad -= (bits<U8>(x) & 0x7f800000u) == 0x7f800000u; // true is -1
     };
+    constexpr size_t esize = T == GradType::f32 ? 4 : 2;
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(grad) + kPrefetchAhead * esize;
     size_t i = lo;
-    for (; i + kLanes <= hi; i += kLanes)
+    for (; i + kLanes <= hi; i += kLanes) {
+        __builtin_prefetch(reinterpret_cast<const void *>(ahead + i * esize));
         add(load8<T>(grad, i));
+    }
     if (i < hi) {
         // The tail through a zero-padded copy: zeros add nothing to either sum.
-        const size_t esize = T == GradType::f32 ? 4 : 2;
         alignas(32) unsigned char tail[kLanes * 4] = {};
         std::memcpy(tail, static_cast<const unsigned char *>(grad) + i * esize, (hi - i) * esize);
         add(load8<T>(tail, 0));
