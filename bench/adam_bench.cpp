@@ -176,6 +176,7 @@ const char *copy_name(zb::opt::CopyType c) {
 int bench_adam(int argc, char **argv) {
     Options o;
     if (const int rc = parse(argc, argv, o)) return rc;
+    const zb::bench::Machine machine;
 
     Affinity affinity;
     if (!read_affinity(affinity)) {
@@ -328,16 +329,18 @@ int bench_adam(int argc, char **argv) {
             "\"steps\":%d,"
             "\"bytes_per_step\":%.0f,\"seconds\":%.6g,\"gelem_per_s\":%.6g,"
             "\"gb_per_s\":%.6g,\"roofline_seconds\":%.6g,\"roofline_gb_per_s\":%.6g,"
-            "\"roofline_form\":\"%s\",\"roofline_forms_gb_per_s\":{%s},\"ratio\":%.4f%s}\n",
+            "\"roofline_form\":\"%s\",\"roofline_forms_gb_per_s\":{%s},\"ratio\":%.4f%s,%s}\n",
             n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "true" : "false",
             zb::opt::isa_name(zb::opt::active_isa()), on_off(o.kernel.prefetch), stores, o.steps,
-            bytes, sec, gelem, gbs, rsec, rgbs, form, each.c_str(), ratio, versus_text.c_str());
+            bytes, sec, gelem, gbs, rsec, rgbs, form, each.c_str(), ratio, versus_text.c_str(),
+            machine.json().c_str());
     } else {
         std::printf("adam: %zu elements, %d threads, grad %s, copy-out %s, stale %s, isa %s, "
                     "prefetch %s, stores %s, %d steps, %.0f bytes/step\n",
                     n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "yes" : "no",
                     zb::opt::isa_name(zb::opt::active_isa()), on_off(o.kernel.prefetch), stores,
                     o.steps, bytes);
+        std::printf("machine   %s", machine.text().c_str());
         std::printf("kernel    %.6f s/step  %.3f Gelem/s  %.2f GB/s\n", sec, gelem, gbs);
         std::printf("roofline  %.6f s/step                 %.2f GB/s  (plain %s pass; GB/s %s)\n",
                     rsec, rgbs, form, each.c_str());

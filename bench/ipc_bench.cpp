@@ -55,6 +55,7 @@ Stats measure(int worker_cpu, unsigned spin_us, long iterations) {
 } // namespace
 
 int bench_ipc(int argc, char **argv) {
+    const zb::bench::Machine machine;
     long iterations = 100000;
     bool json = false;
     for (int i = 1; i < argc; ++i) {
@@ -99,12 +100,13 @@ int bench_ipc(int argc, char **argv) {
     if (json) {
         std::printf("{\"iterations\": %ld, \"trainer_cpu\": %d, \"worker_cpu\": %d, "
                     "\"spin_us\": %u, \"p50_us\": %.3f, \"p99_us\": %.3f, \"min_us\": %.3f, "
-                    "\"futex_p50_us\": %.3f, \"futex_p99_us\": %.3f}\n",
+                    "\"futex_p50_us\": %.3f, \"futex_p99_us\": %.3f, %s}\n",
                     iterations, tcpu, wcpu, spin_us, spin.p50, spin.p99, spin.min, sleep.p50,
-                    sleep.p99);
+                    sleep.p99, machine.json().c_str());
     } else {
         std::printf("empty-step round trip, trainer on CPU %d, worker on CPU %d, %ld steps\n", tcpu,
                     wcpu, iterations);
+        std::printf("  %s", machine.text().c_str());
         std::printf("  spin %3u us then futex: p50 %8.3f us  p99 %8.3f us  min %8.3f us\n", spin_us,
                     spin.p50, spin.p99, spin.min);
         std::printf("  futex only (no spin):   p50 %8.3f us  p99 %8.3f us  min %8.3f us\n",

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace zb::bench {
@@ -40,5 +42,60 @@ template <class T> Buffer<T> untouched(size_t n, const char *who) {
     }
     return Buffer<T>(static_cast<T *>(p));
 }
+
+// Where and when a run measured: the CPU model and the 1-minute load average at its start and its
+// end, which every subcommand prints beside its figures (a figure from a busy or unknown machine
+// is not one to compare).
+class Machine {
+  public:
+    Machine() : cpu_(cpu_model()), load_start_(load()) {}
+
+    // `"cpu": "...", "load_start": x, "load_end": y`, to close a JSON object's keys.
+    std::string json() const {
+        char out[320];
+        std::snprintf(out, sizeof out, "\"cpu\": \"%s\", \"load_start\": %.2f, \"load_end\": %.2f",
+                      cpu_.c_str(), load_start_, load());
+        return out;
+    }
+    // One line for a table.
+    std::string text() const {
+        char out[320];
+        std::snprintf(out, sizeof out, "CPU %s, load %.2f at the start, %.2f at the end\n",
+                      cpu_.c_str(), load_start_, load());
+        return out;
+    }
+
+  private:
+    // /proc/loadavg's first figure; -1 when it cannot be read.
+    static double load() {
+        double l = -1;
+        if (FILE *f = std::fopen("/proc/loadavg", "re")) {
+            if (std::fscanf(f, "%lf", &l) != 1) l = -1;
+            std::fclose(f);
+        }
+        return l;
+    }
+    // The first "model name" of /proc/cpuinfo, printable ASCII without quotes or backslashes
+    // (others become '?', so it stays one JSON string); "unknown" when there is none.
+    static std::string cpu_model() {
+        std::string name;
+        if (FILE *f = std::fopen("/proc/cpuinfo", "re")) {
+            char line[512];
+            while (name.empty() && std::fgets(line, sizeof line, f))
+                if (!std::strncmp(line, "model name", 10))
+                    if (const char *colon = std::strchr(line, ':')) name = colon + 1;
+            std::fclose(f);
+        }
+        const size_t first = name.find_first_not_of(" \t"), last = name.find_last_not_of(" \t\n");
+        name =
+            first == std::string::npos ? "" : name.substr(first, last - first + 1).substr(0, 200);
+        for (char &c : name)
+            if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') c = '?';
+        return name.empty() ? "unknown" : name;
+    }
+
+    std::string cpu_;
+    double load_start_;
+};
 
 } // namespace zb::bench

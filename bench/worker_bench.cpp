@@ -168,6 +168,7 @@ int bench_worker(int argc, char **argv) {
                              "zenflow-bench worker --help)\n");
         return 2;
     }
+    const zb::bench::Machine machine;
     Affinity affinity;
     if (!read_affinity(affinity)) {
         std::perror("zenflow-bench: sched_getaffinity");
@@ -294,18 +295,19 @@ int bench_worker(int argc, char **argv) {
                     "\"bytes_per_param_layout\": %.3f, \"worker_rss\": %zu, "
                     "\"trainer_rss_anon\": %zu, \"worker_rss_growth\": %ld, "
                     "\"skip_step_s\": %.6f, \"skip_ratio\": %.4f, \"skip_ratios\": %s, "
-                    "\"clip_step_s\": %.6f, \"clip_ratio\": %.4f, \"clip_ratios\": %s}\n",
+                    "\"clip_step_s\": %.6f, \"clip_ratio\": %.4f, \"clip_ratios\": %s, %s}\n",
                     n, gname, cname, stale ? "true" : "false", threads,
                     zb::opt::isa_name(zb::opt::active_isa()), wait_policy, iterations, median(tw),
                     median(town), median(tl), ratio, json_list(overhead).c_str(), bpp,
                     mem.bytes_per_param, mem.worker_rss, mem.trainer_rss_anon, growth,
                     median(tskip), skip_ratio, json_list(skip_over).c_str(), median(tclip),
-                    clip_ratio, json_list(clip_over).c_str());
+                    clip_ratio, json_list(clip_over).c_str(), machine.json().c_str());
     } else {
         std::printf("Adam step, %zu elements, %s gradients, copy-out %s, stale %s, %d threads on "
                     "CPUs %s, ISA %s, OMP_WAIT_POLICY %s\n",
                     n, gname, cname, stale ? "yes" : "no", threads, list.c_str(),
                     zb::opt::isa_name(zb::opt::active_isa()), wait_policy);
+        std::printf("  %s", machine.text().c_str());
         std::printf("  through the worker: %.3f ms (%.3f ms of them in the worker)   in-process: "
                     "%.3f ms   ratio %.4f (median of %d step pairs)\n",
                     median(tw) * 1e3, median(town) * 1e3, median(tl) * 1e3, ratio, iterations);

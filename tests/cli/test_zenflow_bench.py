@@ -16,6 +16,17 @@ def run(*args):
     return subprocess.run([BENCH, *args], capture_output=True, text=True, timeout=120)
 
 
+def assert_machine(test, d):
+    """Every subcommand says where and when it measured: the CPU model (the first "model name" of
+    /proc/cpuinfo) and the 1-minute load average at the start and at the end of the run."""
+    with open("/proc/cpuinfo") as f:
+        names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    test.assertEqual(d["cpu"], names[0] if names else "unknown")
+    for key in ("load_start", "load_end"):
+        test.assertIsInstance(d[key], float)
+        test.assertGreaterEqual(d[key], 0)
+
+
 def adam(*args):
     r = run("adam", "--elements", str(N), "--steps", "10", "--json", *args)
     if r.returncode != 0:
@@ -42,6 +53,7 @@ class Adam(unittest.TestCase):
         self.assertAlmostEqual(d["gb_per_s"], d["bytes_per_step"] / d["seconds"] / 1e9,
                                delta=1e-3 * d["gb_per_s"])
         self.assertAlmostEqual(d["ratio"], d["gb_per_s"] / d["roofline_gb_per_s"], delta=1e-3)
+        assert_machine(self, d)
 
     def test_bytes_follow_the_configuration(self):
         d = adam("--grad", "bf16", "--copy-out", "fp16", "--stale")
@@ -82,6 +94,8 @@ class Adam(unittest.TestCase):
         r = run("adam", "--elements", "4096", "--steps", "10")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout, r"(?m)^ratio +\d+\.\d+$")
+        self.assertRegex(r.stdout, r"(?m)^machine +CPU .+, load [\d.]+ at the start, "
+                                   r"[\d.]+ at the end$")
         self.assertRegex(r.stdout, r"roofline .*\(plain (simd|lines|nt) pass; "
                                    r"GB/s simd [\d.]+, lines [\d.]+, nt [\d.]+\)")
 
@@ -98,7 +112,9 @@ class IpcAndWorker(unittest.TestCase):
     def test_ipc_json(self):
         d = bench_json("ipc", "--iterations", "1000")
         self.assertEqual(set(d), {"iterations", "trainer_cpu", "worker_cpu", "spin_us", "p50_us",
-                                  "p99_us", "min_us", "futex_p50_us", "futex_p99_us"})
+                                  "p99_us", "min_us", "futex_p50_us", "futex_p99_us", "cpu",
+                                  "load_start", "load_end"})
+        assert_machine(self, d)
         allowed = os.sched_getaffinity(0)
         # this process on its first allowed CPU, the worker on its last, the default spin
         self.assertEqual((d["iterations"], d["trainer_cpu"], d["worker_cpu"], d["spin_us"]),
@@ -112,12 +128,13 @@ class IpcAndWorker(unittest.TestCase):
                 "overhead_ratios", "bytes_per_param",
                 "bytes_per_param_layout", "worker_rss", "trainer_rss_anon", "worker_rss_growth",
                 "skip_step_s", "skip_ratio", "skip_ratios", "clip_step_s", "clip_ratio",
-                "clip_ratios"}
+                "clip_ratios", "cpu", "load_start", "load_end"}
         # Unless told otherwise, the in-process side waits as the worker's team does: passively.
         d = bench_json("worker", "--elements", "1000000", "--iterations", "3",
                        cmd=["env", "-u", "OMP_WAIT_POLICY"])
         self.assertEqual(set(d), keys)
         self.assertEqual(d["omp_wait_policy"], "passive")
+        assert_machine(self, d)
         self.assertEqual((d["elements"], d["grad"], d["copy"], d["stale"], d["iterations"]),
                          (1000000, "fp32", "none", False, 3))
         self.assertEqual(d["threads"], len(os.sched_getaffinity(0)))  # one per allowed CPU
