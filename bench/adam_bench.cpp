@@ -26,7 +26,7 @@ namespace {
 // What a step of the kernel runs with, besides the batch.
 struct Variant {
     zb::opt::Isa isa = zb::opt::best_isa();
-    bool prefetch = zb::opt::active_prefetch();
+    zb::opt::Prefetch prefetch = zb::opt::active_prefetch();
 };
 
 struct Options {
@@ -37,7 +37,7 @@ struct Options {
     bool stale = false;
     Variant kernel;
     std::optional<zb::opt::Isa> vs_isa;
-    std::optional<bool> vs_prefetch;
+    std::optional<zb::opt::Prefetch> vs_prefetch;
     zb::opt::Stores stores = zb::opt::Stores::automatic;
     int steps = 20;
     bool json = false;
@@ -67,6 +67,8 @@ using zb::bench::untouched;
 using zb::opt::CopyType;
 using zb::opt::GradType;
 using zb::opt::Isa;
+using zb::opt::Prefetch;
+using zb::opt::prefetch_name;
 using zb::opt::Stores;
 
 // Sets `out` to the value named `word` among `names`; false if none is.
@@ -130,10 +132,11 @@ int parse(int argc, char **argv, Options &o) {
                 return bad_usage("this CPU does not support %s %s", a.c_str(), argv[i]);
             (a == "--isa" ? o.kernel.isa : o.vs_isa.emplace()) = isa;
         } else if (a == "--prefetch" || a == "--vs-prefetch") {
-            bool on = true;
-            if (!pick(argv[++i], {{"on", true}, {"off", false}}, on))
-                return bad_usage("%s wants on or off, not '%s'", a.c_str(), argv[i]);
-            (a == "--prefetch" ? o.kernel.prefetch : o.vs_prefetch.emplace()) = on;
+            Prefetch where = Prefetch::off;
+            if (!pick(argv[++i],
+                      {{"off", Prefetch::off}, {"l1", Prefetch::l1}, {"l2", Prefetch::l2}}, where))
+                return bad_usage("%s wants off, l1 or l2, not '%s'", a.c_str(), argv[i]);
+            (a == "--prefetch" ? o.kernel.prefetch : o.vs_prefetch.emplace()) = where;
         } else
             return bad_usage("unknown option '%s'", argv[i]);
     }
@@ -157,10 +160,6 @@ bool use(const Variant &v) {
     }
     zb::opt::force_prefetch(v.prefetch);
     return true;
-}
-
-const char *on_off(bool on) {
-    return on ? "on" : "off";
 }
 
 const char *grad_name(zb::opt::GradType g) {
@@ -314,12 +313,12 @@ int bench_adam(int argc, char **argv) {
             std::snprintf(line, sizeof line,
                           ",\"vs\":{\"isa\":\"%s\",\"prefetch\":\"%s\",\"seconds\":%.6g,"
                           "\"time_ratio\":%.4f}",
-                          isa, on_off(vs->prefetch), median(other), median(paired));
+                          isa, prefetch_name(vs->prefetch), median(other), median(paired));
         else
             std::snprintf(line, sizeof line,
                           "vs        %.6f s/step  (isa %s, prefetch %s)\n"
                           "time      %.3f  kernel/vs, median of paired steps\n",
-                          median(other), isa, on_off(vs->prefetch), median(paired));
+                          median(other), isa, prefetch_name(vs->prefetch), median(paired));
         versus_text = line;
     }
     if (o.json) {
@@ -331,15 +330,15 @@ int bench_adam(int argc, char **argv) {
             "\"gb_per_s\":%.6g,\"roofline_seconds\":%.6g,\"roofline_gb_per_s\":%.6g,"
             "\"roofline_form\":\"%s\",\"roofline_forms_gb_per_s\":{%s},\"ratio\":%.4f%s,%s}\n",
             n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "true" : "false",
-            zb::opt::isa_name(zb::opt::active_isa()), on_off(o.kernel.prefetch), stores, o.steps,
-            bytes, sec, gelem, gbs, rsec, rgbs, form, each.c_str(), ratio, versus_text.c_str(),
-            machine.json().c_str());
+            zb::opt::isa_name(zb::opt::active_isa()), prefetch_name(o.kernel.prefetch), stores,
+            o.steps, bytes, sec, gelem, gbs, rsec, rgbs, form, each.c_str(), ratio,
+            versus_text.c_str(), machine.json().c_str());
     } else {
         std::printf("adam: %zu elements, %d threads, grad %s, copy-out %s, stale %s, isa %s, "
                     "prefetch %s, stores %s, %d steps, %.0f bytes/step\n",
                     n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "yes" : "no",
-                    zb::opt::isa_name(zb::opt::active_isa()), on_off(o.kernel.prefetch), stores,
-                    o.steps, bytes);
+                    zb::opt::isa_name(zb::opt::active_isa()), prefetch_name(o.kernel.prefetch),
+                    stores, o.steps, bytes);
         std::printf("machine   %s", machine.text().c_str());
         std::printf("kernel    %.6f s/step  %.3f Gelem/s  %.2f GB/s\n", sec, gelem, gbs);
         std::printf("roofline  %.6f s/step                 %.2f GB/s  (plain %s pass; GB/s %s)\n",

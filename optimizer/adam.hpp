@@ -82,10 +82,12 @@ Stores batch_stores(const AdamBatch &batch); // how adam_step writes the batch's
 size_t last_level_cache();                   // bytes, from sysfs (32 MiB when it cannot tell)
 const char *stores_name(Stores s);
 
-// Whether the vector paths prefetch the lines of the streams they read a fixed distance ahead
-// (adam_kernels.hpp) or leave it to the hardware prefetchers alone: on unless force_prefetch()
-// was called (tests, benchmarks). It changes only when lines arrive, never a result.
-void force_prefetch(bool on);
-bool active_prefetch();
+// Where the vector paths prefetch the lines of the streams they read, a fixed distance ahead
+// (adam_kernels.hpp): into L2 unless force_prefetch() was called (tests, benchmarks), into L1, or
+// not at all (the hardware prefetchers alone). It changes only when lines arrive, never a result.
+enum class Prefetch : uint8_t { off, l1, l2 };
+void force_prefetch(Prefetch p);
+Prefetch active_prefetch();
+const char *prefetch_name(Prefetch p); // off, l1, l2
 
 } // namespace zb::opt

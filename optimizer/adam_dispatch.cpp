@@ -29,9 +29,9 @@ std::atomic<Stores> &stores() {
     return mode;
 }
 
-std::atomic<bool> &prefetch() {
-    static std::atomic<bool> on{true};
-    return on;
+std::atomic<Prefetch> &prefetch() {
+    static std::atomic<Prefetch> where{Prefetch::l2};
+    return where;
 }
 
 // The largest cache of cpu0 that sysfs lists (index0, index1, ... up to the last level), in bytes.
@@ -107,7 +107,7 @@ namespace {
 
 // Updates elements [lo, hi) of the concatenation of the batch's tensors.
 uint64_t run_chunk(const AdamBatch &batch, detail::RangeKernel kernel, bool stream,
-                   bool prefetching, size_t lo, size_t hi) {
+                   Prefetch prefetching, size_t lo, size_t hi) {
     uint64_t bad = 0;
     const AdamHyper *last = nullptr;
     bool have = false;
@@ -141,7 +141,7 @@ uint64_t adam_step_in_team(const AdamBatch &batch, TeamShare &share) {
         total += batch.tensors[k].n;
     const detail::RangeKernel kernel = kernel_for(active_isa());
     const bool stream = batch_stores(batch) == Stores::streaming;
-    const bool prefetching = active_prefetch();
+    const Prefetch prefetching = active_prefetch();
     const int me = omp_get_thread_num(), threads = omp_get_num_threads();
     size_t lo, hi;
     if (!TeamShare::fits(total, threads)) {
@@ -187,12 +187,16 @@ Stores active_stores() {
     return stores().load(std::memory_order_relaxed);
 }
 
-void force_prefetch(bool on) {
-    prefetch().store(on, std::memory_order_relaxed);
+void force_prefetch(Prefetch p) {
+    prefetch().store(p, std::memory_order_relaxed);
 }
 
-bool active_prefetch() {
+Prefetch active_prefetch() {
     return prefetch().load(std::memory_order_relaxed);
+}
+
+const char *prefetch_name(Prefetch p) {
+    return p == Prefetch::off ? "off" : p == Prefetch::l1 ? "l1" : "l2";
 }
 
 size_t last_level_cache() {

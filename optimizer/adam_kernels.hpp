@@ -32,8 +32,8 @@ struct Consts {
     float inv_bias2_sqrt; // 1 / sqrt(1 - beta2^step)
     float eps;
     bool adamw;
-    bool stream_out; // copy-out and stale may take non-temporal stores (set per batch, not hyper)
-    bool prefetch;   // the vector loop prefetches (prefetch_ahead; set per batch, not hyper)
+    bool stream_out;   // copy-out and stale may take non-temporal stores (set per batch, not hyper)
+    Prefetch prefetch; // where the vector loop prefetches (prefetch_ahead; per batch, not hyper)
 };
 
 Consts make_consts(const AdamHyper &h);
@@ -75,30 +75,36 @@ inline bool streams_out(const AdamTensor &t, const Consts &c, CopyType cp) {
 #define ZF_UNROLL _Pragma("GCC unroll 8")
 
 // How far ahead of the iteration at i the vector loop asks for the lines it will read (param,
-// moments, gradient), in elements: 512, 2 KiB of each fp32 stream. On one thread the arithmetic
-// between the loads leaves fewer misses in flight than a plain streaming pass has, and the hardware
-// prefetchers did not make up for it. Each step alternated in one process on the same buffers,
-// N = 100M, against no software prefetch: on an Intel Xeon KVM guest (AVX-512, AMX) 256, 512 and
-// 1024 elements took 0.94-0.97x the time on 1 thread (fp32, with and without bf16 copy-out); on an
-// AMD EPYC (Zen 4) guest, 512 and 2048 with AVX2 were within its noise (0.84-0.87 of the roofline
-// against 0.83, measured on separate buffers). A distance tuned on two CPUs: hardware prefetch
-// alone left the one-thread kernel 5% under the plain streaming pass on the first. Whether to
-// prefetch at all is chosen at run time (force_prefetch(), zenflow-bench adam --vs-prefetch off
-// measures it); the distance is a constant, so the addresses are the loads' plus a displacement: a
-// distance held in registers cost 1-3% with AVX-512 on that Intel CPU (1 and 2 threads, paired).
+// moments, gradient), in elements: 512, 2 KiB of each fp32 stream; and into which cache. On one
+// thread the arithmetic between the loads leaves fewer misses in flight than a plain streaming pass
+// has, and the hardware prefetchers do not make up for it. Into L2 by default: a prefetch into L1
+// holds one of the core's few L1 miss buffers until its line arrives, and the demand loads and the
+// stores' reads-for-ownership wait for the same buffers; one into L2 does not, and the loads then
+// hit L2, whose latency the out-of-order window hides. Each step alternated in one process on the
+// same buffers, N = 100M (zenflow-bench adam --vs-prefetch):
+//   AMD EPYC (Zen 4) guest: into L2 took 0.71-0.92x the time of into L1 on 1 thread and 0.71-0.96x
+//     on 2, in each of the 24 configurations (fp32/bf16/fp16 gradients x copy-out none/bf16 x
+//     stale, AVX-512 and AVX2), and 0.65-0.81x and 0.63-0.86x the time of no prefetch (four of
+//     them). Distances of 256, 1024 and 2048 elements into L2 were no faster than 512.
+//   Intel Xeon KVM guest (AVX-512, AMX), into L1 only (into L2 not yet measured there): 256, 512
+//     and 1024 elements took 0.94-0.97x the time of no prefetch on 1 thread.
+// Which cache is chosen at run time (force_prefetch()); the distance is a constant, so the
+// addresses are the loads' plus a displacement: a distance held in registers cost 1-3% with
+// AVX-512 on that Intel CPU (1 and 2 threads, paired).
 constexpr size_t kPrefetchAhead = 512;
 
-// Prefetches into L1 the lines of elements [i + kPrefetchAhead, + W) of the streams an iteration
-// reads. Addresses past a tensor's end are harmless: a prefetch never faults (they are computed as
-// integers, so no pointer leaves its array).
-template <size_t W, GradType G>
+// Prefetches into the cache P names the lines of elements [i + kPrefetchAhead, + W) of the streams
+// an iteration reads. Addresses past a tensor's end are harmless: a prefetch never faults (they are
+// computed as integers, so no pointer leaves its array).
+template <size_t W, GradType G, Prefetch P>
 [[gnu::always_inline]] inline void prefetch_ahead(const Ptrs &t, size_t i) {
+    static_assert(P != Prefetch::off);
     constexpr size_t gsize = G == GradType::f32 ? 4 : 2;
+    constexpr auto hint = P == Prefetch::l1 ? _MM_HINT_T0 : _MM_HINT_T1;
     const size_t at = i + kPrefetchAhead;
     // (A lambda for the one line would be shorter, but GCC 12 drops the prefetches made in it.)
 #define ZF_PREFETCH(base, offset)                                                                  \
-    _mm_prefetch(reinterpret_cast<const char *>(reinterpret_cast<uintptr_t>(base) + (offset)),     \
-                 _MM_HINT_T0)
+    _mm_prefetch(reinterpret_cast<const char *>(reinterpret_cast<uintptr_t>(base) + (offset)), hint)
     ZF_UNROLL
     for (size_t b = 0; b < W * 4; b += 64) {
         ZF_PREFETCH(t.param, at * 4 + b);
@@ -174,13 +180,13 @@ template <class Run> uint64_t dispatch_flags(bool adamw, bool stale, bool stream
                  : with_stream.template operator()<false, false>();
 }
 
-// Iterations [i, end) of the vector loop, each preceded by prefetch_ahead() when Prefetch (a
+// Iterations [i, end) of the vector loop, each preceded by prefetch_ahead() unless P is off (a
 // template argument, so that the loop carries no test of it).
-template <class K, GradType G, CopyType C, bool AdamW, bool Stale, bool Stream, bool Prefetch>
+template <class K, GradType G, CopyType C, bool AdamW, bool Stale, bool Stream, Prefetch P>
 [[gnu::always_inline]] inline void iterate(const Ptrs &ptrs, const typename K::Vc &c, size_t i,
                                            size_t end, typename K::Count &count) {
     for (; i < end; i += K::W) {
-        if constexpr (Prefetch) prefetch_ahead<K::W, G>(ptrs, i);
+        if constexpr (P != Prefetch::off) prefetch_ahead<K::W, G, P>(ptrs, i);
         typename K::Bad b;
         K::template body<G, C, AdamW, Stale, Stream>(ptrs, c, i, b);
         K::add(count, b);
@@ -218,10 +224,12 @@ uint64_t run_range(const AdamTensor &t, const Consts &consts, size_t lo, size_t 
     while (hi - i >= W) {
         const size_t end = i + W * ((hi - i) / W < kBlock ? (hi - i) / W : kBlock);
         typename K::Count count = K::zero();
-        if (consts.prefetch)
-            iterate<K, G, C, AdamW, Stale, Stream, true>(ptrs, c, i, end, count);
+        if (consts.prefetch == Prefetch::l2)
+            iterate<K, G, C, AdamW, Stale, Stream, Prefetch::l2>(ptrs, c, i, end, count);
+        else if (consts.prefetch == Prefetch::l1)
+            iterate<K, G, C, AdamW, Stale, Stream, Prefetch::l1>(ptrs, c, i, end, count);
         else
-            iterate<K, G, C, AdamW, Stale, Stream, false>(ptrs, c, i, end, count);
+            iterate<K, G, C, AdamW, Stale, Stream, Prefetch::off>(ptrs, c, i, end, count);
         i = end;
         bad += K::sum(count);
     }

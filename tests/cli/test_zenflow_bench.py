@@ -76,9 +76,11 @@ class Adam(unittest.TestCase):
 
     def test_versus(self):
         # A second configuration runs beside the kernel; what it does not set is the kernel's.
-        self.assertEqual(adam()["prefetch"], "on")
+        self.assertEqual(adam()["prefetch"], "l2")
         d = adam("--vs-prefetch", "off")
         self.assertEqual((d["vs"]["isa"], d["vs"]["prefetch"]), (d["isa"], "off"))
+        d = adam("--prefetch", "l1", "--vs-prefetch", "l2")
+        self.assertEqual((d["prefetch"], d["vs"]["prefetch"]), ("l1", "l2"))
         d = adam("--isa", "scalar", "--prefetch", "off", "--vs-isa", adam()["isa"])
         self.assertEqual((d["isa"], d["prefetch"], d["stores"]), ("scalar", "off", "cached"))
         self.assertEqual(d["vs"]["prefetch"], "off")
@@ -197,9 +199,9 @@ class Errors(unittest.TestCase):
         self.assert_usage(["adam", "--elements", "10", "--stores", "nt"], "--stores wants")
         self.assert_usage(["adam", "--elements", "10", "--vs-isa", "neon"], "--vs-isa wants")
         self.assert_usage(["adam", "--elements", "10", "--prefetch", "512"],
-                          "--prefetch wants on or off, not '512'")
+                          "--prefetch wants off, l1 or l2, not '512'")
         self.assert_usage(["adam", "--elements", "10", "--vs-prefetch", "yes"],
-                          "--vs-prefetch wants on or off")
+                          "--vs-prefetch wants off, l1 or l2")
         self.assert_usage(["adam", "--elements", "10", "--bogus"], "'--bogus'")
         self.assert_usage(["adam", "--elements"], "missing value: '--elements'")
         cpus = len(os.sched_getaffinity(0))

@@ -238,7 +238,7 @@ void assert_same(const Problem &a, const Problem &b) {
 // vector bodies and tails) in five of the configurations and one step, which keeps the test well
 // under 30 s with ASan.
 void test_bit_identical(void **) {
-    const bool prefetch = zb::opt::active_prefetch();
+    const zb::opt::Prefetch prefetch = zb::opt::active_prefetch();
     for (GradType g : {GradType::f32, GradType::bf16, GradType::f16})
         for (CopyType c : {CopyType::none, CopyType::bf16, CopyType::f16})
             for (bool stale : {false, true}) {
@@ -266,8 +266,10 @@ void test_bit_identical(void **) {
                                 continue; // nothing to stream
                             use(isa);
                             zb::opt::force_stores(stores);
-                            // With software prefetch and without: the same bits.
-                            zb::opt::force_prefetch(threads != 2);
+                            // Prefetching into L1, L2 or not at all: the same bits.
+                            zb::opt::force_prefetch(threads == 1   ? zb::opt::Prefetch::l1
+                                                    : threads == 2 ? zb::opt::Prefetch::l2
+                                                                   : zb::opt::Prefetch::off);
                             Problem p = start;
                             for (int s = 0; s < steps; ++s) {
                                 p.grad = grads[static_cast<size_t>(s)];
