@@ -246,12 +246,13 @@ int bench_adam(int argc, char **argv) {
     }
     // fp16 gradients hold the same small values as the bf16 ones would; any finite bits will do.
 
-    // Each step: the kernel, then every form of the roofline pass; the kernel is held to the
-    // fastest form's median. With a second configuration, it runs beside the kernel on the same
-    // buffers, before it on odd steps and after it on even ones, and each step gives the ratio of
-    // their times: separate buffers would differ by their placement alone (by 8% in one case).
+    // Each step: the kernel, then every form of the roofline pass, then the prefetched pass (a
+    // diagnostic, never the roofline); the kernel is held to the fastest form's median. With a
+    // second configuration, it runs beside the kernel on the same buffers, before it on odd steps
+    // and after it on even ones, and each step gives the ratio of their times: separate buffers
+    // would differ by their placement alone (by 8% in one case).
     constexpr size_t forms = std::size(zb::opt::bench::kRoofForms);
-    std::vector<double> kernel, roof[forms], other, paired;
+    std::vector<double> kernel, roof[forms], prefetched, other, paired;
     const auto timed_step = [&](const Variant &v) {
         use(v);
         const double t0 = now();
@@ -268,16 +269,17 @@ int bench_adam(int argc, char **argv) {
             kernel.push_back(a);
             if (vs) other.push_back(c), paired.push_back(a / c);
         }
-        for (size_t f = 0; f < forms; ++f) {
+        for (size_t f = 0; f <= forms; ++f) {
             const double t0 = now();
 #pragma omp parallel num_threads(o.threads)
             {
                 size_t lo, hi;
                 zb::opt::adam_slice(n, omp_get_thread_num(), o.threads, lo, hi);
                 zb::opt::bench::stream_pass(t, o.grad, o.copy, lo, hi, o.kernel.isa,
-                                            zb::opt::bench::kRoofForms[f]);
+                                            f < forms ? zb::opt::bench::kRoofForms[f]
+                                                      : zb::opt::bench::RoofForm::prefetched);
             }
-            if (s >= warmup) roof[f].push_back(now() - t0);
+            if (s >= warmup) (f < forms ? roof[f] : prefetched).push_back(now() - t0);
         }
     }
 
@@ -303,6 +305,7 @@ int bench_adam(int argc, char **argv) {
     const double sec = median(kernel);
     const double gelem = static_cast<double>(n) / sec / 1e9, gbs = bytes / sec / 1e9;
     const double rgbs = bytes / rsec / 1e9, ratio = gbs / rgbs;
+    const double psec = median(prefetched), pgbs = bytes / psec / 1e9;
     use(o.kernel);
     const char *stores = zb::opt::stores_name(zb::opt::batch_stores(batch));
     std::string versus_text; // the second configuration's JSON object or table line
@@ -328,11 +331,12 @@ int bench_adam(int argc, char **argv) {
             "\"steps\":%d,"
             "\"bytes_per_step\":%.0f,\"seconds\":%.6g,\"gelem_per_s\":%.6g,"
             "\"gb_per_s\":%.6g,\"roofline_seconds\":%.6g,\"roofline_gb_per_s\":%.6g,"
-            "\"roofline_form\":\"%s\",\"roofline_forms_gb_per_s\":{%s},\"ratio\":%.4f%s,%s}\n",
+            "\"roofline_form\":\"%s\",\"roofline_forms_gb_per_s\":{%s},\"ratio\":%.4f,"
+            "\"prefetched_pass_gb_per_s\":%.6g,\"ratio_to_prefetched_pass\":%.4f%s,%s}\n",
             n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "true" : "false",
             zb::opt::isa_name(zb::opt::active_isa()), prefetch_name(o.kernel.prefetch), stores,
-            o.steps, bytes, sec, gelem, gbs, rsec, rgbs, form, each.c_str(), ratio,
-            versus_text.c_str(), machine.json().c_str());
+            o.steps, bytes, sec, gelem, gbs, rsec, rgbs, form, each.c_str(), ratio, pgbs,
+            gbs / pgbs, versus_text.c_str(), machine.json().c_str());
     } else {
         std::printf("adam: %zu elements, %d threads, grad %s, copy-out %s, stale %s, isa %s, "
                     "prefetch %s, stores %s, %d steps, %.0f bytes/step\n",
@@ -343,7 +347,11 @@ int bench_adam(int argc, char **argv) {
         std::printf("kernel    %.6f s/step  %.3f Gelem/s  %.2f GB/s\n", sec, gelem, gbs);
         std::printf("roofline  %.6f s/step                 %.2f GB/s  (plain %s pass; GB/s %s)\n",
                     rsec, rgbs, form, each.c_str());
-        std::printf("ratio     %.3f\n%s", ratio, versus_text.c_str());
+        std::printf("ratio     %.3f\n", ratio);
+        std::printf(
+            "prefetch  %.6f s/step                 %.2f GB/s  (diagnostic: the nt pass with "
+            "the kernel's prefetch; kernel %.3f of it)\n%s",
+            psec, pgbs, gbs / pgbs, versus_text.c_str());
     }
     return 0;
 }

@@ -1,5 +1,7 @@
 #include "roofline.hpp"
 
+#include "adam_kernels.hpp"
+
 #include <cstdint>
 #include <cstring>
 
@@ -33,6 +35,25 @@ template <typename G, bool Copy, bool Stale>
 constexpr size_t kLine = 16;
 // One 64-byte line of every stream, the 16-bit copy-out's included: the chunk of the `nt` form.
 constexpr size_t kNtChunk = 32;
+
+// The prefetched form's prefetches for the chunk at i: the lines kPrefetchAhead elements ahead in
+// each stream the pass reads, into L2, as the kernels do by default (adam_kernels.hpp). The
+// addresses are integers: past the end of a stream, a prefetch is harmless.
+template <typename G>
+[[gnu::always_inline]] inline void prefetch_chunk(const uint32_t *p, const G *g, const uint32_t *m,
+                                                  const uint32_t *v, size_t i) {
+    const size_t at = i + opt::detail::kPrefetchAhead;
+    const auto line = [](const void *base, size_t offset) {
+        return reinterpret_cast<const char *>(reinterpret_cast<uintptr_t>(base) + offset);
+    };
+    for (size_t b = 0; b < kNtChunk * 4; b += 64) {
+        _mm_prefetch(line(p, at * 4 + b), _MM_HINT_T1);
+        _mm_prefetch(line(m, at * 4 + b), _MM_HINT_T1);
+        _mm_prefetch(line(v, at * 4 + b), _MM_HINT_T1);
+    }
+    for (size_t b = 0; b < kNtChunk * sizeof(G); b += 64)
+        _mm_prefetch(line(g, at * sizeof(G) + b), _MM_HINT_T1);
+}
 
 // The streams read and written back, for K elements: param and moments, and the gradient read
 // into v's bits. Each stream is its own loop, one after the other, as a chunk of the forms below.
@@ -111,7 +132,7 @@ template <bool Copy, bool Stale> size_t to_line(const uint16_t *c, const uint32_
         for (; i < n; ++i)                                                                         \
             element<G, Copy, Stale>(p, g, m, v, c, s, i, zero);                                    \
     }                                                                                              \
-    template <typename G, bool Copy, bool Stale>                                                   \
+    template <typename G, bool Copy, bool Stale, bool Prefetch = false>                            \
     ATTR void NAME##_nt(uint32_t *__restrict p, const G *__restrict g, uint32_t *__restrict m,     \
                         uint32_t *__restrict v, uint16_t *__restrict c, uint32_t *__restrict s,    \
                         size_t n, uint32_t zero) {                                                 \
@@ -119,6 +140,7 @@ template <bool Copy, bool Stale> size_t to_line(const uint16_t *c, const uint32_
         for (const size_t head = to_line<Copy, Stale>(c, s, n); i < head; ++i)                     \
             element<G, Copy, Stale>(p, g, m, v, c, s, i, zero);                                    \
         for (; i + kNtChunk <= n; i += kNtChunk) {                                                 \
+            if constexpr (Prefetch) prefetch_chunk(p, g, m, v, i);                                 \
             in_place<kNtChunk>(p + i, g + i, m + i, v + i, zero);                                  \
             if constexpr (Copy) {                                                                  \
                 alignas(64) uint16_t line[kNtChunk];                                               \
@@ -154,7 +176,10 @@ void run(const AdamTensor &t, size_t lo, size_t hi, Isa isa, RoofForm form) {
     asm("" : "+r"(zero)); // the compiler no longer knows it is 0
     // One target's forms, indexed by RoofForm.
 #define ZF_FORMS(NAME)                                                                             \
-    { NAME##_simd<G, Copy, Stale>, NAME##_lines<G, Copy, Stale>, NAME##_nt<G, Copy, Stale> }
+    {                                                                                              \
+        NAME##_simd<G, Copy, Stale>, NAME##_lines<G, Copy, Stale>, NAME##_nt<G, Copy, Stale>,      \
+            NAME##_nt<G, Copy, Stale, true>                                                        \
+    }
     using Pass = void (*)(uint32_t *, const G *, uint32_t *, uint32_t *, uint16_t *, uint32_t *,
                           size_t, uint32_t);
     static constexpr Pass avx512[] = ZF_FORMS(pass_avx512), avx2[] = ZF_FORMS(pass_avx2),
@@ -180,7 +205,16 @@ void run_grad(const AdamTensor &t, bool copy, size_t lo, size_t hi, Isa isa, Roo
 } // namespace
 
 const char *roof_form_name(RoofForm f) {
-    return f == RoofForm::lines ? "lines" : f == RoofForm::nt ? "nt" : "simd";
+    switch (f) {
+    case RoofForm::lines:
+        return "lines";
+    case RoofForm::nt:
+        return "nt";
+    case RoofForm::prefetched:
+        return "prefetched";
+    default:
+        return "simd";
+    }
 }
 
 void stream_pass(const AdamTensor &t, GradType g, CopyType c, size_t lo, size_t hi, Isa isa,

@@ -19,6 +19,8 @@ enum class RoofForm : uint8_t {
     nt,    // `lines` in chunks of one line of every stream, with the streams it only writes
            // (copy-out, stale) stored non-temporally, as `omp simd nontemporal` asks for: GCC 12
            // ignores that clause, so this form alone spells the ISA's streaming store
+    prefetched, // `nt` with the kernel's software prefetch (its distance, into L2): not a plain
+                // pass, so never the roofline; a diagnostic of what prefetching gives plain code
 };
 inline constexpr RoofForm kRoofForms[] = {RoofForm::simd, RoofForm::lines, RoofForm::nt};
 const char *roof_form_name(RoofForm f);

@@ -53,6 +53,10 @@ class Adam(unittest.TestCase):
         self.assertAlmostEqual(d["gb_per_s"], d["bytes_per_step"] / d["seconds"] / 1e9,
                                delta=1e-3 * d["gb_per_s"])
         self.assertAlmostEqual(d["ratio"], d["gb_per_s"] / d["roofline_gb_per_s"], delta=1e-3)
+        # The prefetched pass is a diagnostic beside the roofline, never one of its forms.
+        self.assertGreater(d["prefetched_pass_gb_per_s"], 0)
+        self.assertAlmostEqual(d["ratio_to_prefetched_pass"],
+                               d["gb_per_s"] / d["prefetched_pass_gb_per_s"], delta=1e-3)
         assert_machine(self, d)
 
     def test_bytes_follow_the_configuration(self):
@@ -100,6 +104,8 @@ class Adam(unittest.TestCase):
                                    r"[\d.]+ at the end$")
         self.assertRegex(r.stdout, r"roofline .*\(plain (simd|lines|nt) pass; "
                                    r"GB/s simd [\d.]+, lines [\d.]+, nt [\d.]+\)")
+        self.assertRegex(r.stdout, r"(?m)^prefetch +[\d.]+ s/step +[\d.]+ GB/s +\(diagnostic: "
+                                   r".*; kernel \d+\.\d+ of it\)$")
 
 
 def bench_json(*args, cmd=None):
