@@ -205,16 +205,8 @@ void run_grad(const AdamTensor &t, bool copy, size_t lo, size_t hi, Isa isa, Roo
 } // namespace
 
 const char *roof_form_name(RoofForm f) {
-    switch (f) {
-    case RoofForm::lines:
-        return "lines";
-    case RoofForm::nt:
-        return "nt";
-    case RoofForm::prefetched:
-        return "prefetched";
-    default:
-        return "simd";
-    }
+    static constexpr const char *names[] = {"simd", "lines", "nt", "prefetched"}; // by RoofForm
+    return names[static_cast<size_t>(f)];
 }
 
 void stream_pass(const AdamTensor &t, GradType g, CopyType c, size_t lo, size_t hi, Isa isa,
