@@ -61,6 +61,11 @@ struct Buffers {
     }
 };
 
+// The roofline's forms and the diagnostic prefetched pass.
+using zb::opt::bench::RoofForm;
+constexpr RoofForm kEveryForm[] = {RoofForm::simd, RoofForm::lines, RoofForm::nt,
+                                   RoofForm::prefetched};
+
 void test_pass_keeps_data_and_writes_outputs(void **) {
     const size_t n = 1000 + 7;
     const size_t bounds[][2] = {{0, n}, {3, n - 5}, {16, 16 + 31}, {5, 6}, {n, n}};
@@ -69,7 +74,7 @@ void test_pass_keeps_data_and_writes_outputs(void **) {
         for (GradType g : {GradType::f32, GradType::bf16})
             for (CopyType c : {CopyType::none, CopyType::bf16})
                 for (bool stale : {false, true})
-                    for (zb::opt::bench::RoofForm form : zb::opt::bench::kRoofForms)
+                    for (RoofForm form : kEveryForm)
                         for (const auto &b : bounds)
                             // stale at the copy-out's offset in a line, then at another
                             for (size_t shift : {0, 1}) {
