@@ -36,23 +36,16 @@ constexpr size_t kLine = 16;
 // One 64-byte line of every stream, the 16-bit copy-out's included: the chunk of the `nt` form.
 constexpr size_t kNtChunk = 32;
 
-// The prefetched form's prefetches for the chunk at i: the lines kPrefetchAhead elements ahead in
-// each stream the pass reads, into L2, as the kernels do by default (adam_kernels.hpp). The
-// addresses are integers: past the end of a stream, a prefetch is harmless.
+// The prefetched form's prefetches for the chunk at i: the kernels' own prefetch_ahead()
+// (adam_kernels.hpp), into L2, their default. Of the gradient type only the size matters there.
 template <typename G>
-[[gnu::always_inline]] inline void prefetch_chunk(const uint32_t *p, const G *g, const uint32_t *m,
-                                                  const uint32_t *v, size_t i) {
-    const size_t at = i + opt::detail::kPrefetchAhead;
-    const auto line = [](const void *base, size_t offset) {
-        return reinterpret_cast<const char *>(reinterpret_cast<uintptr_t>(base) + offset);
-    };
-    for (size_t b = 0; b < kNtChunk * 4; b += 64) {
-        _mm_prefetch(line(p, at * 4 + b), _MM_HINT_T1);
-        _mm_prefetch(line(m, at * 4 + b), _MM_HINT_T1);
-        _mm_prefetch(line(v, at * 4 + b), _MM_HINT_T1);
-    }
-    for (size_t b = 0; b < kNtChunk * sizeof(G); b += 64)
-        _mm_prefetch(line(g, at * sizeof(G) + b), _MM_HINT_T1);
+[[gnu::always_inline]] inline void prefetch_chunk(uint32_t *p, const G *g, uint32_t *m, uint32_t *v,
+                                                  size_t i) {
+    constexpr GradType grad = sizeof(G) == 4 ? GradType::f32 : GradType::bf16;
+    const opt::detail::Ptrs streams{
+        reinterpret_cast<float *>(p), g,       reinterpret_cast<float *>(m),
+        reinterpret_cast<float *>(v), nullptr, nullptr};
+    opt::detail::prefetch_ahead<kNtChunk, grad, Prefetch::l2>(streams, i);
 }
 
 // The streams read and written back, for K elements: param and moments, and the gradient read
