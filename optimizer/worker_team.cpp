@@ -411,7 +411,7 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
         ctl.thread_cpus[me] = pinned ? cpu : -1;
         if (!pinned) pin_failures.fetch_add(1);
 #pragma omp barrier
-#pragma omp master
+#pragma omp masked
         {
             const std::string problem = team_problem(threads, pin_failures.load());
             if (problem.empty()) {
@@ -425,7 +425,7 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
             }
         }
         for (;;) {
-#pragma omp master
+#pragma omp masked
             {
                 while (t.work != Work::exit) {
                     const proto::Command command = next_command(t);
@@ -435,7 +435,7 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
                 }
             }
 #pragma omp barrier
-            // Read between the two barriers: the master writes t.work only outside them.
+            // Read between the two barriers: the primary thread writes t.work only outside them.
             const Work work = t.work;
             if (work == Work::exit) break;
             switch (work) {
@@ -443,7 +443,7 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
                 if (t.stats) {
                     grad_stats_in_team(t, me, threads);
 #pragma omp barrier
-#pragma omp master
+#pragma omp masked
                     decide_step(t);
 #pragma omp barrier
                 }
@@ -471,7 +471,7 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
                 break;
             }
 #pragma omp barrier
-#pragma omp master
+#pragma omp masked
             finish(t, work);
         }
     }
