@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What zenflow_bind.so adds to task launch: `srun -n2 true` timed on a throwaway cluster
-# (tests/slurm/cluster.sh) in three set-ups, alternated round by round in one run:
+# (scripts/cluster.sh) in three set-ups, alternated round by round in one run:
 #   none     plugstack.conf without the plugin: Slurm alone, the baseline
 #   loaded   the plugin loaded, no option: what installing it costs every job
 #   bound    the plugin loaded and --zenflow-bind: topology load, plan, affinity, environment
@@ -13,7 +13,7 @@ set -euo pipefail
 plugin=${1:?usage: launch_bench.sh PLUGIN_SO [ROUNDS]}
 rounds=${2:-15}
 here=$(cd "$(dirname "$0")" && pwd)
-cluster=${ZB_CLUSTER_SH:-$here/../tests/slurm/cluster.sh}
+cluster=${ZB_CLUSTER_SH:-$here/../scripts/cluster.sh}
 
 dir=$(mktemp -d /tmp/zb-bench-XXXXXX)
 trap '"$cluster" stop "$dir"; rm -rf "$dir"' EXIT

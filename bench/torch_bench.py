@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""zenflow_bind.torch.AdamW (blocking and overlap) against torch.optim.AdamW (foreach on and off)
+"""zenflow_bind.optim.AdamW (blocking and overlap) against torch.optim.AdamW (foreach on and off)
 on the same cores and models; prints figures and ratios from one run. Not a test.
 
 Each configuration runs in its own child process, so that its /proc RSS is its own; the
@@ -15,7 +15,7 @@ Bytes/param count what the run adds to the processes' memory beyond the model's 
 malloc_trim: torch's RssAnon growth; for the worker, this process's private growth, the worker's
 private memory and the shared memory reserved (each shared page counted once).
 
-    PYTHONPATH=contrib/python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.1 \\
+    PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.1 \\
     ZENFLOW_OPTIMIZER=build/default/optimizer/zenflow-optimizer /usr/bin/python3 bench/torch_bench.py
 """
 
@@ -81,7 +81,7 @@ def run_one(args):
     numel = sum(p.numel() for p in params)
     master = None
     if args.opt.startswith("zenflow"):
-        import zenflow_bind.torch as zt
+        import zenflow_bind.optim as zt
         opt = zt.AdamW(params, lr=1e-4, threads=args.threads, overlap=args.opt.endswith("overlap"))
     else:
         targets = params

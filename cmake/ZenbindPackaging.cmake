@@ -99,7 +99,7 @@ set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS
     "python3, python3-numpy, libzenbind${ZB_SOVERSION} ${zb_same}, zenflow-bind ${zb_same}")
 set(CPACK_DEBIAN_PYTHON_PACKAGE_RECOMMENDS "python3-torch")
 set(CPACK_DEBIAN_PYTHON_DESCRIPTION "Python interface of zenflow-bind for PyTorch and DeepSpeed
-zenflow_bind.torch.AdamW is a torch.optim.Optimizer whose step runs in the
+zenflow_bind.optim.AdamW is a torch.optim.Optimizer whose step runs in the
 zenflow-optimizer worker on the CPUs srun --zenflow-bind planned, with torch's
 state dict format; zenflow_bind.deepspeed makes DeepSpeed ZenFlow use the
 plugin's plan. Worker and Group expose the worker's shared memory to numpy.")
@@ -146,12 +146,12 @@ set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
 set(zb_changelog ${CMAKE_BINARY_DIR}/cpack-doc/changelog.gz)
 add_custom_command(OUTPUT ${zb_changelog}
   COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/cpack-doc
-  COMMAND gzip -9n -c ${PROJECT_SOURCE_DIR}/contrib/debian/changelog > ${zb_changelog}
-  DEPENDS ${PROJECT_SOURCE_DIR}/contrib/debian/changelog VERBATIM)
+  COMMAND gzip -9n -c ${PROJECT_SOURCE_DIR}/contrib/packaging/debian/changelog > ${zb_changelog}
+  DEPENDS ${PROJECT_SOURCE_DIR}/contrib/packaging/debian/changelog VERBATIM)
 add_custom_target(zb_package_doc ALL DEPENDS ${zb_changelog})
 foreach(comp IN LISTS CPACK_COMPONENTS_ALL)
   string(TOUPPER ${comp} COMP)
-  install(FILES ${PROJECT_SOURCE_DIR}/contrib/debian/copyright ${zb_changelog}
+  install(FILES ${PROJECT_SOURCE_DIR}/contrib/packaging/debian/copyright ${zb_changelog}
           DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/${CPACK_DEBIAN_${COMP}_PACKAGE_NAME}
           COMPONENT ${comp})
 endforeach()

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job, end to end on this machine: install what is missing, build, start a throwaway
-# Slurm cluster on loopback (tests/slurm/cluster.sh) and train a small PyTorch transformer
+# Slurm cluster on loopback (scripts/cluster.sh) and train a small PyTorch transformer
 # (contrib/demo/train_transformer.py) twice:
-#   - with zenflow_bind.torch.AdamW in overlap mode under `srun --zenflow-bind=verbose`,
+#   - with zenflow_bind.optim.AdamW in overlap mode under `srun --zenflow-bind=verbose`,
 #     checkpointed half-way, stopped, and resumed in a new srun step;
 #   - with torch.optim.AdamW under plain srun (what users do today), stopped and resumed alike.
 # Prints both side by side (contrib/demo/report.py), writes a picture of loss and step time per
@@ -22,15 +22,15 @@ build=$root/build/default
 out=${ZB_DEMO_OUT:-$build/demo}
 mkdir -p "$out"
 rm -f "$out"/*.jsonl "$out"/*.pt
-export PYTHONPATH=$root/contrib/python
+export PYTHONPATH=$root/python
 export ZENFLOW_BIND_LIB=$build/libzenbind/libzenbind.so.1
 export ZENFLOW_OPTIMIZER=$build/optimizer/zenflow-optimizer
 cluster=$(mktemp -d /tmp/zenflow-demo.XXXXXX)
-stop() { bash tests/slurm/cluster.sh stop "$cluster" >/dev/null 2>&1 || true; rm -rf "$cluster"; }
+stop() { bash scripts/cluster.sh stop "$cluster" >/dev/null 2>&1 || true; rm -rf "$cluster"; }
 trap stop EXIT
-bash tests/slurm/cluster.sh start "$cluster" --task-plugin cgroup \
+bash scripts/cluster.sh start "$cluster" --task-plugin cgroup \
     --plugin "$build/spank_plugin/zenflow_bind.so" --lifetime 900
-eval "$(bash tests/slurm/cluster.sh env "$cluster")"
+eval "$(bash scripts/cluster.sh env "$cluster")"
 
 cpus=$(nproc)
 steps=${ZB_DEMO_STEPS:-100}
@@ -55,7 +55,7 @@ run zenflow zenflow --zenflow-bind=verbose
 run torch torch
 echo
 /usr/bin/python3 contrib/demo/report.py --png "$out/demo.png" \
-    "zenflow_bind.torch.AdamW (overlap), srun --zenflow-bind=$out/zenflow.jsonl" \
+    "zenflow_bind.optim.AdamW (overlap), srun --zenflow-bind=$out/zenflow.jsonl" \
     "torch.optim.AdamW, plain srun=$out/torch.jsonl"
 cat <<EOF
 (medians per step, each segment's first step left out; optimizer step: the worker's own time,

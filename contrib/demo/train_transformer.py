@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Train a small transformer language model with zenflow_bind.torch.AdamW or torch.optim.AdamW.
+"""Train a small transformer language model with zenflow_bind.optim.AdamW or torch.optim.AdamW.
 
 The model (torch.nn.TransformerEncoder with a causal mask) learns a seeded synthetic language:
 each token is a fixed permutation of the one before it, with a tenth of the tokens replaced
@@ -13,9 +13,9 @@ this process. --save-at K writes model + optimizer state dicts after step K (syn
 worker first); --stop-at-save ends the run there and --resume continues from the file.
 
 By hand, from the source tree after `cmake --build --preset default`, on a Slurm cluster whose
-plugstack.conf loads zenflow_bind.so (tests/slurm/cluster.sh makes one on loopback):
+plugstack.conf loads zenflow_bind.so (scripts/cluster.sh makes one on loopback):
 
-    export PYTHONPATH=contrib/python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.1 \\
+    export PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.1 \\
            ZENFLOW_OPTIMIZER=build/default/optimizer/zenflow-optimizer
     srun -n1 -c2 --zenflow-bind=verbose /usr/bin/python3 contrib/demo/train_transformer.py \\
          --optimizer zenflow --steps 100 --save-at 50 --checkpoint /tmp/ck.pt --stop-at-save
@@ -75,8 +75,8 @@ def make_optimizer(name, model, args):
     kwargs = dict(lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     if name == "torch":
         return torch.optim.AdamW(model.parameters(), **kwargs)
-    import zenflow_bind.torch
-    return zenflow_bind.torch.AdamW(model.parameters(), overlap=True, **kwargs)
+    import zenflow_bind.optim
+    return zenflow_bind.optim.AdamW(model.parameters(), overlap=True, **kwargs)
 
 
 def cpu_list(cpus):

@@ -23,7 +23,7 @@ for p in "${pkgs[@]}"; do
 done
 
 work=$(mktemp -d)
-cluster="$src/tests/slurm/cluster.sh"
+cluster="$src/scripts/cluster.sh"
 cleanup() {
   "$cluster" stop "$work/cluster" >/dev/null 2>&1 || true
   DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq "${pkgs[@]}" >/dev/null 2>&1 || true

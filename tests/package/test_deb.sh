@@ -39,7 +39,7 @@ expect "usr/lib/$multiarch/slurm-wlm/zenflow_bind.so" "SPANK plugin in Slurm's P
 expect "usr/lib/$multiarch/zenflow-bind/zenflow_bind_binder.so" "the plugin's binder, loaded per binding step"
 expect "usr/lib/python3/dist-packages/zenflow_bind/__init__.py" "Python package where python3 imports it"
 for page in man1/zenbind.1 man1/zenflow-bench.1 man1/zenflow-optimizer.1 man3/libzenbind.3 man8/zenflow_bind.8 \
-            man3/zenflow_bind.torch.3 man3/zenflow_bind.deepspeed.3; do
+            man3/zenflow_bind.optim.3 man3/zenflow_bind.deepspeed.3; do
   expect "usr/share/man/$page.gz" "man page $page, compressed"
 done
 snippet="$root/etc/slurm/plugstack.conf.d/zenflow-bind.conf"

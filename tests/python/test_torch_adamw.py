@@ -1,4 +1,4 @@
-"""zenflow_bind.torch.AdamW against torch.optim.AdamW (Debian's torch): the math of every group,
+"""zenflow_bind.optim.AdamW against torch.optim.AdamW (Debian's torch): the math of every group,
 schedulers, late groups, parameters without gradients. Tolerance: the worker's kernel orders its
 float operations differently (FMA), a few ulps per step; after 50 steps rtol = atol = 1e-5."""
 

@@ -1,4 +1,4 @@
-"""zenflow_bind.torch.AdamW's modes: zero-copy shared memory for CPU models, bf16 parameters with
+"""zenflow_bind.optim.AdamW's modes: zero-copy shared memory for CPU models, bf16 parameters with
 fp32 master weights, ZenFlow's overlap, and its errors."""
 
 import os
@@ -8,7 +8,7 @@ import unittest
 import torch
 
 from torch_cases import assert_close, assert_equal, batches, mlp, ours, twins
-import zenflow_bind.torch as zt
+import zenflow_bind.optim as zt
 from zenflow_bind import ZenbindError
 
 
@@ -179,6 +179,20 @@ class Environment(unittest.TestCase):
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+
+class Names(unittest.TestCase):
+    def test_old_module_name_is_a_deprecated_alias(self):
+        import importlib
+        import sys
+        import warnings
+        sys.modules.pop("zenflow_bind.torch", None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            old = importlib.import_module("zenflow_bind.torch")
+        self.assertIs(old.AdamW, zt.AdamW)
+        self.assertTrue(any(issubclass(w.category, FutureWarning) and
+                            "zenflow_bind.optim" in str(w.message) for w in caught))
 
 
 class Errors(unittest.TestCase):

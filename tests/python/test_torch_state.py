@@ -1,4 +1,4 @@
-"""zenflow_bind.torch.AdamW's state: torch's state dict format both ways with torch.optim.AdamW,
+"""zenflow_bind.optim.AdamW's state: torch's state dict format both ways with torch.optim.AdamW,
 checkpoints through torch.save/torch.load into a new optimizer (a new worker), the overflow skip
 that writes nothing, and clipping by the global norm."""
 

@@ -1,7 +1,7 @@
-"""The contrib/python binding against torch.optim.AdamW (Debian's python3-torch).
+"""The python binding against torch.optim.AdamW (Debian's python3-torch).
 
 Run with Debian's /usr/bin/python3, ZENFLOW_BIND_LIB pointing at libzenbind.so, ZENFLOW_OPTIMIZER
-at zenflow-optimizer and contrib/python on PYTHONPATH (CMake's zb_python_test does this)."""
+at zenflow-optimizer and python on PYTHONPATH (CMake's zb_python_test does this)."""
 
 import gc
 import os

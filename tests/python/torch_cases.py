@@ -1,10 +1,10 @@
-"""Shared pieces of the zenflow_bind.torch tests: seeded models, data and comparisons."""
+"""Shared pieces of the zenflow_bind.optim tests: seeded models, data and comparisons."""
 
 import copy
 
 import torch
 
-import zenflow_bind.torch as zt
+import zenflow_bind.optim as zt
 
 THREADS = 2  # the worker's; the tests' machine has 2 shared cores
 

@@ -16,7 +16,7 @@ import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CLUSTER = os.path.join(HERE, "cluster.sh")
+CLUSTER = os.path.join(HERE, "..", "..", "scripts", "cluster.sh")
 SKIP = 77
 STEP_TIMEOUT = 60
 

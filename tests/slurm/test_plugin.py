@@ -14,15 +14,15 @@ from slurm_case import CLUSTER, HERE, REPORT, STEP_TIMEOUT, ClusterCase, Task, c
 
 
 class WorkloadOnSlurm(ClusterCase):
-    """The contrib Python example: a torch model whose AdamW step runs in the optimizer worker,
+    """The Python example in contrib/examples: a torch model whose AdamW step runs in the optimizer worker,
     launched the way users launch it, with srun --zenflow-bind."""
 
     def test_python_model_trains_through_the_worker_on_its_own_cores(self):
         lib, optimizer = os.environ.get("ZB_TEST_BIND_LIB"), os.environ.get("ZB_TEST_OPTIMIZER")
         self.assertTrue(lib and optimizer, "CMake passes ZB_TEST_BIND_LIB and ZB_TEST_OPTIMIZER")
         env = dict(self.env, ZENFLOW_BIND_LIB=lib, ZENFLOW_OPTIMIZER=optimizer,
-                   PYTHONPATH=os.path.join(HERE, "..", "..", "contrib", "python"))
-        example = os.path.join(HERE, "..", "..", "contrib", "python", "examples",
+                   PYTHONPATH=os.path.join(HERE, "..", "..", "python"))
+        example = os.path.join(HERE, "..", "..", "contrib", "examples", "python",
                                "train_overlap.py")
         p = subprocess.run(["srun", "-n1", "-c2", "--zenflow-bind=verbose", "/usr/bin/python3",
                             example, "--steps", "200"], env=env, capture_output=True, text=True,

@@ -2,7 +2,7 @@
 sees (pyproject.toml's [project] table states the same for people and tools that read it).
 
 A wheel holds the pure-Python package plus the native parts it drives, built by the project's own
-CMake from the source tree this directory sits in (contrib/python/../..): libzenbind.so.1 and the
+CMake from the source tree this directory sits in (python/..): libzenbind.so.1 and the
 zenflow-optimizer executable, both in zenflow_bind/_lib/. Only the standard library is used, so
 pip's isolated build environment needs no download.
 
@@ -21,8 +21,8 @@ import sysconfig
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PACKAGE_DIR = os.path.dirname(HERE)  # contrib/python
-PROJECT = os.path.dirname(os.path.dirname(PACKAGE_DIR))
+PACKAGE_DIR = os.path.dirname(HERE)  # python
+PROJECT = os.path.dirname(PACKAGE_DIR)
 NAME = "zenflow_bind"
 
 
@@ -109,4 +109,4 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 def build_sdist(sdist_directory, config_settings=None):
     raise RuntimeError("zenflow-bind's Python package is built from the whole source tree: "
-                       "pip install contrib/python (a wheel), not an sdist")
+                       "pip install ./python (a wheel), not an sdist")

@@ -73,8 +73,8 @@ class Memory(ctypes.Structure):
                  "trainer_rss", "trainer_rss_anon", "trainer_rss_shmem")]
 
 
-# A wheel built by `pip install contrib/python` carries both native parts here
-# (contrib/python/_build/backend.py); the Debian and RPM packages install them system-wide.
+# A wheel built by `pip install ./python` carries both native parts here
+# (python/_build/backend.py); the Debian and RPM packages install them system-wide.
 _BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib")
 
 

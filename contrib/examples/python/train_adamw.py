@@ -1,18 +1,18 @@
 #!/usr/bin/python3
-"""A small Transformer trained with zenflow_bind.torch.AdamW, a drop-in for torch.optim.AdamW whose
+"""A small Transformer trained with zenflow_bind.optim.AdamW, a drop-in for torch.optim.AdamW whose
 step runs in a pinned zenflow-optimizer worker, with a cosine lr schedule and, with --overlap,
 ZenFlow's overlap (each update lands one step later).
 
 Run under srun --zenflow-bind (the worker then takes the ZENFLOW_OPT_* CPUs), or alone:
     ZENFLOW_BIND_LIB=.../libzenbind.so.1 ZENFLOW_OPTIMIZER=.../zenflow-optimizer \\
-    PYTHONPATH=contrib/python /usr/bin/python3 contrib/python/examples/train_adamw.py
+    PYTHONPATH=python /usr/bin/python3 contrib/examples/python/train_adamw.py
 """
 
 import argparse
 
 import torch
 
-import zenflow_bind.torch
+import zenflow_bind.optim
 
 
 def main():
@@ -26,7 +26,7 @@ def main():
                                  dim_feedforward=128, dropout=0.0)
     decay = [p for n, p in model.named_parameters() if p.dim() > 1]
     no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1]
-    opt = zenflow_bind.torch.AdamW([{"params": decay, "weight_decay": 0.01},
+    opt = zenflow_bind.optim.AdamW([{"params": decay, "weight_decay": 0.01},
                                     {"params": no_decay, "weight_decay": 0.0}],
                                    lr=1e-3, overlap=args.overlap, max_grad_norm=1.0)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)

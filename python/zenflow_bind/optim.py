@@ -1,14 +1,14 @@
-"""zenflow_bind.torch.AdamW: torch.optim.AdamW with its step in a zenflow-optimizer worker.
+"""zenflow_bind.optim.AdamW: torch.optim.AdamW with its step in a zenflow-optimizer worker.
 
-    import torch, zenflow_bind.torch
+    import torch, zenflow_bind.optim
     model = torch.nn.Transformer(d_model=256, nhead=4)
-    opt = zenflow_bind.torch.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    opt = zenflow_bind.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     loss = model(src, tgt).sum(); loss.backward()
     opt.step(); opt.zero_grad()
 
 Each param_group is one worker group; the Adam moments and the fp32 master weights live in the
 worker (see _layout.py for which tensors alias shared memory), so this process keeps no optimizer
-state. Semantics, arguments and the state dict are torch's; see zenflow_bind.torch(3)."""
+state. Semantics, arguments and the state dict are torch's; see zenflow_bind.optim(3)."""
 
 import math
 
@@ -339,7 +339,7 @@ class AdamW(torch.optim.Optimizer):
 
     def _live(self):
         if self._worker.closed:
-            raise ZenbindError(-1, "this zenflow_bind.torch.AdamW was closed: its worker, and "
+            raise ZenbindError(-1, "this zenflow_bind.optim.AdamW was closed: its worker, and "
                                    "the optimizer state with it, are gone")
 
     def __enter__(self):

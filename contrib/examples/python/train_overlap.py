@@ -8,7 +8,7 @@ buffer, with the model's weights of step k-1 (one step stale, as in ZenFlow). Th
 
 Run under srun --zenflow-bind (the worker then takes the ZENFLOW_OPT_* CPUs), or alone:
     ZENFLOW_BIND_LIB=.../libzenbind.so.1 ZENFLOW_OPTIMIZER=.../zenflow-optimizer \\
-    PYTHONPATH=contrib/python /usr/bin/python3 contrib/python/examples/train_overlap.py
+    PYTHONPATH=python /usr/bin/python3 contrib/examples/python/train_overlap.py
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """zenflow-bind's Python side.
 
-zenflow_bind.torch.AdamW is a torch.optim.Optimizer whose step runs in a zenflow-optimizer worker
+zenflow_bind.optim.AdamW is a torch.optim.Optimizer whose step runs in a zenflow-optimizer worker
 (import it from there; this package does not import torch). Worker and Group are the ctypes
 binding of libzenbind's worker API (zenbind/worker.h) under it: a Worker spawns zenflow-optimizer
 (pinned, NUMA-local Adam in another process); each parameter group lives in shared memory and is
@@ -14,7 +14,7 @@ exposed as numpy arrays that alias it. Every libzenbind error raises ZenbindErro
         ...                                   # forward/backward of the next step
         w.wait(timeout_ms=10_000)
 
-The library is found through $ZENFLOW_BIND_LIB, else the copy `pip install contrib/python`
+The library is found through $ZENFLOW_BIND_LIB, else the copy `pip install ./python`
 bundled in zenflow_bind/_lib, else the system's libzenbind.so.1 (_native.library_path); the
 worker executable through the path argument, else $ZENFLOW_OPTIMIZER, else the bundled copy,
 else libzenbind's default (_native.optimizer_path).
