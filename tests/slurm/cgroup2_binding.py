@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """srun --zenflow-bind under Slurm's cgroup/v2 (TaskPlugin=task/cgroup,task/affinity): each task
 bound inside its step's v2 cpuset, with ConstrainCores=yes and without it (ZB_CONSTRAIN_CORES=no).
-Runs on a unified cgroup v2 hierarchy only: debian13.sh's VM. Not a test_*.py: the hosts that run
+Runs on a unified cgroup v2 hierarchy only: debian_root.sh's VM. Not a test_*.py: the hosts that run
 tests/slurm mount cgroup v1, where it has nothing to test.
 
     cgroup2_binding.py PLUGIN_SO --task-plugin cgroup [unittest args]

@@ -4,7 +4,7 @@
  * cpuset.cpus is confined by its parent's: the case a Slurm task below its step is in). Needs root
  * and a cpuset controller at /sys/fs/cgroup/cpuset (v1) or /sys/fs/cgroup (v2, with cpuset in
  * cgroup.subtree_control or enabled here); elsewhere it exits 77 (skipped), which any non-empty CI
- * turns into a failure unless ZB_ALLOW_SKIP=1. debian13.sh runs it in its cgroup v2 VM. */
+ * turns into a failure unless ZB_ALLOW_SKIP=1. debian_root.sh runs it in its cgroup v2 VM. */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,8 +1,8 @@
 #!/bin/bash
-# PID 1 of debian13.sh's VM (booted with init=/zb-vm-init): mounts what a system needs, cgroup v2
-# alone at /sys/fs/cgroup (no systemd), runs the cgroup v2 tests, prints "ZB-VM-RESULT RC" on the
-# console and powers off. /zb-vm.env (written by debian13.sh) says where the sources and the build
-# are. Nothing here runs on the host.
+# PID 1 of debian_root.sh's VM (booted with init=/zb-vm-init): mounts what a system needs, cgroup
+# v2 alone at /sys/fs/cgroup (no systemd), runs the cgroup v2 tests, prints "ZB-VM-RESULT RC" on
+# the console and powers off. /zb-vm.env (written by debian_root.sh) says where the sources and the
+# build are. Nothing here runs on the host.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
 mount -o remount,rw /
 mount -t proc proc /proc
