@@ -8,14 +8,19 @@
 
 Each param_group is one worker group; the Adam moments and the fp32 master weights live in the
 worker (see _layout.py for which tensors alias shared memory), so this process keeps no optimizer
-state. Semantics, arguments and the state dict are torch's; see zenflow_bind.optim(3)."""
+state between steps: optimizer.state is brought out of the worker when it is read (_state.py).
+Semantics, arguments and the state dict are torch's; see zenflow_bind.optim(3)."""
 
 import math
+import threading
+import weakref
 
 import torch
 
-from ._layout import Layout
+from ._layout import Layout, local
 from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
+from ._signals import deferred_interrupts
+from ._state import Snapshot, prepare_group_state
 from .worker import Worker
 
 __all__ = ["AdamW"]
@@ -31,20 +36,33 @@ _WHY_NOT = {
 }
 
 
+def _number(group, key, value):
+    """A hyperparameter as torch takes it (a Python number or a one-element tensor), as float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
+        raise TypeError(f"{key} must be a number, not {type(value).__name__} ({value!r})")
+    if isinstance(value, torch.Tensor) and value.numel() != 1:
+        raise ValueError(f"{key} as a tensor must have one element, not {value.numel()}")
+    return float(value)
+
+
 def _check_group(group):
     """Refuse what would change the math or cannot be done, with the reason."""
     for key, why in _WHY_NOT.items():
         if group.get(key):
             raise ValueError(why)
-    lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-    if not 0.0 <= float(lr):
-        raise ValueError(f"invalid learning rate {lr}: must be >= 0")
-    if not 0.0 <= eps:
-        raise ValueError(f"invalid eps {eps}: must be >= 0")
+    betas = group["betas"]
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise TypeError(f"betas must be a pair of numbers, not {betas!r}")
+    lr, eps, wd = (_number(group, k, group[k]) for k in ("lr", "eps", "weight_decay"))
+    beta1, beta2 = (_number(group, "betas", b) for b in betas)
+    if not 0.0 <= lr < math.inf:
+        raise ValueError(f"invalid learning rate {lr}: must be >= 0 and finite")
+    if not 0.0 <= eps < math.inf:
+        raise ValueError(f"invalid eps {eps}: must be >= 0 and finite")
     if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
         raise ValueError(f"invalid betas {group['betas']}: each must be in [0, 1)")
-    if not 0.0 <= wd:
-        raise ValueError(f"invalid weight_decay {wd}: must be >= 0")
+    if not 0.0 <= wd < math.inf:
+        raise ValueError(f"invalid weight_decay {wd}: must be >= 0 and finite")
 
 
 def _hyper(group):
@@ -79,40 +97,85 @@ class AdamW(torch.optim.Optimizer):
                         differentiable=differentiable, fused=fused, adamw_mode=adamw_mode,
                         bias_correction=bias_correction)
         _check_group(defaults)
+        max_grad_norm = _number(defaults, "max_grad_norm", max_grad_norm)
         if not (max_grad_norm >= 0.0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"invalid max_grad_norm {max_grad_norm}: must be >= 0 (0: no clip)")
         self.overlap = bool(overlap)
         self.skip_nonfinite = bool(skip_nonfinite)
-        self.max_grad_norm = float(max_grad_norm)
+        self.max_grad_norm = max_grad_norm
         self._want_norm = bool(grad_norm) or self.max_grad_norm > 0
         self.timeout_ms = timeout_ms
-        self._layouts = []      # one per param_group (None for an empty one)
+        self._layouts = []      # one per param_group (None for one without local elements)
         self._steps = {}        # param -> steps it took with a gradient: torch's state["step"]
+        self._snapshot = None   # optimizer.state as last brought out of the worker
         self._in_flight = None  # what to do once the submitted step is done
         self._buffer = 0        # the gradient buffer backward fills next
+        self._busy = threading.Lock()  # one step() or state call at a time
         self.last_step_skipped = False
         self.last_grad_norm = None
         self.last_nonfinite = 0
         self.last_step_seconds = 0.0
         self._worker = Worker(cpus=cpus, threads=threads, mems=mems)
+        # Dropped without close(), the optimizer still gives the model private memory again and
+        # stops its worker: the finaliser holds what that needs, never the optimizer itself.
+        self._finalizer = weakref.finalize(self, _release, self._layouts, self._worker)
         try:
             super().__init__(params, defaults)
         except BaseException:
-            self._worker.close()
+            self.close()
             raise
+
+    # -- optimizer.state ----------------------------------------------------------------------
+
+    @property
+    def state(self):
+        """torch's per-parameter state ("step", "exp_avg", "exp_avg_sq", and "master_param" for a
+        16-bit parameter; DTensors for DTensor parameters), brought out of the worker when read
+        after a step. Writes to it (in place or by assignment) reach the worker at the next
+        step() or state_dict()."""
+        if self._snapshot is None:
+            self._live()
+            self._finish()
+            self._snapshot = Snapshot(self.param_groups, self._layouts, self._steps)
+        return self._snapshot.state
+
+    @state.setter
+    def state(self, value):
+        # torch.optim.Optimizer.__init__ assigns an empty defaultdict; anything else is a load.
+        if value:
+            raise TypeError("assign optimizer.state through load_state_dict(), which checks it "
+                            "and hands it to the worker")
+
+    def _push_state_edits(self):
+        """What a user or a library wrote into optimizer.state since it was read goes to the
+        worker; the snapshot is dropped (the next read brings the state out again)."""
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is None:
+            return
+        edited = snapshot.edited_groups()
+        if not edited:
+            return
+        states = snapshot.state
+        for i in edited:
+            group, layout = self.param_groups[i], self._layouts[i]
+            prepared = prepare_group_state(layout, [states.get(s.param) for s in layout.slots],
+                                           f"optimizer.state of param group {i}")
+            self._apply_group_state(layout, prepared)
 
     # -- groups -----------------------------------------------------------------------------
 
     def add_param_group(self, param_group):
         self._live()
         self._finish()  # the worker takes no new group while a step is in flight
+        self._push_state_edits()
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
             _check_group(group)
+            has_elements = any(local(p).numel() for p in group["params"])
             self._layouts.append(Layout(self._worker, group["params"], _hyper(group),
                                         alias_params=not self.overlap)
-                                 if group["params"] else None)
+                                 if has_elements else None)
         except BaseException:
             self.param_groups.pop()
             raise
@@ -128,44 +191,59 @@ class AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._live()
-        self._finish()
-        k = self._buffer
-        pending, any_grad = [], False
-        for layout in self._layouts:
-            if layout is None:
-                continue
-            has = []
-            for slot in layout.slots:
-                slot.refresh_if_changed()
-                has.append(slot.stage_grad(k))
-            any_grad |= any(has)
-            pending.append((layout, has, self._save_missing(layout, has)))
-        if not any_grad:
-            return loss  # as torch: nothing to do
-        maximize = {bool(g["maximize"]) for g, l in zip(self.param_groups, self._layouts) if l}
-        if len(maximize) > 1:
-            raise ValueError("maximize must be the same in every param group: the worker "
-                             "negates every gradient of a step at once")
-        for group, layout in zip(self.param_groups, self._layouts):
-            if layout is not None:
-                layout.group.set_hyper(**_hyper(group))
-        flags = (STEP_SKIP_NONFINITE if self.skip_nonfinite else 0) | \
-            (STEP_GRAD_NORM if self._want_norm else 0)
-        scale = -grad_scale if maximize.pop() else grad_scale
-        self._worker.submit(0, grad_buffer=k, grad_scale=scale, flags=flags,
-                            max_grad_norm=self.max_grad_norm)
-        self._in_flight = pending
-        if self.overlap:
-            self._switch_buffer(k)
-        else:
+        with self._exclusive("step"):
+            self._live()
             self._finish()
+            self._push_state_edits()
+            k = self._buffer
+            pending, any_grad = [], False
+            for layout in self._layouts:
+                if layout is None:
+                    continue
+                has = []
+                for slot in layout.slots:
+                    slot.refresh_if_changed()
+                    has.append(slot.stage_grad(k))
+                any_grad |= any(has)
+                pending.append((layout, has, self._save_missing(layout, has)))
+            if not any_grad:
+                return loss  # as torch: nothing to do
+            maximize = {bool(g["maximize"])
+                        for g, l in zip(self.param_groups, self._layouts) if l}
+            if len(maximize) > 1:
+                raise ValueError("maximize must be the same in every param group: the worker "
+                                 "negates every gradient of a step at once")
+            for group, layout in zip(self.param_groups, self._layouts):
+                if layout is not None:
+                    _check_group(group)
+                    layout.group.set_hyper(**_hyper(group))
+            flags = (STEP_SKIP_NONFINITE if self.skip_nonfinite else 0) | \
+                (STEP_GRAD_NORM if self._want_norm else 0)
+            scale = -grad_scale if maximize.pop() else grad_scale
+            with deferred_interrupts():  # submitted and recorded as in flight, or neither
+                self._worker.submit(0, grad_buffer=k, grad_scale=scale, flags=flags,
+                                    max_grad_norm=self.max_grad_norm)
+                self._in_flight = pending
+            if self.overlap:
+                self._switch_buffer(k)
+            else:
+                self._finish()
         return loss
 
     def synchronize(self):
         """Wait for the step in flight (overlap mode) and bring its update into the model."""
         self._live()
         self._finish()
+
+    def _exclusive(self, what):
+        """step(), state_dict() and load_state_dict() one at a time: a second thread is refused
+        before it changes anything (torch's optimizers are not thread-safe either, but would
+        apply both updates; here one would be lost)."""
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(f"zenflow_bind.optim.AdamW.{what}() was called while another "
+                               "thread is in step(), state_dict() or load_state_dict() of the "
+                               "same optimizer")
+        return _Held(self._busy)
 
     def _save_missing(self, layout, has):
         """What a step would wrongly change for parameters without a gradient: their master
@@ -209,11 +287,24 @@ class AdamW(torch.optim.Optimizer):
         layout.group.set_state(m, v, count if stepped else count - 1)
 
     def _finish(self):
+        """Wait for the step in flight and bring it into the model. The wait goes in slices so
+        that Ctrl-C is seen within a slice; an interrupted wait leaves the step in flight (the
+        next call finishes it), and a finished one is always recorded whole."""
         if self._in_flight is None:
             return
+        deadline = _now_ms() + self.timeout_ms
+        while True:
+            with deferred_interrupts():
+                if self._finish_within(min(_SLICE_MS, max(deadline - _now_ms(), 0)),
+                                       last=_now_ms() >= deadline - _SLICE_MS):
+                    return
+
+    def _finish_within(self, timeout_ms, last):
         try:
-            result = self._worker.wait_result(self.timeout_ms)
+            result = self._worker.wait_result(int(timeout_ms))
         except ZenbindError as e:
+            if e.status == "ETIMEDOUT" and not last:
+                return False  # another slice
             if e.status != "ETIMEDOUT":  # else still in flight: synchronize() again
                 self._in_flight = None   # the step died with the worker
             raise
@@ -223,7 +314,7 @@ class AdamW(torch.optim.Optimizer):
         self.last_grad_norm = result.grad_norm if self._want_norm else None
         self.last_step_seconds = result.seconds
         if result.skipped:
-            return  # the worker wrote nothing
+            return True  # the worker wrote nothing
         for layout, has, saved in pending:
             if saved is not None:
                 self._restore_missing(layout, saved)
@@ -231,6 +322,7 @@ class AdamW(torch.optim.Optimizer):
                 if h:
                     self._steps[slot.param] = self._steps.get(slot.param, 0) + 1
                     slot.write_back()
+        return True
 
     def _switch_buffer(self, k):
         """Overlap: backward now fills the other buffer. The gradients keep their values (torch
@@ -248,43 +340,49 @@ class AdamW(torch.optim.Optimizer):
     # -- state dict -------------------------------------------------------------------------
 
     def state_dict(self):
-        """torch's format: state[i] = {"step": tensor, "exp_avg", "exp_avg_sq"} (fp32, on the
-        CPU) for each parameter that took a step, plus "master_param" (its fp32 master) for a
-        bf16/fp16 parameter; param_groups as torch's, with adamw_mode and bias_correction."""
-        self.synchronize()
-        packed = super().state_dict()  # the groups; the state is in the worker, read below
-        index = 0
-        for group, layout in zip(self.param_groups, self._layouts):
-            if layout is None:
-                continue
-            if not any(self._steps.get(s.param, 0) for s in layout.slots):
-                index += len(layout.slots)
-                continue  # as torch: no state before a parameter's first step
-            m, v = torch.empty(layout.numel), torch.empty(layout.numel)
-            layout.group.get_state(m, v)
-            for slot in layout.slots:
-                steps = self._steps.get(slot.param, 0)
-                if steps:
-                    cut = slice(slot.offset, slot.offset + slot.numel)
-                    state = {"step": torch.tensor(float(steps)),
-                             "exp_avg": m[cut].view(slot.param.shape),
-                             "exp_avg_sq": v[cut].view(slot.param.shape)}
-                    if slot.param.dtype != torch.float32:
-                        state["master_param"] = slot.master.clone()
-                    packed["state"][index] = state
-                index += 1
-        return packed
+        """torch's format and hooks: state[i] = {"step": tensor, "exp_avg", "exp_avg_sq"} (fp32)
+        for each parameter that took a step, plus "master_param" (its fp32 master) for a
+        bf16/fp16 parameter; param_groups as torch's (param_names included), with adamw_mode
+        and bias_correction."""
+        with self._exclusive("state_dict"):
+            self._live()
+            self._finish()
+            self._push_state_edits()
+            return super().state_dict()  # reads self.state: the worker's, brought out once
 
     def load_state_dict(self, state_dict):
         """Load a state dict of this class or of torch.optim.AdamW (moments cast to fp32). The
         fp32 master of a bf16/fp16 parameter comes from "master_param" when present, else from
-        the model: load the model's state dict first."""
-        self.synchronize()
-        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        the model: load the model's state dict first. Everything is checked before anything
+        changes: a refused state dict leaves the optimizer as it was."""
+        with self._exclusive("load_state_dict"):
+            self._live()
+            self._finish()
+            self._push_state_edits()
+            for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
+                out = hook(self, state_dict)
+                if out is not None:
+                    state_dict = out
+            updates, prepared = self._check_state_dict(state_dict)
+            for group, update in zip(self.param_groups, updates):
+                group.update(update)
+            for layout, ready in zip(self._layouts, prepared):
+                if layout is not None:
+                    self._apply_group_state(layout, ready)
+            for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
+                hook(self)
+
+    def _check_state_dict(self, state_dict):
+        """Each group's new settings and its state ready to apply, or an error naming what is
+        wrong; nothing is changed here."""
+        try:
+            saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        except (KeyError, TypeError):
+            raise ValueError("a state dict has 'state' and 'param_groups'") from None
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"the state dict has {len(saved_groups)} param groups, this "
                              f"optimizer {len(self.param_groups)}")
-        updates = []
+        updates, prepared = [], []
         for i, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
             if len(saved["params"]) != len(group["params"]):
                 raise ValueError(f"param group {i} has {len(group['params'])} parameters, the "
@@ -292,29 +390,28 @@ class AdamW(torch.optim.Optimizer):
             update = {k: v for k, v in saved.items() if k != "params"}
             _check_group({**group, **update})
             updates.append(update)
-        for group, layout, saved, update in zip(self.param_groups, self._layouts, saved_groups,
-                                                updates):
-            group.update(update)
-            if layout is not None:
-                self._load_group(layout, [saved_state.get(i) for i in saved["params"]])
+        for i, (saved, layout) in enumerate(zip(saved_groups, self._layouts)):
+            prepared.append(None if layout is None else prepare_group_state(
+                layout, [saved_state.get(k) for k in saved["params"]],
+                f"param group {i} of the state dict", keys=saved["params"]))
+        return updates, prepared
 
-    def _load_group(self, layout, states):
-        m, v = torch.zeros(layout.numel), torch.zeros(layout.numel)
-        for slot, state in zip(layout.slots, states):
+    def _apply_group_state(self, layout, prepared):
+        m, v, steps, masters = prepared
+        for slot in layout.slots:
             self._steps.pop(slot.param, None)
-            master = state.get("master_param") if state else None
+        for slot, master in zip(layout.slots, masters):
             if master is None:
                 slot.load_from_model()
             else:
-                slot.master.copy_(_flat_as(master, slot, "master_param").view_as(slot.master))
-            if not state:
-                continue
-            cut = slice(slot.offset, slot.offset + slot.numel)
-            m[cut] = _flat_as(state["exp_avg"], slot, "exp_avg")
-            v[cut] = _flat_as(state["exp_avg_sq"], slot, "exp_avg_sq")
-            self._steps[slot.param] = int(float(state["step"]))
-        count = max((self._steps.get(s.param, 0) for s in layout.slots), default=0)
-        layout.group.set_state(m, v, count)
+                slot.master.copy_(master.view_as(slot.master))
+                if slot.alias is not None and slot.alias is not slot.master:
+                    slot.alias.copy_(slot.master)
+                slot.version = None if slot.alias is None else local(slot.param)._version
+        for slot, count in zip(layout.slots, steps):
+            if count:
+                self._steps[slot.param] = count
+        layout.group.set_state(m, v, max(steps, default=0))
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -331,11 +428,8 @@ class AdamW(torch.optim.Optimizer):
         try:
             self._finish()
         finally:
-            for layout in self._layouts:
-                for slot in layout.slots if layout else ():
-                    slot.detach()
-            self._layouts = [None] * len(self._layouts)
-            self._worker.close()
+            self._snapshot = None
+            self._finalizer()
 
     def _live(self):
         if self._worker.closed:
@@ -349,8 +443,34 @@ class AdamW(torch.optim.Optimizer):
         self.close()
 
 
-def _flat_as(tensor, slot, key):
-    if tensor.numel() != slot.numel:
-        raise ValueError(f"state {key} has {tensor.numel()} elements, its parameter "
-                         f"{slot.numel}")
-    return tensor.detach().to(device="cpu", dtype=torch.float32).reshape(-1)
+_SLICE_MS = 200  # how long a wait goes without looking at Ctrl-C
+
+
+def _now_ms():
+    import time
+    return time.monotonic() * 1000.0
+
+
+class _Held:
+    """Releases the lock _exclusive() took."""
+
+    def __init__(self, lock):
+        self._lock = lock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+def _release(layouts, worker):
+    """close() and the finaliser: parameters and gradients back to private memory, then the
+    worker stops. Holds no reference to the optimizer."""
+    try:
+        for layout in layouts:
+            for slot in layout.slots if layout else ():
+                slot.detach()
+        layouts[:] = [None] * len(layouts)
+    finally:
+        worker.close()

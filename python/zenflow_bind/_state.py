@@ -1,0 +1,135 @@
+"""optimizer.state of zenflow_bind.optim.AdamW: the worker's per-parameter state in torch's format,
+brought out when it is read, and what was written into it taken back.
+
+The Adam moments live only in the worker (private, on the optimizer CPUs' NUMA node). Copying them
+out at every step would add 16 bytes of memory traffic per parameter to a memory-bound step, so
+optimizer.state is a snapshot: taken the first time it is read after a step (by DCP's
+get_optimizer_state_dict, state_dict(), a user's loop), kept while nothing steps, and dropped at
+the next step, which first sends the worker whatever was written into it (in place or by
+assignment). torch code that reads optimizer.state sees exactly what torch.optim.AdamW would
+hold: nothing before a parameter's first step, then step, exp_avg, exp_avg_sq (and master_param
+for a 16-bit parameter), as DTensors sharded like their parameter under FSDP2."""
+
+import collections
+import math
+
+import torch
+
+from ._layout import local
+
+_KEYS = ("step", "exp_avg", "exp_avg_sq", "master_param")
+
+
+def _dtensor_class():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.5
+        from torch.distributed._tensor import DTensor
+    return DTensor
+
+
+def _like_param(view, slot):
+    """A flat slice of a group buffer shaped as the parameter: a DTensor placed as the
+    parameter when it is one (this rank's shard), else a plain CPU tensor."""
+    if not slot.sharded:
+        return view.view(slot.param.shape)
+    p = slot.param
+    return _dtensor_class().from_local(view.view(local(p).shape), p.device_mesh, p.placements,
+                                       run_check=False, shape=p.shape, stride=p.stride())
+
+
+def _versions(entry):
+    return {k: (v, local(v)._version) if isinstance(v, torch.Tensor) else (v, None)
+            for k, v in entry.items()}
+
+
+class Snapshot:
+    """optimizer.state as brought out of the worker, and how to tell what was written since."""
+
+    def __init__(self, param_groups, layouts, steps):
+        self.state = collections.defaultdict(dict)
+        self._taken = {}   # param -> (group index, its entry, {key: (value, version)})
+        self._groups = {}  # param -> group index, for every parameter the worker holds
+        for i, layout in enumerate(layouts):
+            if layout is None:
+                continue
+            for slot in layout.slots:
+                self._groups[slot.param] = i
+            stepped = [s for s in layout.slots if steps.get(s.param, 0)]
+            if not stepped:
+                continue
+            m, v = torch.empty(layout.numel), torch.empty(layout.numel)
+            layout.group.get_state(m, v)
+            for slot in stepped:
+                cut = slice(slot.offset, slot.offset + slot.numel)
+                entry = {"step": torch.tensor(float(steps[slot.param])),
+                         "exp_avg": _like_param(m[cut], slot),
+                         "exp_avg_sq": _like_param(v[cut], slot)}
+                if slot.param.dtype != torch.float32:
+                    entry["master_param"] = _like_param(slot.master.reshape(-1).clone(), slot)
+                self.state[slot.param] = entry
+                self._taken[slot.param] = (i, entry, _versions(entry))
+
+    def edited_groups(self):
+        """Indices of the param groups whose state was written since the snapshot was taken."""
+        edited = set()
+        for param, (i, entry, versions) in self._taken.items():
+            now = self.state.get(param)
+            if now is not entry or _versions(now) != versions:
+                edited.add(i)
+        for param, entry in self.state.items():
+            if param not in self._taken and entry and param in self._groups:
+                edited.add(self._groups[param])
+        return sorted(edited)
+
+
+def _name(keys, index):
+    return f"parameter {index}" if keys is None else f"parameter {keys[index]!r}"
+
+
+def _flat(value, slot, key, where):
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{where}: {key} is a {type(value).__name__}, not a tensor")
+    value = local(value.detach())
+    if value.numel() != slot.numel:
+        raise ValueError(f"{where}: {key} has {value.numel()} elements, its parameter "
+                         f"{slot.numel} (here)")
+    return value.to(device="cpu", dtype=torch.float32).reshape(-1)
+
+
+def _count(value, where):
+    try:
+        count = float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{where}: step must be a number or a one-element tensor, not "
+                        f"{value!r}") from None
+    if not (math.isfinite(count) and count >= 0 and count == int(count)):
+        raise ValueError(f"{where}: step must be a whole number >= 0, not {count}")
+    return int(count)
+
+
+def prepare_group_state(layout, states, where, keys=None):
+    """One param group's state from torch-format entries (None or {} for no state), checked
+    whole before anything is changed: (exp_avg, exp_avg_sq) flat fp32 over the group, the steps
+    and the fp32 masters (None: take the model's) in slot order."""
+    m, v = torch.zeros(layout.numel), torch.zeros(layout.numel)
+    steps, masters = [], []
+    for index, (slot, state) in enumerate(zip(layout.slots, states)):
+        here = f"{where}, {_name(keys, index)}"
+        if not state:
+            steps.append(0)
+            masters.append(None)
+            continue
+        if not isinstance(state, collections.abc.Mapping):
+            raise TypeError(f"{here}: its state is a {type(state).__name__}, not a dict")
+        missing = [k for k in ("step", "exp_avg", "exp_avg_sq") if k not in state]
+        if missing:
+            raise ValueError(f"{here}: its state has no {', '.join(missing)} (it has "
+                             f"{', '.join(map(str, state)) or 'nothing'})")
+        cut = slice(slot.offset, slot.offset + slot.numel)
+        m[cut] = _flat(state["exp_avg"], slot, "exp_avg", here)
+        v[cut] = _flat(state["exp_avg_sq"], slot, "exp_avg_sq", here)
+        steps.append(_count(state["step"], here))
+        master = state.get("master_param")
+        masters.append(None if master is None else _flat(master, slot, "master_param", here))
+    return m, v, steps, masters

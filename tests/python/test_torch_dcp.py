@@ -1,0 +1,176 @@
+"""zenflow_bind.optim.AdamW where torch 2.x reads and fills optimizer state: optimizer.state as
+torch.optim.AdamW holds it, writes into it, the Optimizer hooks, param_names, and
+torch.distributed.checkpoint (get/set_optimizer_state_dict, dcp.save/load), which must never step
+it. A test whose torch API this torch lacks says so and skips; CI runs this file on torch 1.13,
+2.6 and 2.14."""
+
+import tempfile
+import unittest
+import warnings
+
+import torch
+
+from torch_cases import assert_close, assert_equal, batches, groups_of, mlp, ours, train
+
+try:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
+                                                         get_optimizer_state_dict,
+                                                         set_model_state_dict,
+                                                         set_optimizer_state_dict)
+except (ImportError, ValueError):  # ValueError: torch 1.13's _shard under Python 3.11
+    dcp = None
+
+warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+
+
+def need(condition, what):
+    if not condition:
+        raise unittest.SkipTest(f"torch {torch.__version__} has no {what}")
+
+
+class OptimizerState(unittest.TestCase):
+    def test_holds_what_torch_adamw_holds(self):
+        a, b, data = mlp(), mlp(), batches(4)
+        with ours(groups_of(a), lr=1e-2) as opt:
+            ref = torch.optim.AdamW(groups_of(b), lr=1e-2)
+            self.assertFalse(opt.state)  # as torch: nothing before the first step
+            train(a, opt, data)
+            train(b, ref, data)
+            self.assertEqual(len(opt.state), len(ref.state))
+            for p, q in zip(a.parameters(), b.parameters()):
+                ours_state, torch_state = opt.state[p], ref.state[q]
+                self.assertEqual(sorted(ours_state), sorted(torch_state))
+                self.assertEqual(float(ours_state["step"]), float(torch_state["step"]))
+                for key in ("exp_avg", "exp_avg_sq"):
+                    self.assertEqual(ours_state[key].shape, p.shape)
+                    torch.testing.assert_close(ours_state[key], torch_state[key], rtol=1e-5,
+                                               atol=1e-7)
+
+    def test_writes_reach_the_worker(self):
+        a, b, data = mlp(), mlp(), batches(8)
+        with ours(a.parameters(), lr=1e-2) as opt:
+            ref = torch.optim.AdamW(b.parameters(), lr=1e-2)
+            train(a, opt, data[:4])
+            train(b, ref, data[:4])
+            pa, pb = list(a.parameters()), list(b.parameters())
+            for o, ps in ((opt, pa), (ref, pb)):
+                o.state[ps[0]]["exp_avg"].mul_(0.5)                            # in place
+                o.state[ps[2]]["exp_avg_sq"] = o.state[ps[2]]["exp_avg_sq"] * 3  # assigned
+            train(a, opt, data[4:])
+            train(b, ref, data[4:])
+            assert_close(self, a.parameters(), b.parameters())
+
+    def test_reading_it_changes_nothing(self):
+        a, b, data = mlp(), mlp(), batches(6)
+        with ours(a.parameters(), lr=1e-2) as opt_a, ours(b.parameters(), lr=1e-2) as opt_b:
+            for x, y in data:
+                for model, opt in ((a, opt_a), (b, opt_b)):
+                    opt.zero_grad()
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    opt.step()
+                sum(float(s["exp_avg"].sum()) for s in opt_a.state.values())
+            assert_equal(self, a.parameters(), b.parameters())
+
+    def test_assigning_the_whole_state_is_refused(self):
+        a = mlp()
+        with ours(a.parameters()) as opt:
+            with self.assertRaisesRegex(TypeError, "load_state_dict"):
+                opt.state = {next(a.parameters()): {"step": torch.tensor(1.0)}}
+
+
+class Hooks(unittest.TestCase):
+    def test_step_hooks(self):
+        need(hasattr(torch.optim.Optimizer, "register_step_pre_hook"), "step hooks")
+        a, calls = mlp(), []
+        with ours(a.parameters()) as opt:
+            opt.register_step_pre_hook(lambda o, args, kw: calls.append(("pre", o)))
+            opt.register_step_post_hook(lambda o, args, kw: calls.append(("post", o)))
+            train(a, opt, batches(2))
+            self.assertEqual(calls, [("pre", opt), ("post", opt)] * 2)
+
+    def test_state_dict_hooks(self):
+        need(hasattr(torch.optim.Optimizer, "register_state_dict_pre_hook"), "state-dict hooks")
+        a, calls = mlp(), []
+        with ours(a.parameters()) as opt:
+            train(a, opt, batches(2))
+            opt.register_state_dict_pre_hook(lambda o: calls.append("pre"))
+
+            def tag(o, sd):
+                calls.append("post")
+                sd["tagged"] = True
+                return sd
+            opt.register_state_dict_post_hook(tag)
+            sd = opt.state_dict()
+            self.assertTrue(sd["tagged"])
+
+            def lower_lr(o, sd):
+                calls.append("load pre")
+                sd["param_groups"][0]["lr"] = 0.125
+                return sd
+            opt.register_load_state_dict_pre_hook(lower_lr)
+            opt.register_load_state_dict_post_hook(lambda o: calls.append("load post"))
+            opt.load_state_dict(sd)
+            self.assertEqual(opt.param_groups[0]["lr"], 0.125)
+            self.assertEqual(calls, ["pre", "post", "load pre", "load post"])
+
+    def test_param_names(self):
+        probe = mlp()
+        try:
+            torch.optim.AdamW(probe.named_parameters())
+        except (TypeError, ValueError, AttributeError):
+            need(False, "named parameters in optimizers")
+        a, b, data = mlp(), mlp(), batches(3)
+        with ours(a.named_parameters(), lr=1e-2) as opt:
+            ref = torch.optim.AdamW(b.named_parameters(), lr=1e-2)
+            train(a, opt, data)
+            train(b, ref, data)
+            ours_sd, torch_sd = opt.state_dict(), ref.state_dict()
+            self.assertEqual(ours_sd["param_groups"][0]["param_names"],
+                             torch_sd["param_groups"][0]["param_names"])
+            self.assertEqual(sorted(ours_sd["state"]), sorted(torch_sd["state"]))
+
+
+class DistributedCheckpoint(unittest.TestCase):
+    def setUp(self):
+        need(dcp is not None, "torch.distributed.checkpoint.state_dict")
+
+    def test_get_optimizer_state_dict_never_steps(self):
+        a, b, c, data = mlp(), mlp(), mlp(), batches(6)
+        with ours(groups_of(a), lr=1e-2) as opt, ours(groups_of(c), lr=1e-2) as untouched:
+            ref = torch.optim.AdamW(groups_of(b), lr=1e-2)
+            for model, o in ((a, opt), (b, ref), (c, untouched)):
+                train(model, o, data[:3])
+                o.zero_grad(set_to_none=True)  # else DCP finds gradients and steps nothing
+            osd = get_optimizer_state_dict(a, opt)
+            self.assertEqual(float(osd["state"]["0.weight"]["step"]), 3.0)
+            get_optimizer_state_dict(b, ref)
+            for model, o in ((a, opt), (b, ref), (c, untouched)):
+                train(model, o, data[3:])
+            assert_equal(self, a.parameters(), c.parameters())
+            assert_close(self, a.parameters(), b.parameters())
+
+    def test_save_and_load_resume_bit_identical(self):
+        straight, first, data = mlp(), mlp(), batches(10)
+        with ours(groups_of(straight), lr=1e-2) as opt:
+            train(straight, opt, data)
+        with tempfile.TemporaryDirectory() as where:
+            with ours(groups_of(first), lr=1e-2) as opt:
+                train(first, opt, data[:5])
+                dcp.save({"model": get_model_state_dict(first),
+                          "optim": get_optimizer_state_dict(first, opt)}, checkpoint_id=where)
+            resumed = mlp(seed=9)  # other weights: everything must come from the checkpoint
+            with ours(groups_of(resumed), lr=0.5) as opt:
+                sd = {"model": get_model_state_dict(resumed),
+                      "optim": get_optimizer_state_dict(resumed, opt)}
+                dcp.load(sd, checkpoint_id=where)
+                set_model_state_dict(resumed, sd["model"])
+                set_optimizer_state_dict(resumed, opt, sd["optim"])
+                self.assertEqual(opt.param_groups[0]["lr"], 1e-2)
+                self.assertEqual(float(opt.state[resumed[0].weight]["step"]), 5.0)
+                train(resumed, opt, data[5:])
+        assert_equal(self, resumed.parameters(), straight.parameters())
+
+
+if __name__ == "__main__":
+    unittest.main()
