@@ -1,6 +1,7 @@
 #include "shm_segment.hpp"
 
 #include "error.hpp"
+#include "shm_fork.hpp"
 
 #include <zenbind/zenbind.h>
 
@@ -62,11 +63,8 @@ Segment::Segment(const char *what, size_t size, const std::vector<int> &nodes, s
             size > fsize.rlim_cur)
             fail_reserve(what, size, EFBIG);
         if (ftruncate(fd_, static_cast<off_t>(size)) != 0) fail_reserve(what, size, errno);
-        base_ = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-        if (base_ == MAP_FAILED) {
-            base_ = nullptr;
-            fail_errno(std::string("mmap of the ") + what);
-        }
+        base_ = map_shared(fd_, size);
+        if (!base_) fail_errno(std::string("mmap of the ") + what);
         // The shared policy of the memfd's pages, set before fallocate allocates them.
         proto::prefer_nodes(base_, size, nodes.data(), nodes.size());
         const int err = posix_fallocate(fd_, 0, static_cast<off_t>(size));
@@ -110,7 +108,7 @@ size_t Segment::allocated() const {
 }
 
 void Segment::release() noexcept {
-    if (base_) munmap(base_, size_);
+    if (base_) unmap_shared(base_, size_);
     if (fd_ >= 0) close(fd_);
     base_ = nullptr;
     fd_ = -1;

@@ -1,7 +1,8 @@
 // A shared-memory segment that cannot SIGBUS: an anonymous memfd (no name another user can open,
 // gone when its last fd and mapping are), placed on preferred NUMA nodes, with every page reserved
 // at creation by fallocate and its size sealed. A memory or file-size limit therefore fails here,
-// as ZB_ENOMEM, and never as a fault in the middle of training.
+// as ZB_ENOMEM, and never as a fault in the middle of training. A forked child of this process gets
+// the segment copy-on-write, never shared (shm_fork.hpp).
 #pragma once
 
 #include <cstddef>
