@@ -11,7 +11,6 @@
 #include <cstring>
 #include <optional>
 #include <string>
-#include <unistd.h>
 
 namespace {
 
@@ -27,10 +26,12 @@ static_assert(ZB_WORKER_MAX_GROUPS == proto::kMaxGroups &&
 
 zb_worker &handle(zb_worker *w, const char *fn) {
     if (!w) fail(ZB_EINVAL, std::string(fn) + ": worker is NULL");
-    // A forked child (a data-loader process, say) shares the mappings but is not the trainer.
-    if (w->ctl->trainer_pid != getpid())
+    // Before anything is written: a forked child's control block and segments are its private
+    // copies, but its socket and futex wakes would still reach the worker.
+    if (w->forked())
         fail(ZB_EINVAL, std::string(fn) + ": this worker belongs to process " +
-                            std::to_string(w->ctl->trainer_pid) + ", not to this forked child");
+                            std::to_string(w->owner) + "; a forked child cannot use it (this is " +
+                            "process " + std::to_string(getpid()) + ")");
     return *w;
 }
 

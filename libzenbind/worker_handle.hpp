@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <sys/types.h>
+#include <unistd.h>
 #include <vector>
 
 struct zb_worker {
@@ -17,6 +18,7 @@ struct zb_worker {
     zb::proto::Control *ctl = nullptr;
     std::vector<zb::shm::Segment> groups;
     std::vector<int> mems;
+    pid_t owner = -1; // the process that spawned the worker; a forked child only reads its copy
     pid_t pid = -1;
     int pidfd = -1;
     int sock = -1;
@@ -31,6 +33,11 @@ struct zb_worker {
     size_t numel = 0, param_bytes = 0, grad_bytes = 0, copy_bytes = 0, stale_bytes = 0;
 
     ~zb_worker();
+
+    // This is a forked child's copy of the handle: its segments are copy-on-write (shm_fork.hpp),
+    // and nothing it does may reach the worker, which is the owner's. Only the owner's calls talk
+    // to the worker and only its destroy stops it; a child's destroy frees its copy.
+    bool forked() const { return owner != getpid(); }
 
     // Throws ZB_EDEAD (saying how it died) if the worker process has exited.
     void check_alive();

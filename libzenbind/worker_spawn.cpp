@@ -227,7 +227,7 @@ void await_ready(zb_worker &w, const std::string &path) {
 
 zb_worker::~zb_worker() {
     // In a forked child of the trainer, only this copy of the handle goes; the worker stays.
-    if (pid > 0 && !reaped && ctl && ctl->trainer_pid == getpid()) stop("destroyed");
+    if (pid > 0 && !reaped && !forked()) stop("destroyed");
     if (pidfd >= 0) close(pidfd);
     if (sock >= 0) close(sock);
 }
@@ -263,6 +263,7 @@ zb_status zb_worker_spawn(const zb_worker_attr *attr, zb_worker_t **out) {
         const auto cpus = resolve_cpus(a);
         const unsigned threads = resolve_threads(a, cpus.size());
         auto w = std::make_unique<zb_worker>();
+        w->owner = getpid();
         w->mems = resolve_mems(a, cpus);
         w->wait_spin_ns = int64_t(a.wait_spin_us) * 1000;
         w->control_timeout_ms = a.control_timeout_ms;
@@ -270,7 +271,7 @@ zb_status zb_worker_spawn(const zb_worker_attr *attr, zb_worker_t **out) {
         w->header = static_cast<proto::Header *>(w->control.base());
         w->ctl = proto::control_of(w->control.base());
         *w->header = proto::make_header();
-        w->ctl->trainer_pid = getpid();
+        w->ctl->trainer_pid = w->owner;
         w->ctl->nthreads = threads;
         w->ctl->nmems = static_cast<uint32_t>(w->mems.size());
         w->ctl->worker_spin_us = a.worker_spin_us;
@@ -288,7 +289,7 @@ zb_status zb_worker_destroy(zb_worker_t *w) {
     return zb::guard([&] {
         if (!w) return;
         std::unique_ptr<zb_worker> owned(w);
-        if (w->reaped || w->ctl->trainer_pid != getpid()) return;
+        if (w->reaped || w->forked()) return; // a forked child only forgets its copy
         try {
             if (w->in_flight) w->wait_response(int64_t(w->control_timeout_ms) * 1'000'000);
             w->ctl->command = proto::Command::exit;
