@@ -27,8 +27,9 @@ def local(tensor):
 class Slot:
     """One parameter: its offset in the group and tensor views of its slices, shaped like it."""
 
-    def __init__(self, param, offset, group, alias_params):
+    def __init__(self, param, index, offset, group, alias_params):
         self.param = param
+        self.index = index  # its number in the optimizer's state dict, for messages
         self.offset = offset
         shard = local(param)
         self.sharded = shard is not param
@@ -64,6 +65,10 @@ class Slot:
         """A parameter the user wrote (load_state_dict, copy_) or re-seated (.data =) since our
         last write becomes the master again; an fp32 alias is the master itself."""
         p = self.param
+        if local(p).shape != self.master.shape:
+            raise ValueError(f"parameter {self.index} was {list(self.master.shape)} and is now "
+                             f"{list(local(p).shape)}: an optimizer's parameters keep their "
+                             "shape (make a new optimizer for a resized model)")
         moved = self.alias is not None and p.data_ptr() != self.alias.data_ptr()
         if moved or (self.alias is not self.master and local(p)._version != self.version):
             self.load_from_model()
@@ -106,7 +111,7 @@ class Slot:
 class Layout:
     """One torch param_group in one worker group."""
 
-    def __init__(self, worker, params, hyper, alias_params):
+    def __init__(self, worker, params, hyper, alias_params, first_index=0):
         for p in params:
             if p.dtype not in DTYPE_NAMES:
                 raise TypeError(f"zenflow_bind.optim.AdamW optimizes fp32, bf16 and fp16 "
@@ -119,8 +124,8 @@ class Layout:
         numel = sum(local(p).numel() for p in params)
         self.group = worker.add_group(numel, grad=grad, copy_out=copy_out, **hyper)
         self.slots, offset = [], 0
-        for p in params:
-            self.slots.append(Slot(p, offset, self.group, alias_params))
+        for i, p in enumerate(params):
+            self.slots.append(Slot(p, first_index + i, offset, self.group, alias_params))
             offset += self.slots[-1].numel
         for s in self.slots:
             s.load_from_model()

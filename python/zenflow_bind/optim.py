@@ -170,12 +170,26 @@ class AdamW(torch.optim.Optimizer):
         self._push_state_edits()
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        first = sum(len(g["params"]) for g in self.param_groups[:-1])
         try:
             _check_group(group)
+            for i, p in enumerate(group["params"]):
+                owner = _OWNERS.get(id(p), lambda: None)()
+                if owner is not None and owner is not self and not owner._worker.closed:
+                    raise ValueError(f"parameter {first + i} is already optimized by another "
+                                     "zenflow_bind.optim.AdamW, whose worker holds its master "
+                                     "weights: close() that one first")
             has_elements = any(local(p).numel() for p in group["params"])
-            self._layouts.append(Layout(self._worker, group["params"], _hyper(group),
-                                        alias_params=not self.overlap)
-                                 if has_elements else None)
+            # Views made under inference_mode would turn the model's parameters into inference
+            # tensors, which autograd then refuses.
+            with torch.inference_mode(False):
+                layout = Layout(self._worker, group["params"], _hyper(group),
+                                alias_params=not self.overlap,
+                                first_index=first) if has_elements else None
+            self._layouts.append(layout)
+            me = weakref.ref(self)
+            for p in group["params"]:
+                _OWNERS[id(p)] = me  # the optimizer holds p: its id is not reused meanwhile
         except BaseException:
             self.param_groups.pop()
             raise
@@ -435,6 +449,7 @@ class AdamW(torch.optim.Optimizer):
         if self._worker.closed:
             raise ZenbindError(-1, "this zenflow_bind.optim.AdamW was closed: its worker, and "
                                    "the optimizer state with it, are gone")
+        self._worker._live()  # refuses a forked child before anything is copied
 
     def __enter__(self):
         return self
@@ -444,6 +459,10 @@ class AdamW(torch.optim.Optimizer):
 
 
 _SLICE_MS = 200  # how long a wait goes without looking at Ctrl-C
+
+# id(parameter) -> weakref to the optimizer whose worker holds its master weights. Not an
+# attribute of the parameter: that would follow it into copy.deepcopy and break pickling.
+_OWNERS = {}
 
 
 def _now_ms():
@@ -471,6 +490,7 @@ def _release(layouts, worker):
         for layout in layouts:
             for slot in layout.slots if layout else ():
                 slot.detach()
+                _OWNERS.pop(id(slot.param), None)
         layouts[:] = [None] * len(layouts)
     finally:
         worker.close()

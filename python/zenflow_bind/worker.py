@@ -204,16 +204,19 @@ class Worker:
         return not self._handle
 
     def close(self):
-        """Stop the worker. The numpy views of its groups must not be used afterwards."""
+        """Stop the worker. The numpy views of its groups must not be used afterwards. In a
+        forked child it frees only the child's copies (libzenbind leaves the worker alone)."""
         if self._handle:
             handle, self._handle = self._handle, None
             self.groups = []
-            if os.getpid() == self._owner:  # a forked child's copy just forgets the handle
-                check(library().zb_worker_destroy(handle))
+            check(library().zb_worker_destroy(handle))
 
     def _live(self):
         if not self._handle:
             raise ZenbindError(-1, "the worker was closed")
+        if os.getpid() != self._owner:
+            raise ZenbindError(-1, f"this worker belongs to process {self._owner}; a forked "
+                                   "child cannot use it")
         return self._handle
 
     def __enter__(self):

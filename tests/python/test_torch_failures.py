@@ -1,0 +1,205 @@
+"""zenflow_bind.optim.AdamW when things go wrong, as a careless but realistic user makes them go
+wrong: Ctrl-C during a step, optimizers dropped without close(), two threads stepping at once, a
+load_state_dict that fails half-way, and bad input. Nothing may be lost or torn: each case ends
+where torch.optim.AdamW would, or with a clear error that names the parameter."""
+
+import gc
+import os
+import signal
+import threading
+import time
+import unittest
+
+import torch
+
+from torch_cases import assert_close, assert_equal, batches, groups_of, mlp, ours, train
+
+
+def children():
+    """Pids of this process's live child processes."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                out.append(int(pid))
+    return out
+
+
+def rss_kib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+class Interrupt(unittest.TestCase):
+    def test_ctrl_c_in_a_stuck_step_is_seen_at_once_and_loses_nothing(self):
+        a, b = mlp(), mlp()
+        data = batches(4)
+        with ours(a.parameters(), lr=1e-2) as opt:
+            ref = torch.optim.AdamW(b.parameters(), lr=1e-2)
+            train(a, opt, data[:2])
+            train(b, ref, data[:2])
+            x, y = data[2]
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(a(x), y).backward()
+            os.kill(opt.worker.pid, signal.SIGSTOP)  # the worker stops answering
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            start = time.monotonic()
+            try:
+                with self.assertRaises(KeyboardInterrupt):
+                    opt.step()
+                self.assertLess(time.monotonic() - start, 1.5)
+            finally:
+                os.kill(opt.worker.pid, signal.SIGCONT)
+            # the step was submitted: the save-on-interrupt finishes it and counts it
+            sd = opt.state_dict()
+            self.assertEqual(float(sd["state"][0]["step"]), 3.0)
+            train(b, ref, [data[2]])
+            train(a, opt, data[3:])
+            train(b, ref, data[3:])
+            assert_close(self, a.parameters(), b.parameters())
+
+
+class Lifetime(unittest.TestCase):
+    def test_dropped_optimizers_free_their_workers_fds_and_memory(self):
+        model = mlp()
+        x, y = batches(1)[0]
+
+        def sweep(n):
+            for _ in range(n):
+                opt = ours(model.parameters(), lr=1e-3, threads=1)
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                del opt
+            gc.collect()
+
+        sweep(3)  # warm: libraries loaded, allocator pools made
+        procs, fds, rss = len(children()), len(os.listdir("/proc/self/fd")), rss_kib()
+        sweep(100)
+        deadline = time.monotonic() + 5
+        while len(children()) > procs and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(len(children()), procs, "workers left behind")
+        self.assertLessEqual(len(os.listdir("/proc/self/fd")), fds, "fds left open")
+        self.assertLess(rss_kib() - rss, 16 << 10, "RSS grew by more than 16 MiB")
+        # the model's parameters are private memory again and still train
+        train(model, torch.optim.AdamW(model.parameters()), batches(1))
+
+
+class Threads(unittest.TestCase):
+    def test_a_second_thread_is_refused_before_it_changes_anything(self):
+        a, b = mlp(), mlp()
+        x, y = batches(1)[0]
+        with ours(a.parameters(), lr=1e-2) as opt:
+            ref = torch.optim.AdamW(b.parameters(), lr=1e-2)
+            for model in (a, b):
+                torch.nn.functional.mse_loss(model(x), y).backward()
+            errors = []
+            gate = threading.Barrier(2)
+
+            def step():
+                gate.wait()
+                try:
+                    opt.step()
+                except RuntimeError as e:
+                    errors.append(e)
+            os.kill(opt.worker.pid, signal.SIGSTOP)  # hold the first step in flight
+            threads = [threading.Thread(target=step) for _ in range(2)]
+            for t in threads:
+                t.start()
+            time.sleep(0.5)
+            os.kill(opt.worker.pid, signal.SIGCONT)
+            for t in threads:
+                t.join()
+            self.assertEqual(len(errors), 1)
+            self.assertIn("another thread", str(errors[0]))
+            ref.step()  # one update, as the one step() that ran
+            assert_close(self, a.parameters(), b.parameters())
+
+
+class LoadStateDict(unittest.TestCase):
+    def test_a_refused_state_dict_changes_nothing(self):
+        a, data = mlp(), batches(6)
+        with ours(groups_of(a), lr=1e-2) as opt:
+            train(a, opt, data[:3])
+            before = opt.state_dict()
+            before = {"state": {i: {k: v.clone() for k, v in s.items()}
+                                for i, s in before["state"].items()},
+                      "groups": [dict(g) for g in before["param_groups"]]}
+            params = [p.detach().clone() for p in a.parameters()]
+            bad = opt.state_dict()
+            bad["param_groups"][0]["lr"] = 0.5
+            bad["state"][4] = {k: v.clone() for k, v in bad["state"][4].items()}
+            bad["state"][4]["exp_avg"] = torch.zeros(7)  # wrong size, in the last group
+            with self.assertRaisesRegex(ValueError, "parameter 4.*exp_avg has 7 elements"):
+                opt.load_state_dict(bad)
+            missing = opt.state_dict()
+            del missing["state"][1]["exp_avg_sq"]
+            with self.assertRaisesRegex(ValueError, "parameter 1.*no exp_avg_sq"):
+                opt.load_state_dict(missing)
+            after = opt.state_dict()
+            self.assertEqual([g["lr"] for g in after["param_groups"]],
+                             [g["lr"] for g in before["groups"]])
+            self.assertEqual(sorted(after["state"]), sorted(before["state"]))
+            for i, s in before["state"].items():
+                for k, v in s.items():
+                    self.assertTrue(torch.equal(after["state"][i][k], v), (i, k))
+            assert_equal(self, a.parameters(), params)
+
+
+class BadInput(unittest.TestCase):
+    def test_hyperparameters_must_be_numbers(self):
+        a = mlp()
+        for kw in ({"lr": "0.1"}, {"eps": None}, {"weight_decay": "0"}, {"betas": (0.9, "x")},
+                   {"betas": 0.9}):
+            with self.subTest(kw=kw), self.assertRaises(TypeError):
+                ours(a.parameters(), **kw)
+        with ours(a.parameters()) as opt:
+            opt.param_groups[0]["lr"] = "0.1"  # a scheduler gone wrong: refused at the step
+            torch.nn.functional.mse_loss(a(batches(1)[0][0]), batches(1)[0][1]).backward()
+            with self.assertRaisesRegex(TypeError, "lr must be a number"):
+                opt.step()
+
+    def test_a_parameter_given_another_shape_is_refused(self):
+        a = mlp()
+        with ours(a.parameters()) as opt:
+            train(a, opt, batches(1))
+            a[4].bias.data = torch.randn(3)  # was (4,)
+            a[4].bias.grad = torch.randn(3)
+            with self.assertRaisesRegex(ValueError, r"parameter 5 was \[4\] and is now \[3\]"):
+                opt.step()
+
+    def test_built_under_inference_mode_the_model_still_trains(self):
+        a, b = mlp(), mlp()
+        with torch.inference_mode():
+            opt = ours(a.parameters(), lr=1e-2)
+        with opt:
+            self.assertFalse(any(p.is_inference() for p in a.parameters()))
+            train(a, opt, batches(3))
+            train(b, torch.optim.AdamW(b.parameters(), lr=1e-2), batches(3))
+            assert_close(self, a.parameters(), b.parameters())
+
+    def test_zero_element_parameters_are_stepped_as_torch(self):
+        a, b = mlp(), mlp()
+        empty_a, empty_b = torch.nn.Parameter(torch.zeros(0)), torch.nn.Parameter(torch.zeros(0))
+        with ours([{"params": [empty_a]}, {"params": list(a.parameters())}], lr=1e-2) as opt:
+            ref = torch.optim.AdamW([{"params": [empty_b]}, {"params": list(b.parameters())}],
+                                    lr=1e-2)
+            train(a, opt, batches(3))
+            train(b, ref, batches(3))
+            assert_close(self, a.parameters(), b.parameters())
+
+    def test_one_parameter_in_two_optimizers_is_refused(self):
+        a = mlp()
+        with ours(a.parameters()):
+            with self.assertRaisesRegex(ValueError, "parameter 0 .*another"):
+                ours(a.parameters())
+
+
+if __name__ == "__main__":
+    unittest.main()
