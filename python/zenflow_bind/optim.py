@@ -235,8 +235,12 @@ class AdamW(torch.optim.Optimizer):
                 (STEP_GRAD_NORM if self._want_norm else 0)
             scale = -grad_scale if maximize.pop() else grad_scale
             with deferred_interrupts():  # submitted and recorded as in flight, or neither
-                self._worker.submit(0, grad_buffer=k, grad_scale=scale, flags=flags,
-                                    max_grad_norm=self.max_grad_norm)
+                try:
+                    self._worker.submit(0, grad_buffer=k, grad_scale=scale, flags=flags,
+                                        max_grad_norm=self.max_grad_norm)
+                except ZenbindError as e:
+                    raise ZenbindError(e.code, f"{_detail(e)}; nothing of this step was "
+                                               f"applied: {_AFTER_DEATH}") from e
                 self._in_flight = pending
             if self.overlap:
                 self._switch_buffer(k)
@@ -319,9 +323,10 @@ class AdamW(torch.optim.Optimizer):
         except ZenbindError as e:
             if e.status == "ETIMEDOUT" and not last:
                 return False  # another slice
-            if e.status != "ETIMEDOUT":  # else still in flight: synchronize() again
-                self._in_flight = None   # the step died with the worker
-            raise
+            if e.status == "ETIMEDOUT":  # still in flight: synchronize() again
+                raise
+            pending, self._in_flight = self._in_flight, None  # the step died with the worker
+            raise ZenbindError(e.code, f"{_detail(e)}; {_torn(pending)}") from e
         pending, self._in_flight = self._in_flight, None
         self.last_step_skipped = result.skipped
         self.last_nonfinite = result.nonfinite
@@ -468,6 +473,36 @@ _OWNERS = {}
 def _now_ms():
     import time
     return time.monotonic() * 1000.0
+
+
+_AFTER_DEATH = ("the model holds its parameters from before this step; the Adam moments are "
+                "gone with the worker: load the optimizer from your last checkpoint (a new "
+                "optimizer would restart the moments)")
+
+
+def _detail(error):
+    return error.args[0].split(": ", 1)[-1]
+
+
+def _torn(pending):
+    """What a step that died with its worker left in the model, and how to go on."""
+    shared = [slot.index for layout, has, _ in pending
+              for slot, h in zip(layout.slots, has) if h and slot.alias is not None]
+    if not shared:  # the update is copied into the model only once a step completes
+        return _AFTER_DEATH
+    return (f"parameters {_ranges(shared)} are the worker's shared master weights and may be "
+            "part updated: load the model and the optimizer from your last checkpoint")
+
+
+def _ranges(indices):
+    out, start = [], None
+    for i, x in enumerate(indices):
+        if start is None:
+            start = x
+        if i + 1 == len(indices) or indices[i + 1] != x + 1:
+            out.append(str(start) if start == x else f"{start}-{x}")
+            start = None
+    return ",".join(out)
 
 
 class _Held:

@@ -3,6 +3,7 @@ fp32 master weights, ZenFlow's overlap, and its errors."""
 
 import os
 import signal
+import threading
 import unittest
 
 import torch
@@ -235,16 +236,25 @@ class Errors(unittest.TestCase):
                 call()
 
     def test_dead_worker(self):
+        # Every error says what the model holds and how to go on.
         a, _ = twins()
-        opt = ours(a.parameters())
-        os.kill(opt.worker.pid, signal.SIGKILL)
         for p in a.parameters():
             p.grad = torch.ones_like(p)
-        with self.assertRaises(ZenbindError) as ctx:
-            opt.step()
-            opt.step()
-        self.assertEqual(ctx.exception.status, "EDEAD")
-        opt.close()
+        with ours(a.parameters()) as opt:  # dead before the step: nothing applied
+            os.kill(opt.worker.pid, signal.SIGKILL)
+            with self.assertRaises(ZenbindError) as ctx:
+                opt.step()
+                opt.step()
+            self.assertEqual(ctx.exception.status, "EDEAD")
+            self.assertIn("nothing of this step was applied", str(ctx.exception))
+        for overlap, says in ((False, "parameters 0-5 .*may be part updated.*checkpoint"),
+                              (True, "holds its parameters from before this step")):
+            with ours(a.parameters(), overlap=overlap) as opt:  # dead during the step
+                os.kill(opt.worker.pid, signal.SIGSTOP)
+                threading.Timer(0.3, os.kill, (opt.worker.pid, signal.SIGKILL)).start()
+                with self.assertRaisesRegex(ZenbindError, says):
+                    opt.step()
+                    opt.synchronize()
 
     def test_timeout_leaves_the_step_in_flight(self):
         big = torch.nn.Parameter(torch.zeros(1 << 23))
