@@ -1,0 +1,83 @@
+"""zenflow_bind.optim.AdamW in Hugging Face transformers' Trainer, as a user passes it:
+Trainer(..., optimizers=(AdamW(...), scheduler)) on a GPT-2 built from a config (no download),
+text from this source tree with a byte-level vocabulary. It trains (the loss falls), saves a
+checkpoint, and a new Trainer with a new optimizer resumed from it ends where an uninterrupted run
+does. Skips where transformers is not installed (Debian forky's python3-transformers has it; CI
+runs this file there)."""
+
+import os
+import tempfile
+import unittest
+import warnings
+
+import torch
+
+try:
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+except ImportError:
+    transformers = None
+
+import zenflow_bind.optim
+
+warnings.filterwarnings("ignore")
+STEPS, SAVE_AT, BLOCK = 8, 4, 64
+
+
+def text_blocks(n):
+    """n blocks of BLOCK bytes of this repository's own text: a byte-level vocabulary."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    data = b""
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            with open(os.path.join(here, name), "rb") as f:
+                data += f.read()
+    ids = torch.tensor(list(data[: n * BLOCK]), dtype=torch.long).view(n, BLOCK)
+    return [{"input_ids": row, "labels": row} for row in ids]
+
+
+def gpt2(seed=0):
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=256, n_positions=BLOCK, n_embd=64, n_layer=2, n_head=4)
+    return GPT2LMHeadModel(config)
+
+
+def trainer(model, where, **kw):
+    args = TrainingArguments(output_dir=where, per_device_train_batch_size=4, max_steps=STEPS,
+                             save_steps=SAVE_AT, save_strategy="steps", logging_steps=1,
+                             report_to=[], use_cpu=True, seed=0, data_seed=0,
+                             dataloader_num_workers=0, disable_tqdm=True)
+    opt = zenflow_bind.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, threads=1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / (2 * STEPS))
+    return Trainer(model=model, args=args, train_dataset=text_blocks(4 * STEPS),
+                   optimizers=(opt, sched), **kw), opt
+
+
+@unittest.skipIf(transformers is None, "transformers is not installed")
+class HuggingFaceTrainer(unittest.TestCase):
+    def test_trains_saves_and_resumes(self):
+        with tempfile.TemporaryDirectory() as straight_dir, \
+                tempfile.TemporaryDirectory() as resumed_dir:
+            straight, opt = trainer(gpt2(), straight_dir)
+            straight.train()
+            opt.close()
+            losses = [e["loss"] for e in straight.state.log_history if "loss" in e]
+            self.assertLess(losses[-1], losses[0])
+
+            first, opt = trainer(gpt2(), resumed_dir)
+            first.args.max_steps = SAVE_AT  # interrupted after the checkpoint
+            first.train()
+            opt.close()
+            checkpoint = os.path.join(resumed_dir, f"checkpoint-{SAVE_AT}")
+            self.assertTrue(os.path.exists(os.path.join(checkpoint, "optimizer.pt")))
+
+            resumed, opt = trainer(gpt2(seed=1), resumed_dir)  # weights from the checkpoint
+            resumed.train(resume_from_checkpoint=checkpoint)
+            self.assertEqual(float(opt.state_dict()["state"][0]["step"]), float(STEPS))
+            opt.close()
+            for a, b in zip(resumed.model.parameters(), straight.model.parameters()):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+if __name__ == "__main__":
+    unittest.main()
