@@ -7,6 +7,8 @@
 #                                        TaskPlugin settings); ARGS go to ctest
 #   debian_root.sh RELEASE python [ARGS] build what tests/python loads inside the root and run the
 #                                        Python suite there, against the release's torch
+#   debian_root.sh RELEASE compilers     build every target with each compiler of the release (GCC;
+#                                        clang too on forky), warnings as errors
 #   debian_root.sh RELEASE vm            boot the root under qemu with cgroup v2 (vm-init.sh): the
 #                                        real cpuset and memory cgroup tests, cgroup2_binding.py
 #   debian_root.sh RELEASE shell [CMD]   run CMD (default bash) in the mounted root, by hand
@@ -34,7 +36,7 @@ src=$(cd "$here/../.." && pwd)
 release=${1:-}
 verb=${2:-}
 usage() {
-    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 [ $# -ge 2 ] || usage
@@ -49,8 +51,10 @@ packages=(
     python3 python3-numpy python3-torch procps util-linux
     linux-image-amd64 # the kernel and initramfs of the cgroup v2 VM (vm-init.sh)
 )
-# What differs per release: debootstrap's script for it, apt's options inside it, more packages.
+# What differs per release: debootstrap's script for it, apt's options inside it, more packages,
+# the compilers that the compilers verb builds with.
 apt_opts=()
+compilers=(gcc)
 case $release in
 trixie)
     script= # debootstrap's own
@@ -60,14 +64,15 @@ forky)
     # testing Release file may be past its Valid-Until (it is renewed only when testing moves).
     script=/usr/share/debootstrap/scripts/sid
     apt_opts=(-o Acquire::Check-Valid-Until=false)
-    # HF Trainer for the torch 2.x tests (Trainer needs accelerate); clang to check that forky's
-    # compilers build the project clean.
-    packages+=(python3-transformers python3-accelerate clang)
+    # HF Trainer for the torch 2.x tests (Trainer needs accelerate); clang and its OpenMP to
+    # check that forky's compilers build the project clean.
+    packages+=(python3-transformers python3-accelerate clang libomp-dev)
+    compilers+=(clang)
     ;;
 *) usage ;;
 esac
 case $verb in
-root | slurm | python | vm | shell) ;;
+root | slurm | python | compilers | vm | shell) ;;
 *) usage ;;
 esac
 
@@ -179,6 +184,15 @@ ensure_root() {
         mv "$tmp" "$root_dir"
         touch "$root_dir/.complete"
         log "built in $((SECONDS - start)) s: $(du -sxh "$root_dir" | cut -f1) in $root_dir"
+        # The roots of this release's former package lists, unless a run still has one mounted.
+        local old
+        for old in "$cache/$release"-*/; do
+            old=${old%/}
+            [ "$old" = "$root_dir" ] || grep -qF "lowerdir=$old," /proc/mounts ||
+                { log "removing $old (a former package list)"; rm -rf "$old"; }
+        done
+    else
+        log "cached in $root_dir"
     fi
     flock -u 9
 }
@@ -244,16 +258,20 @@ in_root() {
         ${TERM:+TERM="$TERM"} ${CI:+CI="$CI"} ${ZB_ALLOW_SKIP:+ZB_ALLOW_SKIP="$ZB_ALLOW_SKIP"} "$@"
 }
 
-# Configures the project inside the root against its Slurm, with its compiler, warnings as errors,
-# and builds these targets.
+# Configures the project in DIR inside the root against its Slurm, with the compiler CXX (c++ or
+# clang++, and the matching C compiler), warnings as errors, and builds these targets.
 build_in_root() {
+    local dir=$1 cxx=$2 cc=cc
+    shift 2
+    [ "$cxx" = clang++ ] && cc=clang
     log "in the root: Slurm $(in_root dpkg-query -W -f='${Version}' slurmd)," \
-        "$(in_root c++ --version | head -1)," \
+        "$(in_root "$cxx" --version | head -1)," \
         "torch $(in_root dpkg-query -W -f='${Version}' python3-torch)"
-    in_root cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZB_WERROR=ON \
-        >"$work/configure.log" || { cat "$work/configure.log" >&2; exit 1; }
-    grep 'targets Slurm' "$work/configure.log" >&2 || true
-    in_root nice -n 5 cmake --build "$work/build" -j2 --target "$@"
+    in_root cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZB_WERROR=ON \
+        -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" >"$dir.configure.log" ||
+        { cat "$dir.configure.log" >&2; exit 1; }
+    grep 'targets Slurm' "$dir.configure.log" >&2 || true
+    in_root nice -n 5 cmake --build "$dir" -j2 --target "$@"
 }
 
 # What tests/slurm runs: the plugin, its binder, libzenbind and the optimizer worker.
@@ -263,13 +281,13 @@ python_targets=(zenbind zenflow-optimizer zf_adam_shim)
 
 run_slurm() {
     mount_root
-    build_in_root "${slurm_targets[@]}"
+    build_in_root "$work/build" c++ "${slurm_targets[@]}"
     in_root ctest --test-dir "$work/build" -L '^slurm$' --output-on-failure "$@"
 }
 
 run_python() {
     mount_root
-    build_in_root "${python_targets[@]}"
+    build_in_root "$work/build" c++ "${python_targets[@]}"
     log "$(in_root python3 -c 'import sys, torch; print("Python", sys.version.split()[0],
                                                         "torch", torch.__version__)')"
     in_root ctest --test-dir "$work/build" -L '^python$' --output-on-failure "$@"
@@ -281,7 +299,7 @@ run_python() {
 run_vm() {
     command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86 is not installed (scripts/install-deps.sh)"
     mount_root
-    build_in_root "${slurm_targets[@]}" test_cgroup_real test_worker_memcg
+    build_in_root "$work/build" c++ "${slurm_targets[@]}" test_cgroup_real test_worker_memcg
     local i kernel initrd img=$work/vm.img console=$work/vm-console.log size
     for ((i = ${#mounted[@]} - 1; i > 0; i--)); do umount -R "${mounted[i]}"; done
     mounted=("$merged")
@@ -309,6 +327,20 @@ run_vm() {
     grep -q '^ZB-VM-RESULT 0' "$console" || { log "the VM's tests failed (or it did not finish): $console"; exit 1; }
 }
 
+# Every target with each compiler of the release, warnings as errors: what a newer GCC or clang
+# flags shows here before a distribution's build does.
+run_compilers() {
+    mount_root
+    local c
+    for c in "${compilers[@]}"; do
+        case $c in
+        gcc) build_in_root "$work/build" c++ all ;;
+        clang) build_in_root "$work/clang" clang++ all ;;
+        esac
+        log "$c: every target built with -Werror"
+    done
+}
+
 run_shell() {
     mount_root
     in_root "${@:-bash}"
@@ -321,6 +353,7 @@ case $verb in
 root) echo "$root_dir" ;;
 slurm) run_slurm "$@" ;;
 python) run_python "$@" ;;
+compilers) run_compilers ;;
 vm) run_vm ;;
 shell) run_shell "$@" ;;
 esac
