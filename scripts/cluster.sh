@@ -17,7 +17,9 @@
 # start, each node described with the CPU counts slurmd -C reports (with --nodes N they all
 # share this host's CPUs: good for testing per-node logic, not for measuring). Needs root (slurmd must create
 # cgroups and setuid), and the Debian packages slurmctld, slurmd and slurm-client. cgroup v1 or v2
-# as the host mounts it; ZB_CONSTRAIN_CORES=no turns task/cgroup's ConstrainCores off.
+# as the host mounts it; ZB_CONSTRAIN_CORES=no turns task/cgroup's ConstrainCores off, and
+# ZB_CGROUP_JOB_ID_PATHS=yes|no sets CgroupJobIdPaths (Slurm 26.05 and later only: cgroup v2 job
+# directories named job_<id>, or by SLUID, the default there).
 #
 # srun and slurmstepd both read plugstack.conf when a step starts, so `plugstack` changes the
 # plugin or its arguments without restarting the daemons.
@@ -156,8 +158,8 @@ EOF
     done
     echo "PartitionName=debug Nodes=$nodes Default=YES MaxTime=INFINITE State=UP" >>"$conf"
     # Read by task/cgroup and proctrack/cgroup: cgroup v1 controllers (hybrid), or the unified
-    # cgroup v2 hierarchy where /sys/fs/cgroup is one (debian13.sh's VM). There, without systemd,
-    # IgnoreSystemd=yes (Slurm 24.11's cgroup/v2) makes slurmd create its cgroups itself.
+    # cgroup v2 hierarchy where /sys/fs/cgroup is one (debian_root.sh's VM). There, without
+    # systemd, IgnoreSystemd=yes (Slurm 24.11's cgroup/v2) makes slurmd create its cgroups itself.
     if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
         printf 'CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n' >"$dir/etc/cgroup.conf"
     else
@@ -170,6 +172,9 @@ ConstrainCores=${ZB_CONSTRAIN_CORES:-yes}
 ConstrainRAMSpace=no
 ConstrainDevices=no
 EOF
+    if [ -n "${ZB_CGROUP_JOB_ID_PATHS:-}" ]; then
+        echo "CgroupJobIdPaths=$ZB_CGROUP_JOB_ID_PATHS" >>"$dir/etc/cgroup.conf"
+    fi
 }
 
 # --gres-gpus: one gres.conf line per file (Slurm only stats them), GPU i = the i-th file.

@@ -49,7 +49,10 @@ packages=(
     slurmctld slurmd slurm-client libslurm-dev
     cmake g++ make pkg-config libhwloc-dev hwloc libnuma-dev libcmocka-dev
     python3 python3-numpy python3-torch procps util-linux
-    linux-image-amd64 # the kernel and initramfs of the cgroup v2 VM (vm-init.sh)
+    # The kernel and initramfs of the cgroup v2 VM (vm-init.sh). initramfs-tools, not forky's
+    # default dracut: dracut run in a chroot leaves ext4 out of the initramfs, and the VM's kernel
+    # then cannot mount its disk.
+    linux-image-amd64 initramfs-tools
 )
 # What differs per release: debootstrap's script for it, apt's options inside it, more packages,
 # the compilers that the compilers verb builds with.
