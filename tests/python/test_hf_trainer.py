@@ -47,7 +47,10 @@ def trainer(model, where, **kw):
                              save_steps=SAVE_AT, save_strategy="steps", logging_steps=1,
                              report_to=[], use_cpu=True, seed=0, data_seed=0,
                              dataloader_num_workers=0, disable_tqdm=True)
-    opt = zenflow_bind.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, threads=1)
+    # Under srun --zenflow-bind the worker takes the plan (ZENFLOW_OPT_*); elsewhere one thread.
+    threads = None if "ZENFLOW_OPT_CPUS" in os.environ else 1
+    opt = zenflow_bind.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01,
+                                   threads=threads)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / (2 * STEPS))
     return Trainer(model=model, args=args, train_dataset=text_blocks(4 * STEPS),
                    optimizers=(opt, sched), **kw), opt
@@ -60,6 +63,10 @@ class HuggingFaceTrainer(unittest.TestCase):
                 tempfile.TemporaryDirectory() as resumed_dir:
             straight, opt = trainer(gpt2(), straight_dir)
             straight.train()
+            planned = os.environ.get("ZENFLOW_OPT_CPUS")
+            if planned:  # under srun --zenflow-bind: the worker runs where the plugin planned
+                print(f"ZENFLOW_OPT_CPUS={planned} worker threads on "
+                      f"{sorted({cpu for _, cpu in opt.worker.threads()})}")
             opt.close()
             losses = [e["loss"] for e in straight.state.log_history if "loss" in e]
             self.assertLess(losses[-1], losses[0])
