@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test of zenflow-bind, exactly as CI does (.ci/run calls this):
-#   formatting, the default build with all test labels (unit, cli, python, slurm),
+#   formatting, the default build with all test labels (unit, cli, python, slurm, package, roots),
 #   the unit tests again under ASan+UBSan, and a short libFuzzer run over the input parsers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +16,18 @@ report_skips() {
   [ -f "$log" ] || return 0
   awk '/^[0-9]+\/[0-9]+ Testing: /{name=$3} /^SKIP: /{print "skipped: " name ": " substr($0, 7)}' "$log"
 }
+
+step "Debian roots of other releases (tests/roots: made once per machine, then cached)"
+# Made here, both at once, so that a cold machine shows their progress in the log; ctest's
+# roots_*_root then finds them made. Where one cannot be made, its tests say why.
+pids=()
+for release in trixie forky; do
+  bash tests/roots/debian_root.sh "$release" root >/dev/null &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do
+  wait "$pid" || echo "a Debian root could not be made (exit $?): see the roots tests"
+done
 
 step "build and test (default preset)"
 cmake --preset default >/dev/null
