@@ -20,6 +20,7 @@ OMP_NUM_THREADS to match.
 """
 
 import inspect
+import json
 import os
 import warnings
 
@@ -99,7 +100,7 @@ def _zenflow_utils():
     if not callable(compute) or not callable(start):
         return None, ("deepspeed.runtime.zenflow.zenflow_utils has no _compute_zf_pt_affinity "
                       "or start_optimizer_process")
-    if getattr(compute, "_zenflow_bind_plan", None) is not None:
+    if hasattr(compute, "_zenflow_bind_original"):
         return zu, None  # already ours (use_plan called twice)
     if list(inspect.signature(compute).parameters) != ["zf_optimizer"]:
         return None, (f"_compute_zf_pt_affinity{inspect.signature(compute)} is not "
@@ -110,29 +111,103 @@ def _zenflow_utils():
     return zu, None
 
 
-def use_plan(environ=None):
-    """Make DeepSpeed's ZenFlow take its CPU split from srun --zenflow-bind. Returns the Plan,
-    or None (with a warning saying why) when nothing was changed: no plan in the environment, no
-    DeepSpeed, or a DeepSpeed whose ZenFlow internals differ from the ones this adapter knows.
-    Call it on every rank before deepspeed.initialize."""
-    try:
-        plan = plan_from_environ(environ)
-    except PlanUnavailable as e:
-        warnings.warn(f"zenflow_bind.deepspeed: {e}; DeepSpeed keeps its own CPU split",
-                      stacklevel=2)
-        return None
-    zu, why = _zenflow_utils()
-    if zu is None:
-        warnings.warn(f"zenflow_bind.deepspeed: {why}; nothing changed", stacklevel=2)
-        return None
+def _config_problems(config):
+    """(why the plan cannot serve this DeepSpeed config, or None; notes on settings it
+    overrides). config: the dict or JSON path deepspeed.initialize gets, or None (unknown)."""
+    if config is None:
+        return None, []
+    if isinstance(config, (str, os.PathLike)):
+        with open(config, encoding="utf-8") as f:
+            config = json.load(f)
+    zero = config.get("zero_optimization") or {}
+    offload = zero.get("offload_optimizer") or {}
+    if offload.get("super_offload"):
+        return ("SuperOffload splits the CPUs itself (cpuadam_cores_perc) and this adapter does "
+                "not drive it: run srun --zenflow-bind=mode=offload, which gives each task its "
+                "whole share"), []
+    zenflow = zero.get("zenflow")
+    if not zenflow:
+        return ("the config has no zero_optimization.zenflow section, so no ZenFlow optimizer "
+                "process runs: for DeepSpeedCPUAdam in the training process run "
+                "srun --zenflow-bind=mode=offload"), []
+    if not zenflow.get("overlap_step"):
+        return ("zero_optimization.zenflow.overlap_step is false (DeepSpeed's default): ZenFlow "
+                "then steps in the training process and starts no optimizer process, so "
+                "ZENFLOW_OPT_CPUS would stay idle; set overlap_step to true, or run "
+                "srun --zenflow-bind=mode=offload"), []
+    notes = []
+    if "pt_reserved_cores_perc" in zenflow:
+        notes.append(f"zero_optimization.zenflow.pt_reserved_cores_perc="
+                     f"{zenflow['pt_reserved_cores_perc']} is not used: the plan's training "
+                     "share decides (srun --zenflow-bind=train=N|F)")
+    return None, notes
 
-    def compute_from_plan(zf_optimizer):
+
+def _agree(zu, has_plan):
+    """Every rank learns whether all, none or only some ranks have a plan, in one collective that
+    all of them make: a mixed job then fails on every rank instead of leaving the unplanned ones
+    in DeepSpeed's all_gather, waiting for ranks that never come."""
+    import torch
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    accelerator = getattr(zu, "get_accelerator", None)
+    device = accelerator().current_device_name() if accelerator else "cpu"
+    counts = torch.tensor([int(has_plan), int(not has_plan)], dtype=torch.int64, device=device)
+    dist.all_reduce(counts)
+    planned, unplanned = (int(c) for c in counts.tolist())
+    if planned and unplanned:
+        raise RuntimeError(f"zenflow_bind.deepspeed: {planned} ranks run under "
+                           f"srun --zenflow-bind and {unplanned} do not (this one "
+                           f"{'does' if has_plan else 'does not'}); ZenFlow's CPU split needs "
+                           "every rank on the same path: run every node's tasks with "
+                           "--zenflow-bind, or none")
+
+
+def _install(zu, plan):
+    """Replace DeepSpeed's split by the plan's (plan None: DeepSpeed's own), after _agree."""
+    current = zu._compute_zf_pt_affinity
+    original = getattr(current, "_zenflow_bind_original", current)
+
+    def compute_zf_pt_affinity(zf_optimizer):
+        _agree(zu, plan is not None)
+        if plan is None:
+            return original(zf_optimizer)
         # (optimizer CPUs, training CPUs), as DeepSpeed's own function returns them; no
         # all_gather, no soft bind: the plugin already split the node among the tasks.
         return list(plan.opt_cpus), list(plan.train_cpus)
 
-    compute_from_plan._zenflow_bind_plan = plan
-    zu._compute_zf_pt_affinity = compute_from_plan
+    compute_zf_pt_affinity._zenflow_bind_plan = plan
+    compute_zf_pt_affinity._zenflow_bind_original = original
+    zu._compute_zf_pt_affinity = compute_zf_pt_affinity
+
+
+def use_plan(environ=None, config=None):
+    """Make DeepSpeed's ZenFlow take its CPU split from srun --zenflow-bind. Returns the Plan,
+    or None (with a warning saying why) when it does not: no plan in the environment, no
+    DeepSpeed, a DeepSpeed whose ZenFlow internals differ from the ones this adapter knows, or
+    (given config, the DeepSpeed config as a dict or JSON path) a configuration in which no
+    ZenFlow optimizer process runs. Call it on every rank before deepspeed.initialize: ranks
+    with and without a plan then fail together, clearly, instead of hanging."""
+    why, notes = _config_problems(config)
+    if why:
+        warnings.warn(f"zenflow_bind.deepspeed: {why}; nothing changed", stacklevel=2)
+        return None
+    try:
+        plan = plan_from_environ(environ)
+    except PlanUnavailable as e:
+        plan, why = None, f"{e}; DeepSpeed keeps its own CPU split"
+    zu, unknown = _zenflow_utils()
+    if zu is None:
+        warnings.warn(f"zenflow_bind.deepspeed: {why or unknown}; nothing changed",
+                      stacklevel=2)
+        return None
+    _install(zu, plan)  # with no plan too: that rank still joins the agreement
+    if plan is None:
+        warnings.warn(f"zenflow_bind.deepspeed: {why}", stacklevel=2)
+        return None
+    for note in notes:
+        warnings.warn(f"zenflow_bind.deepspeed: {note}", stacklevel=2)
     try:
         import torch
     except ImportError:

@@ -2,6 +2,7 @@
 like DeepSpeed's ZenFlow (deepspeed.runtime.zenflow.zenflow_utils: _compute_zf_pt_affinity(
 zf_optimizer) called by start_optimizer_process). DeepSpeed is not a Debian package; the fake
 below is written here, with only the names and call structure the adapter checks."""
+import json
 import os
 import sys
 import tempfile
@@ -60,6 +61,25 @@ def quiet(fn, *args):
     return result, [str(w.message) for w in caught]
 
 
+def two_ranks(rank, store, envs, where):
+    """One rank of a gloo job whose ranks have the environments envs: what its ZenFlow split
+    came to, or the error, written to where/rank<N>."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    try:
+        with FakeDeepSpeed(SHAPED_LIKE_DEEPSPEED) as zu:
+            quiet(zd.use_plan, envs[rank])
+            try:
+                zf, _ = zu.start_optimizer_process(object())
+                out = f"{'plan' if zf != [99] else 'deepspeed'} {zf}"
+            except RuntimeError as e:
+                out = str(e)
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(where, f"rank{rank}"), "w") as f:
+        f.write(out)
+
+
 class PlanFromEnviron(unittest.TestCase):
     def test_the_plugins_variables(self):
         plan = zd.plan_from_environ(PLUGIN_ENV)
@@ -98,13 +118,55 @@ class UsePlan(unittest.TestCase):
             again, _ = quiet(zd.use_plan, PLUGIN_ENV)  # idempotent
             self.assertIsNotNone(again)
 
-    def test_no_plan_changes_nothing(self):
+    def test_no_plan_keeps_deepspeeds_split(self):
         with FakeDeepSpeed(SHAPED_LIKE_DEEPSPEED) as zu:
-            before = zu._compute_zf_pt_affinity
             plan, said = quiet(zd.use_plan, {})
             self.assertIsNone(plan)
             self.assertTrue(any("srun --zenflow-bind" in s for s in said), said)
-            self.assertIs(zu._compute_zf_pt_affinity, before)
+            self.assertEqual(zu.start_optimizer_process(object()), ([99], [98]))
+            self.assertEqual(zu.calls, ["collective"], "DeepSpeed's own path, collective too")
+
+    def test_configs_without_a_zenflow_process_are_refused(self):
+        zenflow = {"topk_ratio": 0.1, "overlap_step": True}
+        refused = {
+            "overlap_step": ({"zero_optimization": {"zenflow": dict(zenflow,
+                                                                     overlap_step=False)}},
+                             "overlap_step is false"),
+            "no zenflow": ({"zero_optimization": {"stage": 2}}, "no zero_optimization.zenflow"),
+            "superoffload": ({"zero_optimization": {"stage": 3, "offload_optimizer": {
+                "device": "cpu", "super_offload": True, "cpuadam_cores_perc": 0.8}}},
+                "SuperOffload"),
+        }
+        for name, (config, says) in refused.items():
+            with FakeDeepSpeed(SHAPED_LIKE_DEEPSPEED) as zu:
+                before = zu._compute_zf_pt_affinity
+                plan, said = quiet(zd.use_plan, PLUGIN_ENV, config)
+                self.assertIsNone(plan, name)
+                self.assertTrue(any(says in s and "mode=offload" in s for s in said),
+                                (name, said))
+                self.assertIs(zu._compute_zf_pt_affinity, before, name)
+        with FakeDeepSpeed(SHAPED_LIKE_DEEPSPEED) as zu, tempfile.NamedTemporaryFile(
+                "w", suffix=".json") as f:
+            json.dump({"zero_optimization": {"zenflow": dict(zenflow,
+                                                              pt_reserved_cores_perc=0.5)}}, f)
+            f.flush()
+            plan, said = quiet(zd.use_plan, PLUGIN_ENV, f.name)  # a path works too
+            self.assertIsNotNone(plan, said)
+            self.assertTrue(any("pt_reserved_cores_perc=0.5 is not used" in s for s in said),
+                            said)
+
+    def test_ranks_with_and_without_a_plan_fail_together(self):
+        with tempfile.TemporaryDirectory() as where:
+            for envs, want in (([PLUGIN_ENV, {}], "1 ranks run under srun --zenflow-bind and "
+                                                   "1 do not"),
+                               ([PLUGIN_ENV, PLUGIN_ENV], "plan [2, 3]"),
+                               ([{}, {}], "deepspeed [99]")):
+                import torch.multiprocessing as mp
+                store = tempfile.mktemp(dir=where)
+                mp.spawn(two_ranks, args=(store, envs, where), nprocs=2, join=True)
+                for rank in (0, 1):
+                    with open(os.path.join(where, f"rank{rank}")) as f:
+                        self.assertIn(want, f.read(), (rank, envs))
 
     def test_unknown_deepspeed_internals_change_nothing(self):
         shapes = {
