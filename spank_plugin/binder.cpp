@@ -86,12 +86,11 @@ int task_init(spank_t sp, const zb_options *options) noexcept {
         const Step &s = step();
         TaskInfo task{};
         int local_id = 0;
-        uint32_t job_id = 0, step_id = 0;
+        uint32_t step_id = 0;
         task.host = node_name(sp);
         if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &task.ntasks) != ESPANK_SUCCESS ||
             spank_get_item(sp, S_TASK_ID, &local_id) != ESPANK_SUCCESS ||
             spank_get_item(sp, S_TASK_GLOBAL_ID, &task.global_id) != ESPANK_SUCCESS ||
-            spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
             spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS || local_id < 0)
             return failed(sp, *options, task, "Slurm did not describe the task");
         task.local_id = static_cast<unsigned>(local_id);
@@ -107,7 +106,7 @@ int task_init(spank_t sp, const zb_options *options) noexcept {
                                                                        hwloc_bitmap_free);
         std::string error;
         if (!cpus) return failed(sp, *options, task, "out of memory");
-        if (!step_cpus(sp, s.topology, job_id, step_id, cpus.get(), task.step_cpus_source, error))
+        if (!step_cpus(sp, s.topology, step_id, cpus.get(), task.step_cpus_source, error))
             return failed(sp, *options, task, error);
         if (!bind_task(sp, s.topology, s.profile, &s.gpus, cpus.get(), *options, task, error))
             return failed(sp, *options, task, error);

@@ -3,6 +3,9 @@
 #include "alloc_cores.hpp"
 #include "step_source.hpp"
 
+#include <fstream>
+#include <sstream>
+
 namespace zb::spank {
 namespace {
 
@@ -13,15 +16,25 @@ bool alloc_cores(spank_t sp, const zb_topology_t *topology, hwloc_bitmap_t out,
     return alloc_cores_to_cpus(cores, topology, out, error);
 }
 
+// This task's own cgroup, where its cpuset is (empty when /proc/self/cgroup cannot be read:
+// then zb_cgroup_cpuset() fails too, and says why).
+std::string own_cgroup() {
+    std::ifstream in("/proc/self/cgroup");
+    std::ostringstream text;
+    text << in.rdbuf();
+    return task_cgroup(text.str());
+}
+
 } // namespace
 
-bool step_cpus(spank_t sp, const zb_topology_t *topology, uint32_t job_id, uint32_t step_id,
-               hwloc_bitmap_t out, std::string &source, std::string &error) {
+bool step_cpus(spank_t sp, const zb_topology_t *topology, uint32_t step_id, hwloc_bitmap_t out,
+               std::string &source, std::string &error) {
     // The cgroup that confines the task, as libzenbind finds it (on v2, the nearest level that
-    // configures cpuset.cpus); step_source() says whether it is the step's.
+    // configures cpuset.cpus); step_source() says whether it is the step's, from the task's own
+    // cgroup, whatever Slurm named the job's level.
     char file[4096] = {};
     const zb_status status = zb_cgroup_cpuset(nullptr, 0, 0, out, file, sizeof file);
-    switch (step_source(status, file, job_id, step_id)) {
+    switch (step_source(status, file, own_cgroup(), step_id)) {
     case StepSource::failed:
         error = std::string("cannot read this task's cpuset cgroup: ") + zb_last_error();
         return false;

@@ -60,10 +60,10 @@ echo "==== $(uname -r), cgroup controllers: $(cat /sys/fs/cgroup/cgroup.controll
     "$(nproc) CPUs, Slurm $(dpkg-query -W -f='${Version}' slurmd)"
 run "$BUILD/tests/unit/test_cgroup_real"
 run env ZENFLOW_OPTIMIZER="$BUILD/optimizer/zenflow-optimizer" "$BUILD/tests/unit/test_worker_memcg"
-# Slurm 26.05 names a job's cgroup v2 directory by its SLUID unless CgroupJobIdPaths=yes; before
-# it, by job id alone (no such key: left unset).
+# Slurm 26.05 names a job's cgroup v2 directory by its SLUID unless CgroupJobIdPaths=yes: both
+# there. Before it, by job id alone (no such key: left unset).
 job_id_paths=("")
-dpkg --compare-versions "$(dpkg-query -W -f='${Version}' slurmd)" ge 26.05 && job_id_paths=(yes)
+dpkg --compare-versions "$(dpkg-query -W -f='${Version}' slurmd)" ge 26.05 && job_id_paths=(yes no)
 for paths in "${job_id_paths[@]}"; do
     for constrain in yes no; do
         run env ZB_CONSTRAIN_CORES=$constrain ZB_CGROUP_JOB_ID_PATHS="$paths" \

@@ -14,13 +14,19 @@ import slurm_case
 from slurm_case import ClusterCase, cpus
 
 CGROUP2 = "/sys/fs/cgroup"
+# The name of the job's level that this run's Slurm and CgroupJobIdPaths give: job_<id>, or a SLUID
+# (an "s" and base-32 digits, e.g. sDB9M88G5WN700) where 26.05 is left to its default.
+JOB_DIR = (r"^s[0-9A-Z]+$" if os.environ.get("ZB_CGROUP_JOB_ID_PATHS") == "no"
+           else r"^job_\d+$")
 
 # Each task: its own cgroup (the "0::" line), its affinity, the plugin's variables, and its step's
 # cpuset files, read while the step exists (Slurm removes its cgroups as soon as it ends). Slurm's
 # cgroup/v2 writes a step's limits into step_N/user, the parent of the task_N cgroups
-# (src/plugins/cgroup/v2: CG_LEVEL_STEP is CG_LEVEL_STEP_USER).
+# (src/plugins/cgroup/v2: CG_LEVEL_STEP is CG_LEVEL_STEP_USER). The job's level above the step is
+# job_<id> up to Slurm 24.11; 26.05 names it by the job's SLUID unless CgroupJobIdPaths=yes
+# (ZB_CGROUP_JOB_ID_PATHS, which cluster.sh writes into cgroup.conf).
 REPORT = ("cg=$(sed -n 's/^0:://p' /proc/self/cgroup); "
-          f"step={CGROUP2}$(echo \"$cg\" | grep -o '^.*/job_[0-9]*/step_[0-9]*'); "
+          f"step={CGROUP2}$(echo \"$cg\" | grep -o '^.*/step_[0-9]*'); "
           "echo \"v2=$cg|$(grep Cpus_allowed_list /proc/self/status | cut -f2)|"
           "${ZENFLOW_TRAIN_CPUS-unset}|${ZENFLOW_OPT_CPUS-unset}|"
           "$(cat $step/cpuset.cpus.effective)|$(cat $step/user/cpuset.cpus)\"")
@@ -35,7 +41,9 @@ class TaskCgroup:
     def __init__(self, line):
         self.path, affinity, self.train, self.opt, effective, self.configured = line.split("|")
         self.affinity = cpus(affinity)
-        self.in_step = re.search(r"/job_\d+/step_\d+(/|$)", self.path) is not None
+        step = re.search(r"/([^/]+)/step_\d+(/|$)", self.path)
+        self.in_step = step is not None
+        self.job_dir = step.group(1) if step else None
         self.step_set = cpus(effective)
 
 
@@ -65,6 +73,7 @@ class CgroupV2Binding(ClusterCase):
         used = set()
         for i, t in tasks.items():
             self.assertTrue(t.in_step, f"task {i} is not in a step cgroup: {t.path}")
+            self.assertRegex(t.job_dir, JOB_DIR, f"task {i}: the job's cgroup, {t.path}")
             train, opt = cpus(t.train), cpus(t.opt)
             self.assertEqual((len(train), len(opt)), (1, 1), f"task {i}")
             self.assertEqual(t.affinity, train, f"task {i} runs on its training CPU")
@@ -83,8 +92,9 @@ class CgroupV2Binding(ClusterCase):
         self.assertEqual(len(lines), 2, p.stderr)
         for l in lines:
             if self.constrained():
+                # whatever names the job's level: the plugin finds the step from the task's cgroup
                 self.assertRegex(
-                    l, r"from /sys/fs/cgroup/\S+/job_\d+/step_\d+/user/cpuset\.cpus\.effective$")
+                    l, r"from /sys/fs/cgroup/\S+/step_\d+/user/cpuset\.cpus\.effective$")
             else:
                 self.assertTrue(l.endswith("from S_STEP_ALLOC_CORES"), l)
 
