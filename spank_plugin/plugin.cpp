@@ -21,6 +21,10 @@ ZB_SPANK_EXPORT extern const char plugin_name[] = "zenflow_bind";
 ZB_SPANK_EXPORT extern const char plugin_type[] = "spank";
 ZB_SPANK_EXPORT extern const unsigned int plugin_version = SLURM_VERSION_NUMBER;
 ZB_SPANK_EXPORT extern const unsigned int spank_plugin_version = 1;
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(25, 5, 0)
+// A failing init (a bad plugstack.conf argument) fails the job; the default drains the node.
+ZB_SPANK_EXPORT int slurm_spank_init_failure_mode = ESPANK_JOB_FAILURE;
+#endif
 }
 
 namespace {
@@ -33,8 +37,14 @@ constexpr const char *kDeferVariable = "ZENFLOW_BIND_DEFERRED";
 // User strings are parsed in root's slurmstepd: anything longer than this is refused unread.
 constexpr size_t max_option_bytes = 8192;
 
+// Whether a failing init in slurmstepd fails only the job (slurm_spank_init_failure_mode, 25.05
+// and later). Before 25.05 it fails the step's launch, and a batch job's failed launch drains the
+// node, so there a bad plugstack.conf argument fails the tasks instead (State::config_error).
+constexpr bool init_failure_fails_job = SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(25, 5, 0);
+
 struct State {
     zb_options admin{};
+    std::string config_error; // slurmstepd before 25.05: a bad plugstack.conf argument
     bool user_given = false;
     std::string user_text;
     Resolved resolved{};
@@ -111,8 +121,13 @@ ZB_SPANK_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av) {
         s = State{};
         std::string error;
         if (!parse_admin(ac, av, s.admin, error)) {
-            slurm_error("zenflow-bind: refusing to load: %s", error.c_str());
-            return -1;
+            if (context != S_CTX_REMOTE || init_failure_fails_job) {
+                // srun, sbatch and salloc stop before anything starts; slurmstepd fails the job.
+                slurm_error("zenflow-bind: refusing to load: %s", error.c_str());
+                return -1;
+            }
+            slurm_error("zenflow-bind: %s: every task of this step fails", error.c_str());
+            s.config_error = "the administrator's " + error;
         }
         fill_usage();
         if (spank_option_register(sp, &option) != ESPANK_SUCCESS) {
@@ -159,6 +174,7 @@ ZB_SPANK_EXPORT int slurm_spank_local_user_init(spank_t, int, char **) {
 ZB_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int, char **) {
     return guarded("user_init", [&] {
         State &s = state();
+        if (!s.config_error.empty()) return 0; // task_init fails each task
         uint32_t step_id = 0;
         if (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS) return 0;
         if (step_id == SLURM_EXTERN_CONT) return 0;
@@ -188,6 +204,10 @@ ZB_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int, char **) {
 ZB_SPANK_EXPORT int slurm_spank_task_init(spank_t sp, int, char **) {
     return guarded("task_init", [&] {
         const State &s = state();
+        if (!s.config_error.empty()) {
+            tell_user("error: " + s.config_error);
+            return -1; // this task only: its parent, slurmstepd, goes on and reports it
+        }
         if (s.binder) return s.binder->task_init(sp, &s.resolved.options);
         if (s.binder_error.empty()) return 0; // this step does not bind
         // It asked for binding but the binder is missing: onerror= decides, as for a bad plan.

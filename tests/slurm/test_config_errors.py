@@ -1,0 +1,89 @@
+#!/usr/bin/python3
+"""An administrator's bad plugstack.conf argument fails jobs, never the node: srun, sbatch and
+salloc refuse to start with the key named, and a batch job that was already queued when the
+argument went bad fails while its node stays up. Slurm 25.05 and later do it through
+slurm_spank_init_failure_mode = ESPANK_JOB_FAILURE; before 25.05 a failing init in slurmstepd fails
+a batch job's launch and slurmctld drains the node ("batch job complete failure"), so there the
+plugin loads in slurmstepd and fails each task instead.
+
+    test_config_errors.py PLUGIN_SO --task-plugin cgroup|affinity [unittest args]
+"""
+import glob
+import os
+import re
+import sys
+import time
+
+import slurm_case
+from slurm_case import STEP_TIMEOUT, ClusterCase
+
+BAD = "default=on,bogus_key=1"
+
+
+class BrokenPlugstack(ClusterCase):
+    def tearDown(self):
+        # whatever happened, the next test gets a good plugstack.conf and a node in service
+        self.plugstack("")
+        if self.drained():
+            self.run_cmd("scontrol", "update", f"nodename={self.node()}", "state=resume",
+                         check=False)
+
+    def node(self):
+        return self.run_cmd("sinfo", "-h", "-N", "-o", "%N").stdout.split()[0]
+
+    def node_state(self):
+        return self.run_cmd("scontrol", "show", "node", self.node()).stdout
+
+    def drained(self):
+        return re.search(r"State=\S*DRAIN", self.node_state()) is not None
+
+    def job_state(self, job):
+        out = self.run_cmd("scontrol", "show", "job", job, check=False).stdout
+        m = re.search(r"JobState=(\S+)", out)
+        return (m.group(1) if m else "GONE"), out
+
+    def slurmd_log(self):
+        text = ""
+        for path in glob.glob(os.path.join(self.dir, "log", "slurmd*.log")):
+            with open(path, errors="replace") as f:
+                text += f.read()
+        return text
+
+    def test_srun_sbatch_salloc_refuse_and_name_the_key(self):
+        self.plugstack(BAD)
+        for cmd in (["srun", "-n1", "true"], ["sbatch", "--wrap", "true"],
+                    ["salloc", "-n1", "true"]):
+            p = self.run_cmd(*cmd, check=False)
+            self.assertNotEqual(p.returncode, 0, f"{cmd[0]} started under a bad plugstack.conf")
+            self.assertIn("bogus_key", p.stderr, cmd[0])
+        self.assertFalse(self.drained(), self.node_state())
+
+    def test_queued_batch_job_fails_and_the_node_stays_up(self):
+        out = os.path.join(self.dir, "queued.out")
+        marker = os.path.join(self.dir, "queued.ran")
+        # Submitted (held) while plugstack.conf is good: sbatch itself would refuse it otherwise.
+        p = self.run_cmd("sbatch", "--parsable", "--hold", "-n1", "-o", out, "--wrap",
+                         f"touch {marker}")
+        job = p.stdout.strip().split(";")[0]
+        self.plugstack(BAD)
+        self.run_cmd("scontrol", "release", job)
+        deadline = time.time() + STEP_TIMEOUT
+        state, show = "PENDING", ""
+        while time.time() < deadline:
+            state, show = self.job_state(job)
+            if self.drained() or state not in ("PENDING", "CONFIGURING", "RUNNING",
+                                               "COMPLETING"):
+                break
+            time.sleep(0.3)
+        self.assertFalse(self.drained(), f"the node was drained:\n{self.node_state()}")
+        self.assertEqual(state, "FAILED", show)
+        self.assertFalse(os.path.exists(marker), "the job's script ran under a bad plugstack.conf")
+        said = self.slurmd_log()
+        if os.path.exists(out):
+            with open(out, errors="replace") as f:
+                said += f.read()
+        self.assertIn("bogus_key", said, "neither the job's output nor slurmd's log names the key")
+
+
+if __name__ == "__main__":
+    sys.exit(slurm_case.main())
