@@ -4,6 +4,7 @@ fp32 master weights, ZenFlow's overlap, and its errors."""
 import os
 import signal
 import threading
+import time
 import unittest
 
 import torch
@@ -11,6 +12,15 @@ import torch
 from torch_cases import assert_close, assert_equal, batches, mlp, ours, twins
 import zenflow_bind.optim as zt
 from zenflow_bind import ZenbindError
+
+
+def _alive(pid):
+    """Whether pid still runs (a zombie or a vanished process does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def shared(tensor, views):
@@ -241,7 +251,11 @@ class Errors(unittest.TestCase):
         for p in a.parameters():
             p.grad = torch.ones_like(p)
         with ours(a.parameters()) as opt:  # dead before the step: nothing applied
-            os.kill(opt.worker.pid, signal.SIGKILL)
+            pid = opt.worker.pid
+            os.kill(pid, signal.SIGKILL)
+            while _alive(pid):  # the kill lands before the step starts
+                time.sleep(0.01)
+            time.sleep(0.2)  # and its exit reaches the pidfd libzenbind polls (a busy host lags)
             with self.assertRaises(ZenbindError) as ctx:
                 opt.step()
                 opt.step()
