@@ -11,7 +11,7 @@ pkgs=(
   python3 python3-numpy python3-torch                               # the Python binding and its tests
   python3-matplotlib                                                # the demo's picture
   procps util-linux dpkg-dev lintian rpm                             # ps, taskset, prlimit; packages
-  debootstrap qemu-system-x86 e2fsprogs                             # the Debian 13 root and its VM
+  debootstrap qemu-system-x86 e2fsprogs                             # the Debian roots and their VMs (tests/roots)
 )
 
 missing=()
