@@ -17,9 +17,6 @@ import torch
 
 from ._layout import local
 
-_KEYS = ("step", "exp_avg", "exp_avg_sq", "master_param")
-
-
 def _dtensor_class():
     try:
         from torch.distributed.tensor import DTensor

@@ -11,8 +11,10 @@ worker (see _layout.py for which tensors alias shared memory), so this process k
 state between steps: optimizer.state is brought out of the worker when it is read (_state.py).
 Semantics, arguments and the state dict are torch's; see zenflow_bind.optim(3)."""
 
+import contextlib
 import math
 import threading
+import time
 import weakref
 
 import torch
@@ -157,7 +159,7 @@ class AdamW(torch.optim.Optimizer):
             return
         states = snapshot.state
         for i in edited:
-            group, layout = self.param_groups[i], self._layouts[i]
+            layout = self._layouts[i]
             prepared = prepare_group_state(layout, [states.get(s.param) for s in layout.slots],
                                            f"optimizer.state of param group {i}")
             self._apply_group_state(layout, prepared)
@@ -253,6 +255,7 @@ class AdamW(torch.optim.Optimizer):
         self._live()
         self._finish()
 
+    @contextlib.contextmanager
     def _exclusive(self, what):
         """step(), state_dict() and load_state_dict() one at a time: a second thread is refused
         before it changes anything (torch's optimizers are not thread-safe either, but would
@@ -261,7 +264,10 @@ class AdamW(torch.optim.Optimizer):
             raise RuntimeError(f"zenflow_bind.optim.AdamW.{what}() was called while another "
                                "thread is in step(), state_dict() or load_state_dict() of the "
                                "same optimizer")
-        return _Held(self._busy)
+        try:
+            yield
+        finally:
+            self._busy.release()
 
     def _save_missing(self, layout, has):
         """What a step would wrongly change for parameters without a gradient: their master
@@ -471,7 +477,6 @@ _OWNERS = {}
 
 
 def _now_ms():
-    import time
     return time.monotonic() * 1000.0
 
 
@@ -503,19 +508,6 @@ def _ranges(indices):
             out.append(str(start) if start == x else f"{start}-{x}")
             start = None
     return ",".join(out)
-
-
-class _Held:
-    """Releases the lock _exclusive() took."""
-
-    def __init__(self, lock):
-        self._lock = lock
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._lock.release()
 
 
 def _release(layouts, worker):

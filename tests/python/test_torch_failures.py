@@ -12,22 +12,14 @@ import unittest
 
 import torch
 
-from torch_cases import assert_close, assert_equal, batches, groups_of, mlp, ours, train
+from torch_cases import (alive, assert_close, assert_equal, batches, groups_of, mlp, ours,
+                         proc_stat, train)
 
 
 def children():
     """Pids of this process's live child processes."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == os.getpid() and fields[0] != "Z":
-                out.append(int(pid))
-    return out
+    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and alive(pid) and
+            int((proc_stat(pid) or [0, 0])[1]) == os.getpid()]
 
 
 def rss_kib():

@@ -9,18 +9,9 @@ import unittest
 
 import torch
 
-from torch_cases import assert_close, assert_equal, batches, mlp, ours, twins
+from torch_cases import alive, assert_close, assert_equal, batches, mlp, ours, twins
 import zenflow_bind.optim as zt
 from zenflow_bind import ZenbindError
-
-
-def _alive(pid):
-    """Whether pid still runs (a zombie or a vanished process does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def shared(tensor, views):
@@ -253,7 +244,7 @@ class Errors(unittest.TestCase):
         with ours(a.parameters()) as opt:  # dead before the step: nothing applied
             pid = opt.worker.pid
             os.kill(pid, signal.SIGKILL)
-            while _alive(pid):  # the kill lands before the step starts
+            while alive(pid):  # the kill lands before the step starts
                 time.sleep(0.01)
             time.sleep(0.2)  # and its exit reaches the pidfd libzenbind polls (a busy host lags)
             with self.assertRaises(ZenbindError) as ctx:

@@ -1,6 +1,7 @@
 """Shared pieces of the zenflow_bind.optim tests: seeded models, data and comparisons."""
 
 import copy
+import os
 
 import torch
 
@@ -57,3 +58,19 @@ def assert_close(test, ours_params, ref_params, rtol=1e-5, atol=1e-5):
 def assert_equal(test, xs, ys):
     for a, b in zip(xs, ys):
         test.assertTrue(torch.equal(a.detach(), b.detach()), "not bit-identical")
+
+
+def proc_stat(pid):
+    """The fields of /proc/PID/stat after the command name (state, ppid, ...), or None once the
+    process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def alive(pid):
+    """Whether pid runs (a zombie or a vanished process does not)."""
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] != "Z"
