@@ -43,7 +43,7 @@ def _versions(entry):
 class Snapshot:
     """optimizer.state as brought out of the worker, and how to tell what was written since."""
 
-    def __init__(self, param_groups, layouts, steps):
+    def __init__(self, layouts, steps):
         self.state = collections.defaultdict(dict)
         self._taken = {}   # param -> (group index, its entry, {key: (value, version)})
         self._groups = {}  # param -> group index, for every parameter the worker holds

@@ -138,7 +138,7 @@ class AdamW(torch.optim.Optimizer):
         if self._snapshot is None:
             self._live()
             self._finish()
-            self._snapshot = Snapshot(self.param_groups, self._layouts, self._steps)
+            self._snapshot = Snapshot(self._layouts, self._steps)
         return self._snapshot.state
 
     @state.setter
