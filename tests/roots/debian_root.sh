@@ -5,8 +5,10 @@
 #   debian_root.sh RELEASE slurm [ARGS]  build the plugin inside the root against the release's
 #                                        Slurm and run tests/slurm there (every test_*.py, both
 #                                        TaskPlugin settings); ARGS go to ctest
-#   debian_root.sh RELEASE python [ARGS] build what tests/python loads inside the root and run the
-#                                        Python suite there, against the release's torch
+#   debian_root.sh RELEASE python [ARGS] build the project inside the root and run the Python
+#                                        suite there, against the release's torch; then install
+#                                        it under /usr (in the overlay) and run the torch 2.x
+#                                        tests again with the package as a user gets it
 #   debian_root.sh RELEASE compilers     build every target with each compiler of the release (GCC;
 #                                        clang too on forky), warnings as errors
 #   debian_root.sh RELEASE vm            boot the root under qemu with cgroup v2 (vm-init.sh): the
@@ -271,6 +273,7 @@ build_in_root() {
         "$(in_root "$cxx" --version | head -1)," \
         "torch $(in_root dpkg-query -W -f='${Version}' python3-torch)"
     in_root cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZB_WERROR=ON \
+        -DCMAKE_INSTALL_PREFIX=/usr \
         -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" >"$dir.configure.log" ||
         { cat "$dir.configure.log" >&2; exit 1; }
     grep 'targets Slurm' "$dir.configure.log" >&2 || true
@@ -279,8 +282,6 @@ build_in_root() {
 
 # What tests/slurm runs: the plugin, its binder, libzenbind and the optimizer worker.
 slurm_targets=(zenflow_bind zenflow_bind_binder zenbind zenflow-optimizer)
-# What tests/python loads: libzenbind, the worker, and the Adam kernels' test shim.
-python_targets=(zenbind zenflow-optimizer zf_adam_shim)
 
 run_slurm() {
     mount_root
@@ -288,12 +289,28 @@ run_slurm() {
     in_root ctest --test-dir "$work/build" -L '^slurm$' --output-on-failure "$@"
 }
 
+# The torch 2.x APIs again with the package as a user gets it: installed under /usr by the rules
+# the Debian packages are made from (into the overlay, thrown away on exit), found by Debian's
+# python3 with no PYTHONPATH into the package and no ZENFLOW_* variable; tests/python is on the
+# path for its test helpers alone.
+installed_tests=(test_torch_dcp.py test_torch_fsdp2.py test_torch_failures.py test_hf_trainer.py)
+
 run_python() {
     mount_root
-    build_in_root "$work/build" c++ "${python_targets[@]}"
+    build_in_root "$work/build" c++ all
     log "$(in_root python3 -c 'import sys, torch; print("Python", sys.version.split()[0],
                                                         "torch", torch.__version__)')"
     in_root ctest --test-dir "$work/build" -L '^python$' --output-on-failure "$@"
+    local component t
+    for component in lib tools python; do
+        in_root cmake --install "$work/build" --component "$component" >/dev/null
+    done
+    in_root ldconfig
+    in_root python3 "$src/tests/package/installed_step.py" /usr/lib/python3/dist-packages
+    for t in "${installed_tests[@]}"; do
+        log "installed package: $t"
+        in_root env PYTHONPATH="$src/tests/python" python3 "$src/tests/python/$t"
+    done
 }
 
 # The root booted as a VM under qemu (TCG, or $ZB_VM_ACCEL) with its own kernel:
