@@ -7,7 +7,7 @@
     opt.step(); opt.zero_grad()
 
 Each param_group is one worker group; the Adam moments and the fp32 master weights live in the
-worker (see _layout.py for which tensors alias shared memory), so this process keeps no optimizer
+worker (see _layout.py for what is shared and what is copied), so this process keeps no optimizer
 state between steps: optimizer.state is brought out of the worker when it is read (_state.py).
 Semantics, arguments and the state dict are torch's; see zenflow_bind.optim(3)."""
 
@@ -186,7 +186,6 @@ class AdamW(torch.optim.Optimizer):
             # tensors, which autograd then refuses.
             with torch.inference_mode(False):
                 layout = Layout(self._worker, group["params"], _hyper(group),
-                                alias_params=not self.overlap,
                                 first_index=first) if has_elements else None
             self._layouts.append(layout)
             me = weakref.ref(self)
@@ -275,9 +274,7 @@ class AdamW(torch.optim.Optimizer):
         missing = [s for s, h in zip(layout.slots, has) if not h]
         if not missing:
             return None
-        saved = [(s, s.master.clone(),
-                  s.alias.clone() if s.alias is not None and s.alias is not s.master else None)
-                 for s in missing]
+        saved = [(s, s.master.clone()) for s in missing]
         moments = None
         if any(self._steps.get(s.param, 0) for s in missing):
             m, v = torch.empty(layout.numel), torch.empty(layout.numel)
@@ -287,10 +284,8 @@ class AdamW(torch.optim.Optimizer):
 
     def _restore_missing(self, layout, saved):
         slots, moments, stepped = saved
-        for slot, master, alias in slots:
-            slot.master.copy_(master)
-            if alias is not None:
-                slot.alias.copy_(alias)
+        for slot, master in slots:
+            slot.master.copy_(master)  # the model was never written: write_back skips them
         # Adam's L2 term (adamw_mode=False) adds weight_decay * p to a zero gradient, which moves
         # the moments; AdamW's decoupled decay does not.
         l2 = not layout.group.hyper.adamw and layout.group.hyper.weight_decay > 0
@@ -300,7 +295,7 @@ class AdamW(torch.optim.Optimizer):
         if moments is not None or l2:
             m, v = torch.empty(layout.numel), torch.empty(layout.numel)
         count = layout.group.get_state(m, v)
-        for slot, _, _ in slots:
+        for slot, _ in slots:
             cut = slice(slot.offset, slot.offset + slot.numel)
             if moments is not None:
                 m[cut], v[cut] = moments[0][cut], moments[1][cut]
@@ -331,8 +326,8 @@ class AdamW(torch.optim.Optimizer):
                 return False  # another slice
             if e.status == "ETIMEDOUT":  # still in flight: synchronize() again
                 raise
-            pending, self._in_flight = self._in_flight, None  # the step died with the worker
-            raise ZenbindError(e.code, f"{_detail(e)}; {_torn(pending)}") from e
+            self._in_flight = None  # the step died with the worker, before any write_back
+            raise ZenbindError(e.code, f"{_detail(e)}; {_AFTER_DEATH}") from e
         pending, self._in_flight = self._in_flight, None
         self.last_step_skipped = result.skipped
         self.last_nonfinite = result.nonfinite
@@ -430,9 +425,6 @@ class AdamW(torch.optim.Optimizer):
                 slot.load_from_model()
             else:
                 slot.master.copy_(master.view_as(slot.master))
-                if slot.alias is not None and slot.alias is not slot.master:
-                    slot.alias.copy_(slot.master)
-                slot.version = None if slot.alias is None else local(slot.param)._version
         for slot, count in zip(layout.slots, steps):
             if count:
                 self._steps[slot.param] = count
@@ -489,30 +481,8 @@ def _detail(error):
     return error.args[0].split(": ", 1)[-1]
 
 
-def _torn(pending):
-    """What a step that died with its worker left in the model, and how to go on."""
-    shared = [slot.index for layout, has, _ in pending
-              for slot, h in zip(layout.slots, has) if h and slot.alias is not None]
-    if not shared:  # the update is copied into the model only once a step completes
-        return _AFTER_DEATH
-    return (f"parameters {_ranges(shared)} are the worker's shared master weights and may be "
-            "part updated: load the model and the optimizer from your last checkpoint")
-
-
-def _ranges(indices):
-    out, start = [], None
-    for i, x in enumerate(indices):
-        if start is None:
-            start = x
-        if i + 1 == len(indices) or indices[i + 1] != x + 1:
-            out.append(str(start) if start == x else f"{start}-{x}")
-            start = None
-    return ",".join(out)
-
-
 def _release(layouts, worker):
-    """close() and the finaliser: parameters and gradients back to private memory, then the
-    worker stops. Holds no reference to the optimizer."""
+    """close() and the finaliser: gradients back to private memory, then the worker stops. Holds no reference to the optimizer."""
     try:
         for layout in layouts:
             for slot in layout.slots if layout else ():
