@@ -65,6 +65,39 @@ class Parity(unittest.TestCase):
         assert_close(self, a.parameters(), b.parameters())
         opt_a.close()
 
+    def test_stochastic_weight_averaging(self):
+        # torch.optim.swa_utils as its docs use it: AdamW, then SWALR and an AveragedModel
+        # updated after each step from the second half on. In overlap mode the average reads
+        # the model after synchronize(), as any reader of the parameters must.
+        from torch.optim.swa_utils import SWALR, AveragedModel
+        data = batches(12)
+        for overlap in (False, True):
+            a, b = twins()
+            runs = []
+            for model, opt in ((a, ours(a.parameters(), lr=1e-2, overlap=overlap)),
+                               (b, torch.optim.AdamW(b.parameters(), lr=1e-2))):
+                swa_model, swa = AveragedModel(model), SWALR(opt, swa_lr=5e-3, anneal_epochs=3)
+                for i, (x, y) in enumerate(data):
+                    opt.zero_grad()
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    opt.step()
+                    if i >= 6:
+                        if overlap and model is a:
+                            opt.synchronize()
+                        swa_model.update_parameters(model)
+                        swa.step()
+                if model is a:
+                    opt.close()
+                runs.append(swa_model)
+                self.assertAlmostEqual(opt.param_groups[0]["lr"], 5e-3)
+            self.assertEqual(int(runs[0].n_averaged), 6)
+            if not overlap:  # overlap computes each gradient one step stale: another run
+                assert_close(self, runs[0].parameters(), runs[1].parameters())
+                assert_close(self, a.parameters(), b.parameters())
+            else:
+                self.assertFalse(torch.equal(next(runs[0].parameters()),
+                                             next(a.parameters())))
+
     def test_late_group_bias_correction(self):
         # torch counts steps per parameter: a group added after 10 steps starts at step 1.
         a, b = twins()
