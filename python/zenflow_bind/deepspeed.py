@@ -12,7 +12,10 @@ those again and leave ZENFLOW_OPT_CPUS idle. One call before deepspeed.initializ
 ZenFlow's optimizer process then runs on ZENFLOW_OPT_CPUS (one thread per CPU listed, which is
 ZENFLOW_OPT_THREADS) and PyTorch on ZENFLOW_TRAIN_CPUS with torch.set_num_threads to match. The
 decision depends only on the environment and on DeepSpeed's code, so every rank of a step makes
-the same one, and no collective is left for some ranks and not others.
+the same one, and no collective is left for some ranks and not others. The DeepSpeed config is
+checked where deepspeed.initialize receives it (or at once, given to use_plan): one in which no
+ZenFlow optimizer process runs, and so the plan's optimizer CPUs would stay idle, is named with
+what to run instead.
 
 DeepSpeed ZeRO-Offload without ZenFlow (DeepSpeedCPUAdam inside the training process) needs no
 call: run it under srun --zenflow-bind=mode=offload, which gives each task its whole share and
@@ -143,6 +146,47 @@ def _config_problems(config):
     return None, notes
 
 
+def _config_of(args, kwargs):
+    """The config deepspeed.initialize(args=None, model=None, ..., config=None, ...,
+    config_params=None) was given, where DeepSpeed itself looks for it; None if it has none that
+    can be read here (a DeepSpeedConfig object, say)."""
+    config = kwargs.get("config")
+    if config is None:
+        config = kwargs.get("config_params")
+    cli = kwargs.get("args", args[0] if args else None)
+    for name in ("deepspeed_config", "deepscale_config"):
+        if config is None:
+            config = getattr(cli, name, None)
+    return config if isinstance(config, (dict, str, os.PathLike)) else None
+
+
+def _watch_initialize(plan):
+    """Wrap deepspeed.initialize so that the config it gets is checked against the plan: a
+    warning names a config in which ZenFlow starts no optimizer process (overlap_step false,
+    SuperOffload, no zenflow section) or a setting the plan overrides. False if deepspeed has no
+    initialize to wrap."""
+    try:
+        import deepspeed
+    except ImportError:
+        return False
+    current = getattr(deepspeed, "initialize", None)
+    if not callable(current):
+        return False
+    original = getattr(current, "_zenflow_bind_original", current)
+
+    def initialize(*args, **kwargs):
+        why, notes = _config_problems(_config_of(args, kwargs))
+        said = [f"{why}; the plan's optimizer CPUs {plan.opt_cpus} stay idle"] if why else notes
+        for text in said:
+            warnings.warn(f"zenflow_bind.deepspeed: {text}", stacklevel=2)
+        return original(*args, **kwargs)
+
+    initialize.__doc__, initialize.__wrapped__ = original.__doc__, original
+    initialize._zenflow_bind_original = original
+    deepspeed.initialize = initialize
+    return True
+
+
 def _agree(zu, has_plan):
     """Every rank learns whether all, none or only some ranks have a plan, in one collective that
     all of them make: a mixed job then fails on every rank instead of leaving the unplanned ones
@@ -187,7 +231,8 @@ def use_plan(environ=None, config=None):
     or None (with a warning saying why) when it does not: no plan in the environment, no
     DeepSpeed, a DeepSpeed whose ZenFlow internals differ from the ones this adapter knows, or
     (given config, the DeepSpeed config as a dict or JSON path) a configuration in which no
-    ZenFlow optimizer process runs. Call it on every rank before deepspeed.initialize: ranks
+    ZenFlow optimizer process runs. Without config, deepspeed.initialize checks the config it
+    is given the same way and warns. Call it on every rank before deepspeed.initialize: ranks
     with and without a plan then fail together, clearly, instead of hanging."""
     why, notes = _config_problems(config)
     if why:
@@ -208,6 +253,8 @@ def use_plan(environ=None, config=None):
         return None
     for note in notes:
         warnings.warn(f"zenflow_bind.deepspeed: {note}", stacklevel=2)
+    if config is None:
+        _watch_initialize(plan)
     try:
         import torch
     except ImportError:

@@ -30,15 +30,27 @@ def start_optimizer_process(zf_optimizer):
 """
 
 
-class FakeDeepSpeed:
-    """A deepspeed package on sys.path whose zenflow_utils holds `source`."""
+# deepspeed.initialize's signature, in part, and where it finds its config
+SHAPED_LIKE_INITIALIZE = """
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, config=None,
+               config_params=None):
+    config = config if config is not None else config_params
+    return "engine", config if config is not None else args.deepspeed_config
+"""
 
-    def __init__(self, source):
+
+class FakeDeepSpeed:
+    """A deepspeed package on sys.path whose zenflow_utils holds `source` and whose __init__
+    holds `init`."""
+
+    def __init__(self, source, init=""):
         self.dir = tempfile.TemporaryDirectory()
         pkg = os.path.join(self.dir.name, "deepspeed", "runtime", "zenflow")
         os.makedirs(pkg)
         for d in ("deepspeed", "deepspeed/runtime", "deepspeed/runtime/zenflow"):
             open(os.path.join(self.dir.name, d, "__init__.py"), "w").close()
+        with open(os.path.join(self.dir.name, "deepspeed", "__init__.py"), "w") as f:
+            f.write(textwrap.dedent(init))
         with open(os.path.join(pkg, "zenflow_utils.py"), "w") as f:
             f.write(textwrap.dedent(source))
 
@@ -154,6 +166,36 @@ class UsePlan(unittest.TestCase):
             self.assertIsNotNone(plan, said)
             self.assertTrue(any("pt_reserved_cores_perc=0.5 is not used" in s for s in said),
                             said)
+
+    def test_initialize_checks_the_config_it_is_given(self):
+        # use_plan() without config: deepspeed.initialize names the configs whose optimizer
+        # CPUs would stay idle, wherever DeepSpeed takes the config from, and still runs.
+        zenflow = {"zenflow": {"overlap_step": True}}
+        idle = {"zero_optimization": {"zenflow": {"overlap_step": False}}}
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+            json.dump(idle, f)
+            f.flush()
+            calls = [((), {"config": idle}), ((), {"config_params": idle}),
+                     ((type("Args", (), {"deepspeed_config": f.name})(),), {})]
+            for args, kwargs in calls:
+                with FakeDeepSpeed(SHAPED_LIKE_DEEPSPEED, SHAPED_LIKE_INITIALIZE):
+                    plan, _ = quiet(zd.use_plan, PLUGIN_ENV)
+                    self.assertIsNotNone(plan)
+                    import deepspeed
+                    out, said = quiet(lambda: deepspeed.initialize(*args, **kwargs))
+                    self.assertEqual(out[0], "engine")
+                    self.assertTrue(any("overlap_step is false" in s and "[2, 3] stay idle" in s
+                                        for s in said), (kwargs, said))
+        with FakeDeepSpeed(SHAPED_LIKE_DEEPSPEED, SHAPED_LIKE_INITIALIZE):
+            quiet(zd.use_plan, PLUGIN_ENV)
+            quiet(zd.use_plan, PLUGIN_ENV)  # twice: wrapped once
+            import deepspeed
+            _, said = quiet(lambda: deepspeed.initialize(config={"zero_optimization": zenflow}))
+            self.assertEqual(said, [])
+            _, said = quiet(lambda: deepspeed.initialize(config={"zero_optimization": {
+                "zenflow": {"overlap_step": True, "pt_reserved_cores_perc": 0.3}}}))
+            self.assertEqual(len(said), 1)
+            self.assertIn("pt_reserved_cores_perc=0.3 is not used", said[0])
 
     def test_ranks_with_and_without_a_plan_fail_together(self):
         with tempfile.TemporaryDirectory() as where:
