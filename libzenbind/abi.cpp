@@ -1,4 +1,5 @@
 // zb_struct_size: the public layouts as this library was built, for bindings that mirror them.
+#include <zenbind/adam.h>
 #include <zenbind/worker.h>
 #include <zenbind/zenbind.h>
 
@@ -21,6 +22,8 @@ extern "C" size_t zb_struct_size(const char *name) {
         {"zb_worker_step", sizeof(zb_worker_step)},
         {"zb_worker_result", sizeof(zb_worker_result)},
         {"zb_worker_memory", sizeof(zb_worker_memory)},
+        {"zb_adam_tensor", sizeof(zb_adam_tensor)},
+        {"zb_adam_args", sizeof(zb_adam_args)},
     };
     for (const Entry &e : entries)
         if (std::strcmp(e.name, name) == 0) return e.size;

@@ -1,6 +1,7 @@
 // The per-step API of the worker: parameter groups, submit/wait, memory and thread reports. Every
 // entry point validates its arguments before touching shared memory.
 #include "error.hpp"
+#include "hyper_check.hpp"
 #include "worker_handle.hpp"
 
 #include <zbproto/fd_passing.hpp>
@@ -14,6 +15,7 @@
 
 namespace {
 
+using zb::check_hyper;
 using zb::fail;
 namespace proto = zb::proto;
 
@@ -33,18 +35,6 @@ zb_worker &handle(zb_worker *w, const char *fn) {
                             std::to_string(w->owner) + "; a forked child cannot use it (this is " +
                             "process " + std::to_string(getpid()) + ")");
     return *w;
-}
-
-void check_hyper(const zb_adam_hyper &h, const std::string &where) {
-    auto bad = [&](const char *what) { fail(ZB_EINVAL, where + ": " + what); };
-    if (!std::isfinite(h.lr) || h.lr < 0) bad("lr must be finite and >= 0");
-    if (!(h.beta1 >= 0 && h.beta1 < 1) || !(h.beta2 >= 0 && h.beta2 < 1))
-        bad("beta1 and beta2 must be in [0, 1)");
-    if (!std::isfinite(h.eps) || h.eps < 0) bad("eps must be finite and >= 0");
-    if (!std::isfinite(h.weight_decay) || h.weight_decay < 0)
-        bad("weight_decay must be finite and >= 0");
-    if ((h.adamw != 0 && h.adamw != 1) || (h.bias_correction != 0 && h.bias_correction != 1))
-        bad("adamw and bias_correction must be 0 or 1");
 }
 
 // A C caller may store any int in an enum field; read it as an int, without assuming a valid value.

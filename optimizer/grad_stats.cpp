@@ -2,6 +2,7 @@
 
 #include "cpu_level.hpp"
 
+#include <cmath>
 #include <initializer_list>
 
 namespace zb::opt {
@@ -48,6 +49,11 @@ GradStats grad_stats_sum(const GradStats *blocks, size_t count) {
         s.nonfinite += blocks[b].nonfinite;
     }
     return s;
+}
+
+float clip_coefficient(float max_norm, double sum_squares) {
+    const double q = double(max_norm) / (std::sqrt(sum_squares) + 1e-6);
+    return static_cast<float>(q >= 1.0 ? 1.0 : q); // NaN fails the test and stays NaN
 }
 
 } // namespace zb::opt

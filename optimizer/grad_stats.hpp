@@ -39,4 +39,8 @@ void grad_stats_share(size_t blocks, int thread, int threads, size_t &lo, size_t
 // The blocks' statistics summed in block order.
 GradStats grad_stats_sum(const GradStats *blocks, size_t count);
 
+// What clipping to max_norm multiplies the gradients by, as torch.nn.utils.clip_grad_norm_:
+// min(1, max_norm / (norm + 1e-6)); a NaN norm gives NaN, an infinite one 0.
+float clip_coefficient(float max_norm, double sum_squares);
+
 } // namespace zb::opt

@@ -329,9 +329,7 @@ void decide_step(Team &t) {
     t.found = grad_stats_sum(t.blocks.data(), t.blocks.size());
     t.skip = (ctl.flags & proto::kStepSkipNonfinite) && t.found.nonfinite > 0;
     if (t.skip || !(ctl.max_grad_norm > 0)) return;
-    const double q = double(ctl.max_grad_norm) / (std::sqrt(t.found.sum_squares) + 1e-6);
-    // As torch clamps: a NaN norm gives a NaN coefficient, an infinite one 0.
-    const float coefficient = static_cast<float>(q >= 1.0 ? 1.0 : q);
+    const float coefficient = clip_coefficient(ctl.max_grad_norm, t.found.sum_squares);
     for (Group &g : t.groups)
         g.hyper.grad_scale = ctl.grad_scale * coefficient;
 }
