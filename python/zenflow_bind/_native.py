@@ -64,6 +64,20 @@ class Result(ctypes.Structure):
                 ("skipped", ctypes.c_int), ("seconds", ctypes.c_double)]
 
 
+class AdamTensor(ctypes.Structure):
+    _fields_ = [("param", ctypes.c_void_p), ("grad", ctypes.c_void_p),
+                ("exp_avg", ctypes.c_void_p), ("exp_avg_sq", ctypes.c_void_p),
+                ("copy_out", ctypes.c_void_p), ("numel", ctypes.c_size_t),
+                ("hyper", ctypes.POINTER(Hyper)), ("step", ctypes.c_int64)]
+
+
+class AdamArgs(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("grad", ctypes.c_int), ("copy_out", ctypes.c_int),
+                ("hyper", Hyper), ("step", ctypes.c_int64), ("grad_scale", ctypes.c_float),
+                ("flags", ctypes.c_uint), ("max_grad_norm", ctypes.c_float),
+                ("threads", ctypes.c_int)]
+
+
 class Memory(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
                 ("numel", "params", "grads", "copy_out", "stale", "moments", "shm_reserved")] + \
@@ -118,6 +132,8 @@ _PROTOS = {
                                                  ctypes.c_void_p, _P(ctypes.c_int64)]),
     "zb_worker_group_set_state": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p,
                                                  ctypes.c_void_p, ctypes.c_int64]),
+    "zb_adam_args_init": (None, [_P(AdamArgs)]),
+    "zb_adam_step": (ctypes.c_int, [_P(AdamTensor), ctypes.c_size_t, _P(AdamArgs), _P(Result)]),
 }
 
 _lib = None
@@ -126,7 +142,7 @@ _lib = None
 # The C structs mirrored above, by their names in zenbind/worker.h.
 _MIRRORS = {"zb_worker_attr": Attr, "zb_adam_hyper": Hyper, "zb_group_attr": GroupAttr,
             "zb_group_buffers": Buffers, "zb_worker_step": Step, "zb_worker_result": Result,
-            "zb_worker_memory": Memory}
+            "zb_worker_memory": Memory, "zb_adam_tensor": AdamTensor, "zb_adam_args": AdamArgs}
 
 
 def _check_layouts(lib, path):

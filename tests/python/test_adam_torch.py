@@ -1,35 +1,22 @@
-"""The zfadam kernels against torch.optim.Adam and torch.optim.AdamW (Debian's python3-torch 1.13).
+"""zenflow_bind.functional.adamw_ (libzenbind's zb_adam_step, the kernels in this process) against
+torch.optim.Adam and torch.optim.AdamW from the torch in use, and its refusals.
 
 100 steps on the same parameters and gradients. Tolerance: torch orders its float operations
 differently (no FMA, division by sqrt(bias_correction2)), so values differ by a few ulps per step;
 after 100 steps we require |ours - torch| <= 1e-5 + 1e-5 * |torch| for params and moments. The bf16
-copy-out must equal torch's own round-to-nearest-even of our params, bit for bit.
+copy-out must equal torch's own round-to-nearest-even of our params, bit for bit."""
 
-ZF_ADAM_SHIM names the test-only C shim (CMake sets it)."""
-
-import ctypes
-import os
 import unittest
 
 import torch
 
-GRAD = {"fp32": 0, "bf16": 1, "fp16": 2}
-COPY = {None: 0, "bf16": 1, "fp16": 2}
+from zenflow_bind import ZenbindError
+from zenflow_bind.functional import adamw_
 
-
-def load_shim():
-    lib = ctypes.CDLL(os.environ["ZF_ADAM_SHIM"])
-    f = lib.zf_test_adam_step
-    f.restype = ctypes.c_uint64
-    f.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_size_t, ctypes.c_int, ctypes.c_int] + \
-        [ctypes.c_float] * 5 + [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_float,
-                                ctypes.c_int]
-    return f
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class AgainstTorch(unittest.TestCase):
-    step_fn = load_shim()
-
     def run_steps(self, adamw, grad, threads, grad_scale=1.0, copy=None, n=10007, steps=100):
         lr, betas, eps, wd = 1e-3, (0.9, 0.999), 1e-8, 0.01
         gen = torch.Generator().manual_seed(1234)
@@ -38,18 +25,18 @@ class AgainstTorch(unittest.TestCase):
         cls = torch.optim.AdamW if adamw else torch.optim.Adam
         opt = cls([ref], lr=lr, betas=betas, eps=eps, weight_decay=wd)
         m, v = torch.zeros(n), torch.zeros(n)
-        out = torch.empty(n, dtype=torch.bfloat16 if copy == "bf16" else torch.float16)
+        out = torch.empty(n, dtype=DTYPES[copy]) if copy else None
         for step in range(1, steps + 1):
             g = torch.randn(n, generator=gen) * 0.1
             if grad == "bf16":
                 g = g.bfloat16()
             scaled = (g.float() / grad_scale).to(g.dtype)  # what a loss-scaled backward gives
             self.assertTrue(torch.equal(scaled.float() * grad_scale, g.float()))
-            bad = self.step_fn(ours.data_ptr(), scaled.data_ptr(), m.data_ptr(), v.data_ptr(),
-                               out.data_ptr() if copy else None, n, GRAD[grad], COPY[copy],
-                               lr, betas[0], betas[1], eps, wd, int(adamw), 1, step, grad_scale,
-                               threads)
-            self.assertEqual(bad, 0)
+            found = adamw_([ours], [scaled], [m], [v], step=step, lr=lr, betas=betas, eps=eps,
+                           weight_decay=wd, adamw=adamw, grad_scale=grad_scale,
+                           copy_out=[out] if copy else None, threads=threads)
+            self.assertEqual(found.nonfinite, 0)
+            self.assertFalse(found.skipped)
             ref.grad = g.float()
             opt.step()
         state = opt.state[ref]
@@ -76,6 +63,59 @@ class AgainstTorch(unittest.TestCase):
 
     def test_adamw_grad_scale(self):
         self.run_steps(adamw=True, grad="fp32", threads=2, grad_scale=1.0 / 1024)
+
+    def test_several_tensors_clipped_like_clip_grad_norm(self):
+        # Two tensors, one global norm: as torch.nn.utils.clip_grad_norm_ then AdamW.
+        gen = torch.Generator().manual_seed(7)
+        ours = [torch.randn(n, generator=gen) for n in (3001, 517)]
+        refs = [torch.nn.Parameter(p.clone()) for p in ours]
+        opt = torch.optim.AdamW(refs, lr=1e-2)
+        moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in ours]
+        for step in range(1, 11):
+            grads = [torch.randn(p.shape, generator=gen) for p in ours]
+            found = adamw_(ours, grads, [m for m, _ in moments], [v for _, v in moments],
+                           step=step, lr=1e-2, max_grad_norm=1.0, threads=2)
+            for r, g in zip(refs, grads):
+                r.grad = g.clone()
+            norm = torch.nn.utils.clip_grad_norm_(refs, 1.0)
+            opt.step()
+            self.assertAlmostEqual(found.grad_norm, float(norm), places=3)
+        for p, r in zip(ours, refs):
+            torch.testing.assert_close(p, r.detach(), rtol=1e-5, atol=1e-5)
+
+    def test_skip_nonfinite_writes_nothing(self):
+        p, m, v = torch.ones(100), torch.zeros(100), torch.zeros(100)
+        g = torch.ones(100)
+        g[42] = float("nan")
+        found = adamw_([p], [g], [m], [v], step=1, skip_nonfinite=True)
+        self.assertTrue(found.skipped)
+        self.assertEqual(found.nonfinite, 1)
+        self.assertTrue(bool((p == 1).all() and (m == 0).all() and (v == 0).all()))
+
+
+class BadInput(unittest.TestCase):
+    def test_refused_before_anything_is_written(self):
+        p, m, v, g = torch.ones(8), torch.zeros(8), torch.zeros(8), torch.ones(8)
+        cases = [
+            (dict(params=[p], grads=[g, g]), ValueError, "the same length"),
+            (dict(grads=[torch.ones(9)]), ValueError, r"grads\[0\] has 9 elements"),
+            (dict(exp_avgs=[torch.zeros(8, dtype=torch.float64)]), TypeError, "exp_avgs"),
+            (dict(params=[torch.ones(8, 2).t()], grads=[torch.ones(16)],
+                  exp_avgs=[torch.zeros(16)], exp_avg_sqs=[torch.zeros(16)]),
+             ValueError, "not contiguous"),
+            (dict(step=0), ValueError, "step must be"),
+            (dict(lr="0.1"), TypeError, "lr must be a number"),
+            (dict(grads=[torch.ones(8).to(torch.int32)]), TypeError, "grads"),
+        ]
+        for change, error, says in cases:
+            kw = dict(params=[p], grads=[g], exp_avgs=[m], exp_avg_sqs=[v], step=1)
+            kw.update(change)
+            with self.assertRaisesRegex(error, says, msg=str(change)):
+                adamw_(**kw)
+        # what only the library checks comes back as its error, also before any write
+        with self.assertRaisesRegex(ZenbindError, "beta1 and beta2"):
+            adamw_([p], [g], [m], [v], step=1, betas=(0.9, 1.0))
+        self.assertTrue(bool((p == 1).all() and (m == 0).all() and (v == 0).all()))
 
 
 if __name__ == "__main__":

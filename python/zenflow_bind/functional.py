@@ -1,0 +1,126 @@
+"""zenflow_bind.functional: the optimizer's Adam/AdamW step on the caller's own tensors, in this
+process, in the style of torch.optim's functional forms.
+
+    from zenflow_bind.functional import adamw_
+    adamw_(params, grads, exp_avgs, exp_avg_sqs, step=t, lr=1e-3, weight_decay=0.01)
+
+One fused pass over every tensor (libzenbind's zb_adam_step: AVX-512, AVX2 or scalar as the CPU
+allows, the same bits on every path and thread count, and the same as a zenflow_bind.optim.AdamW
+step with the same arguments), on `threads` OpenMP threads of this process. For an optimizer that
+steps where training runs: srun --zenflow-bind=mode=offload, FSDP2's CPUOffloadPolicy. See
+zenflow_bind.optim(3)."""
+
+import collections
+import ctypes
+
+import torch
+
+from . import _native
+from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE
+
+__all__ = ["adamw_", "StepResult"]
+
+StepResult = collections.namedtuple("StepResult", "nonfinite grad_norm skipped seconds")
+StepResult.__doc__ = """What a step found: gradient elements not finite after scaling; the global
+L2 norm of the scaled gradients (None unless asked for: grad_norm, max_grad_norm or
+skip_nonfinite); whether skip_nonfinite skipped the step (nothing written); its seconds."""
+
+_GRAD = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _number(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__} ({value!r})")
+    if isinstance(value, torch.Tensor) and value.numel() != 1:
+        raise ValueError(f"{name} as a tensor must have one element, not {value.numel()}")
+    return float(value)
+
+
+def _step(value):
+    """A step number as torch keeps it (an int, or a one-element tensor of a whole number)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"step must be a whole number >= 1, not {value!r}")
+    return value
+
+
+def _check(what, i, t, dtypes, numel):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what}[{i}] is a {type(t).__name__}, not a tensor")
+    if t.device.type != "cpu":
+        raise ValueError(f"{what}[{i}] is on {t.device}: this step runs on CPU tensors")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{what}[{i}] is {t.dtype}, not one of {', '.join(map(str, dtypes))}")
+    if not t.is_contiguous():
+        raise ValueError(f"{what}[{i}] is not contiguous")
+    if t.is_sparse or t.numel() != numel:
+        raise ValueError(f"{what}[{i}] has {t.numel()} elements, its parameter {numel}")
+
+
+def adamw_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+           weight_decay=1e-2, adamw=True, bias_correction=True, maximize=False, grad_scale=1.0,
+           skip_nonfinite=False, max_grad_norm=0.0, grad_norm=False, copy_out=None, threads=0):
+    """One AdamW (adamw=False: Adam with L2) step, in place, over lists of CPU tensors:
+      params, exp_avgs, exp_avg_sqs   fp32, contiguous (the master weights and the moments)
+      grads                           fp32, bf16 or fp16, one dtype for all, contiguous
+      copy_out                        None, or bf16/fp16 tensors that receive the updated params
+      step                            the step number (>= 1), for bias correction, or one
+                                      per tensor (torch counts steps per parameter)
+      grad_scale                      multiplies every gradient first (1/loss_scale)
+      skip_nonfinite                  a non-finite scaled gradient anywhere: nothing is written
+      max_grad_norm                   > 0: clip by the global L2 norm, as clip_grad_norm_
+      threads                         OpenMP threads (0: OpenMP's default)
+    Returns a StepResult. Raises before writing anything on bad input."""
+    lists = (params, grads, exp_avgs, exp_avg_sqs) + ((copy_out,) if copy_out is not None else ())
+    if len({len(x) for x in lists}) != 1:
+        raise ValueError("params, grads, exp_avgs, exp_avg_sqs (and copy_out) must be lists of "
+                         "the same length, not " + ", ".join(str(len(x)) for x in lists))
+    steps = [_step(s) for s in step] if isinstance(step, (list, tuple)) else None
+    if steps is not None and len(steps) != len(params):
+        raise ValueError(f"step has {len(steps)} numbers for {len(params)} params")
+    lr, eps, weight_decay = (_number(n, v) for n, v in
+                             (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)))
+    beta1, beta2 = (_number("betas", b) for b in betas)
+    grad_dtypes = {g.dtype for g in grads if isinstance(g, torch.Tensor)}
+    if len(grad_dtypes) > 1:
+        raise TypeError(f"grads must have one dtype, not {sorted(map(str, grad_dtypes))}")
+    grad_dtype = grad_dtypes.pop() if grad_dtypes else torch.float32
+    copy_dtypes = {c.dtype for c in copy_out or () if isinstance(c, torch.Tensor)}
+    if len(copy_dtypes) > 1:
+        raise TypeError(f"copy_out must have one dtype, not {sorted(map(str, copy_dtypes))}")
+    copy_dtype = copy_dtypes.pop() if copy_dtypes else None
+    fp32 = (torch.float32,)
+    for i, p in enumerate(params):
+        _check("params", i, p, fp32, p.numel() if isinstance(p, torch.Tensor) else -1)
+        _check("grads", i, grads[i], tuple(_GRAD), p.numel())
+        _check("exp_avgs", i, exp_avgs[i], fp32, p.numel())
+        _check("exp_avg_sqs", i, exp_avg_sqs[i], fp32, p.numel())
+        if copy_out is not None:
+            _check("copy_out", i, copy_out[i], (torch.bfloat16, torch.float16), p.numel())
+
+    args = _native.AdamArgs()
+    _native.function("zb_adam_args_init")(ctypes.byref(args))
+    args.grad = _native.DTYPES[_GRAD[grad_dtype]]
+    args.copy_out = _native.DTYPES[_GRAD[copy_dtype] if copy_dtype else None]
+    args.hyper = _native.hyper(lr, (beta1, beta2), eps, weight_decay, adamw, bias_correction)
+    args.step = 1 if steps is not None else _step(step)
+    args.grad_scale = -float(grad_scale) if maximize else float(grad_scale)
+    want_norm = bool(grad_norm) or skip_nonfinite or max_grad_norm > 0
+    args.flags = (STEP_SKIP_NONFINITE if skip_nonfinite else 0) | \
+        (STEP_GRAD_NORM if want_norm else 0)
+    args.max_grad_norm = _number("max_grad_norm", max_grad_norm)
+    args.threads = int(threads)
+    tensors = (_native.AdamTensor * max(len(params), 1))()
+    for i, p in enumerate(params):
+        tensors[i] = _native.AdamTensor(p.data_ptr(), grads[i].data_ptr(), exp_avgs[i].data_ptr(),
+                                        exp_avg_sqs[i].data_ptr(),
+                                        copy_out[i].data_ptr() if copy_out is not None else None,
+                                        p.numel(), None, steps[i] if steps else 0)
+    result = _native.Result()
+    _native.check(_native.function("zb_adam_step")(tensors, len(params), ctypes.byref(args),
+                                   ctypes.byref(result)))
+    return StepResult(int(result.nonfinite), float(result.grad_norm) if want_norm else None,
+                      bool(result.skipped), float(result.seconds))
