@@ -10,20 +10,15 @@ step with the same arguments), on `threads` OpenMP threads of this process. For 
 steps where training runs: srun --zenflow-bind=mode=offload, FSDP2's CPUOffloadPolicy. See
 zenflow_bind.optim(3)."""
 
-import collections
 import ctypes
 
 import torch
 
 from . import _native
 from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE
+from .worker import StepResult
 
 __all__ = ["adamw_", "StepResult"]
-
-StepResult = collections.namedtuple("StepResult", "nonfinite grad_norm skipped seconds")
-StepResult.__doc__ = """What a step found: gradient elements not finite after scaling; the global
-L2 norm of the scaled gradients (None unless asked for: grad_norm, max_grad_norm or
-skip_nonfinite); whether skip_nonfinite skipped the step (nothing written); its seconds."""
 
 _GRAD = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -81,6 +76,7 @@ def adamw_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr=1e-3, betas=(0.9, 0
     steps = [_step(s) for s in step] if isinstance(step, (list, tuple)) else None
     if steps is not None and len(steps) != len(params):
         raise ValueError(f"step has {len(steps)} numbers for {len(params)} params")
+    base_step = 1 if steps is not None else _step(step)
     lr, eps, weight_decay = (_number(n, v) for n, v in
                              (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)))
     beta1, beta2 = (_number("betas", b) for b in betas)
@@ -100,27 +96,38 @@ def adamw_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr=1e-3, betas=(0.9, 0
         _check("exp_avg_sqs", i, exp_avg_sqs[i], fp32, p.numel())
         if copy_out is not None:
             _check("copy_out", i, copy_out[i], (torch.bfloat16, torch.float16), p.numel())
+    hyper = _native.hyper(lr, (beta1, beta2), eps, weight_decay, adamw, bias_correction)
+    tensors = [(p, grads[i], exp_avgs[i], exp_avg_sqs[i],
+                copy_out[i] if copy_out is not None else None, None, steps[i] if steps else 0)
+               for i, p in enumerate(params)]
+    return run(tensors, grad_dtype, copy_dtype, hyper, base_step,
+               -float(grad_scale) if maximize else float(grad_scale), skip_nonfinite,
+               _number("max_grad_norm", max_grad_norm), bool(grad_norm), int(threads))
 
+
+def run(tensors, grad_dtype, copy_dtype, hyper, step, grad_scale, skip_nonfinite, max_grad_norm,
+        grad_norm, threads):
+    """zb_adam_step over checked CPU tensors: (param, grad, exp_avg, exp_avg_sq, copy_out or None,
+    its own _native.Hyper or None, its own step or 0) each; hyper and step for the others."""
     args = _native.AdamArgs()
     _native.function("zb_adam_args_init")(ctypes.byref(args))
     args.grad = _native.DTYPES[_GRAD[grad_dtype]]
     args.copy_out = _native.DTYPES[_GRAD[copy_dtype] if copy_dtype else None]
-    args.hyper = _native.hyper(lr, (beta1, beta2), eps, weight_decay, adamw, bias_correction)
-    args.step = 1 if steps is not None else _step(step)
-    args.grad_scale = -float(grad_scale) if maximize else float(grad_scale)
-    want_norm = bool(grad_norm) or skip_nonfinite or max_grad_norm > 0
+    args.hyper = hyper
+    args.step = step
+    args.grad_scale = grad_scale
+    want_norm = grad_norm or skip_nonfinite or max_grad_norm > 0
     args.flags = (STEP_SKIP_NONFINITE if skip_nonfinite else 0) | \
         (STEP_GRAD_NORM if want_norm else 0)
-    args.max_grad_norm = _number("max_grad_norm", max_grad_norm)
-    args.threads = int(threads)
-    tensors = (_native.AdamTensor * max(len(params), 1))()
-    for i, p in enumerate(params):
-        tensors[i] = _native.AdamTensor(p.data_ptr(), grads[i].data_ptr(), exp_avgs[i].data_ptr(),
-                                        exp_avg_sqs[i].data_ptr(),
-                                        copy_out[i].data_ptr() if copy_out is not None else None,
-                                        p.numel(), None, steps[i] if steps else 0)
+    args.max_grad_norm = max_grad_norm
+    args.threads = threads
+    native = (_native.AdamTensor * max(len(tensors), 1))()
+    for i, (p, g, m, v, c, h, n) in enumerate(tensors):
+        native[i] = _native.AdamTensor(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(),
+                                       c.data_ptr() if c is not None else None, p.numel(),
+                                       ctypes.pointer(h) if h is not None else None, n)
     result = _native.Result()
-    _native.check(_native.function("zb_adam_step")(tensors, len(params), ctypes.byref(args),
-                                   ctypes.byref(result)))
+    _native.check(_native.function("zb_adam_step")(native, len(tensors), ctypes.byref(args),
+                                                   ctypes.byref(result)))
     return StepResult(int(result.nonfinite), float(result.grad_norm) if want_norm else None,
                       bool(result.skipped), float(result.seconds))

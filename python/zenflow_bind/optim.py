@@ -87,13 +87,23 @@ class AdamW(torch.optim.Optimizer):
       grad_norm        compute the global norm even without clipping (last_grad_norm)
       cpus, threads, mems   the worker's; None takes ZENFLOW_OPT_* (the plugin's plan)
       timeout_ms       bound on waiting for one step
+      worker           False: step in this process instead, on its own threads (threads, else
+                       torch.get_num_threads()); the same kernel and the same state format, so
+                       a checkpoint moves between the two (srun --zenflow-bind=mode=offload,
+                       FSDP2's CPUOffloadPolicy)
     """
+
+    def __new__(cls, *args, worker=True, **kwargs):
+        if cls is AdamW and not worker:
+            from ._in_process import InProcessAdamW
+            cls = InProcessAdamW
+        return super().__new__(cls)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=False, foreach=None, capturable=False,
                  differentiable=False, fused=None, adamw_mode=True, bias_correction=True,
                  overlap=False, skip_nonfinite=False, max_grad_norm=0.0, grad_norm=False,
-                 cpus=None, threads=None, mems=None, timeout_ms=600_000):
+                 cpus=None, threads=None, mems=None, timeout_ms=600_000, worker=True):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize, foreach=foreach, capturable=capturable,
                         differentiable=differentiable, fused=fused, adamw_mode=adamw_mode,
@@ -107,25 +117,30 @@ class AdamW(torch.optim.Optimizer):
         self.max_grad_norm = max_grad_norm
         self._want_norm = bool(grad_norm) or self.max_grad_norm > 0
         self.timeout_ms = timeout_ms
-        self._layouts = []      # one per param_group (None for one without local elements)
-        self._steps = {}        # param -> steps it took with a gradient: torch's state["step"]
-        self._snapshot = None   # optimizer.state as last brought out of the worker
-        self._in_flight = None  # what to do once the submitted step is done
-        self._buffer = 0        # the gradient buffer backward fills next
         self._busy = threading.Lock()  # one step() or state call at a time
         self.last_step_skipped = False
         self.last_grad_norm = None
         self.last_nonfinite = 0
         self.last_step_seconds = 0.0
-        self._worker = Worker(cpus=cpus, threads=threads, mems=mems)
-        # Dropped without close(), the optimizer still gives the model private memory again and
-        # stops its worker: the finaliser holds what that needs, never the optimizer itself.
-        self._finalizer = weakref.finalize(self, _release, self._layouts, self._worker)
+        self._begin(cpus, threads, mems)
         try:
             super().__init__(params, defaults)
         except BaseException:
             self.close()
             raise
+
+    def _begin(self, cpus, threads, mems):
+        """What this class steps with: a worker on cpus/threads/mems."""
+        self._layouts = []      # one per param_group (None for one without local elements)
+        self._steps = {}        # param -> steps it took with a gradient: torch's state["step"]
+        self._snapshot = None   # optimizer.state as last brought out of the worker
+        self._in_flight = None  # what to do once the submitted step is done
+        self._buffer = 0        # the gradient buffer backward fills next
+        self._worker = Worker(cpus=cpus, threads=threads, mems=mems)
+        # Dropped without close(), the optimizer still gives the model its gradients' private
+        # memory again and stops its worker: the finaliser holds what that needs, never the
+        # optimizer itself.
+        self._finalizer = weakref.finalize(self, _release, self._layouts, self._worker)
 
     # -- optimizer.state ----------------------------------------------------------------------
 

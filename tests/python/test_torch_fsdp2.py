@@ -1,8 +1,9 @@
 """zenflow_bind.optim.AdamW under FSDP2 (fully_shard) on CPU with gloo: each rank steps its local
-shards in its own worker. With 1 and 2 ranks, training matches torch.optim.AdamW under the same
-sharding; a distributed checkpoint of the sharded model and optimizer resumes bit-identical to a
-straight run, on the same rank count and on another (DCP reshards). Skips where this torch has no
-FSDP2 for CPU tensors (its own torch.optim.AdamW run is the probe)."""
+shards in its own worker, or in process (worker=False, with and without FSDP2's CPUOffloadPolicy).
+With 1 and 2 ranks, training matches torch.optim.AdamW under the same sharding; a distributed
+checkpoint of the sharded model and optimizer resumes bit-identical to a straight run, on the same
+rank count and on another (DCP reshards), and from the worker to in-process. Skips where this
+torch has no FSDP2 for CPU tensors (its own torch.optim.AdamW run is the probe)."""
 
 import os
 import tempfile
@@ -27,11 +28,18 @@ except (ImportError, ValueError):  # ValueError: torch 1.13's FSDP under Python 
 STEPS = 6
 
 
-def sharded(seed=0):
+def sharded(seed=0, offload=False):
     model = mlp(seed)
+    kw = {}
+    if offload:
+        try:
+            from torch.distributed.fsdp import CPUOffloadPolicy
+        except ImportError:
+            from torch.distributed._composable.fsdp import CPUOffloadPolicy
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for layer in (model[0], model[2], model[4]):
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
     return model
 
 
@@ -46,19 +54,20 @@ def full(model):
     return [p.full_tensor().detach().clone() for p in model.parameters()]
 
 
-def ours(model):
+def ours(model, worker=True):
     import zenflow_bind.optim
-    return zenflow_bind.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05, threads=1)
+    return zenflow_bind.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05, threads=1,
+                                    worker=worker)
 
 
 def reference(model):
     return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
 
 
-def parity(rank, world, where):
+def parity(rank, world, where, worker=True, offload=False):
     data = batches(STEPS, seed=11 + rank)  # each rank its own batches, as data parallelism does
-    a, b = sharded(), sharded()
-    with ours(a) as opt:
+    a, b = sharded(offload=offload), sharded(offload=offload)
+    with ours(a, worker) as opt:
         train(a, opt, data)
         train(b, reference(b), data)
         state = next(iter(opt.state.values()))
@@ -68,13 +77,13 @@ def parity(rank, world, where):
         torch.save(got, os.path.join(where, "parity.pt"))
 
 
-def checkpoint(rank, world, where, steps, load):
+def checkpoint(rank, world, where, steps, load, worker=True):
     """A sharded run: resume from `where`/ckpt when load, train `steps`, save it there."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     data = batches(STEPS, seed=11)
     model = sharded(seed=5 if load else 0)
-    with ours(model) as opt:
+    with ours(model, worker) as opt:
         if load:
             model_sd, optim_sd = get_state_dict(model, opt)
             sd = {"model": model_sd, "optim": optim_sd}
@@ -137,6 +146,27 @@ class FullyShard(unittest.TestCase):
                 got = torch.load(os.path.join(where, "parity.pt"))
             for a, b in zip(got["ours"], got["torch"]):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{world} ranks")
+
+    def test_in_process_matches_torch_adamw_with_and_without_cpu_offload(self):
+        for world in (1, 2):
+            for offload in (False, True):
+                with tempfile.TemporaryDirectory() as where:
+                    spawn(world, where, "parity", False, offload)
+                    got = torch.load(os.path.join(where, "parity.pt"))
+                for a, b in zip(got["ours"], got["torch"]):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6,
+                                               msg=f"{world} ranks, offload {offload}")
+
+    def test_a_worker_checkpoint_resumes_in_process(self):
+        with tempfile.TemporaryDirectory() as where:
+            spawn(1, where, "checkpoint", STEPS, False)
+            straight = torch.load(os.path.join(where, "saved-1.pt"))
+        with tempfile.TemporaryDirectory() as where:
+            spawn(2, where, "checkpoint", STEPS // 2, False, True)
+            spawn(2, where, "checkpoint", STEPS - STEPS // 2, True, False)
+            resumed = torch.load(os.path.join(where, "resumed-2.pt"))
+        for a, b in zip(resumed, straight):
+            self.assertTrue(torch.equal(a, b), "from a worker to in-process: not bit-identical")
 
     def test_checkpoint_resumes_bit_identical_on_any_rank_count(self):
         with tempfile.TemporaryDirectory() as where:

@@ -293,7 +293,8 @@ run_slurm() {
 # the Debian packages are made from (into the overlay, thrown away on exit), found by Debian's
 # python3 with no PYTHONPATH into the package and no ZENFLOW_* variable; tests/python is on the
 # path for its test helpers alone.
-installed_tests=(test_torch_dcp.py test_torch_fsdp2.py test_torch_failures.py test_hf_trainer.py)
+installed_tests=(test_torch_dcp.py test_torch_fsdp2.py test_torch_failures.py test_hf_trainer.py
+                 test_torch_in_process.py)
 
 run_python() {
     mount_root

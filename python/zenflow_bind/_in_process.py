@@ -1,0 +1,227 @@
+"""zenflow_bind.optim.AdamW(worker=False): the same optimizer, stepping in this process.
+
+For an optimizer that runs where training runs (srun --zenflow-bind=mode=offload, FSDP2's
+CPUOffloadPolicy): no worker, no shared memory. optimizer.state is torch's own dict, filled as
+torch.optim.AdamW fills it (step, exp_avg, exp_avg_sq, and master_param for a 16-bit parameter;
+DTensors for DTensor parameters), so torch's state_dict, hooks and distributed checkpoints work on
+it directly; each step is one zb_adam_step (functional.run) over every parameter with a gradient,
+on this process's threads. The format is the worker's, so a checkpoint moves between the modes."""
+
+import math
+import numbers
+
+import torch
+
+from . import _native
+from ._layout import local
+from .functional import StepResult, run
+from .optim import AdamW, _check_group
+
+_FLOAT16 = (torch.bfloat16, torch.float16)
+
+
+def _contiguous(t):
+    """t itself when the kernel can write it in place, else a contiguous copy to write back."""
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _scaled_stats(grads, scale):
+    """(non-finite count, sum of squares) of every gradient times scale, as the kernels' pre-pass
+    counts them: each product rounded to fp32, the squares summed in double."""
+    nonfinite, total = 0, 0.0
+    for g in grads:
+        x = g.float() * scale
+        nonfinite += int((~torch.isfinite(x)).sum())
+        total += float(x.double().square().sum())
+    return nonfinite, total
+
+
+class InProcessAdamW(AdamW):
+    """AdamW(..., worker=False). See zenflow_bind.optim.AdamW and zenflow_bind.optim(3)."""
+
+    state = None  # torch's plain per-parameter dict (set by Optimizer.__init__), not a snapshot
+
+    def _begin(self, cpus, threads, mems):
+        if self.overlap:
+            raise ValueError("overlap=True lets a worker step while the next forward pass runs: "
+                             "it needs worker=True")
+        if cpus is not None or mems is not None:
+            raise ValueError("cpus and mems place a worker; with worker=False the step runs on "
+                             "this process's own CPUs (srun --zenflow-bind=mode=offload binds "
+                             "them)")
+        if threads is not None and (isinstance(threads, bool) or
+                                    not isinstance(threads, numbers.Integral) or threads < 1):
+            raise ValueError(f"threads must be a count >= 1 or None, not {threads!r}")
+        self.threads = threads
+
+    @property
+    def worker(self):
+        """None: this optimizer steps in the calling process."""
+        return None
+
+    def add_param_group(self, param_group):
+        torch.optim.Optimizer.add_param_group(self, param_group)
+        try:
+            _check_group(self.param_groups[-1])
+            for i, p in enumerate(self.param_groups[-1]["params"]):
+                if p.dtype not in (torch.float32,) + _FLOAT16:
+                    raise TypeError(f"zenflow_bind.optim.AdamW optimizes fp32, bf16 and fp16 "
+                                    f"parameters, not {p.dtype}")
+                if local(p).device.type != "cpu":
+                    raise ValueError(f"with worker=False every parameter is on the CPU (FSDP2's "
+                                     f"CPUOffloadPolicy, a CPU model); one is on "
+                                     f"{local(p).device}")
+        except BaseException:
+            self.param_groups.pop()
+            raise
+
+    def _state_of(self, p):
+        state = self.state[p]
+        if not state:  # as torch.optim.AdamW: at the parameter's first step with a gradient
+            fp32 = dict(dtype=torch.float32, memory_format=torch.contiguous_format)
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(p, **fp32)
+            state["exp_avg_sq"] = torch.zeros_like(p, **fp32)
+            if p.dtype in _FLOAT16:
+                state["master_param"] = p.detach().to(torch.float32, copy=True)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grad_scale=1.0):
+        """One AdamW step over every parameter with a gradient, in this process."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with self._exclusive("step"):
+            self._step(float(grad_scale))
+        return loss
+
+    def _step(self, grad_scale):
+        buckets, stepped, write_back, fresh = {}, [], [], []
+        maximize = {bool(g["maximize"]) for g in self.param_groups}
+        if len(maximize) > 1:
+            raise ValueError("maximize must be the same in every param group: one step negates "
+                             "every gradient at once")
+        for group in self.param_groups:
+            _check_group(group)
+            hyper = _native.hyper(float(group["lr"]), tuple(float(b) for b in group["betas"]),
+                                  float(group["eps"]), float(group["weight_decay"]),
+                                  group["adamw_mode"], group["bias_correction"])
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("zenflow_bind.optim.AdamW does not support sparse "
+                                       "gradients")
+                if not self.state[p]:
+                    fresh.append(p)
+                state = self._state_of(p)
+                shard = local(p)
+                master = local(state["master_param"]) if p.dtype in _FLOAT16 else shard
+                target = _contiguous(master)
+                copy = _contiguous(shard) if p.dtype in _FLOAT16 else None
+                grad = local(p.grad).to(p.dtype).contiguous()
+                count = int(state["step"]) + 1
+                key = (grad.dtype, copy.dtype if copy is not None else None)
+                buckets.setdefault(key, []).append(
+                    (target, grad, local(state["exp_avg"]), local(state["exp_avg_sq"]), copy,
+                     hyper, count))
+                stepped.append(state)
+                write_back += [(t, s) for t, s in ((target, master), (copy, shard))
+                               if t is not None and t is not s]
+        if not buckets:
+            return
+        scale = -grad_scale if maximize.pop() else grad_scale
+        threads = self.threads or torch.get_num_threads()
+        skip, clip, norm = self.skip_nonfinite, self.max_grad_norm, self._want_norm
+        found = None
+        if len(buckets) > 1 and (skip or norm):
+            # One decision over every bucket before any is written: the pre-pass done here.
+            nonfinite, sum_squares = _scaled_stats(
+                [t[1] for tensors in buckets.values() for t in tensors], scale)
+            found = StepResult(nonfinite, math.sqrt(sum_squares), skip and nonfinite > 0, 0.0)
+            if clip > 0 and not found.skipped:
+                q = clip / (math.sqrt(sum_squares) + 1e-6)  # as clip_coefficient() in C
+                scale *= float(torch.tensor(1.0 if q >= 1.0 else q, dtype=torch.float32))
+            skip, clip, norm = False, 0.0, False
+        results = []
+        if found is None or not found.skipped:
+            for (grad_dtype, copy_dtype), tensors in buckets.items():
+                results.append(run(tensors, grad_dtype, copy_dtype, tensors[0][5], 1, scale,
+                                   skip, clip, norm, threads))
+        seconds = sum(r.seconds for r in results)
+        if found is None:  # each bucket decided alone: there is one, or nothing global was asked
+            found = StepResult(sum(r.nonfinite for r in results), results[0].grad_norm,
+                               results[0].skipped, seconds)
+        self.last_step_skipped = found.skipped
+        self.last_nonfinite = found.nonfinite
+        self.last_grad_norm = found.grad_norm if self._want_norm else None
+        self.last_step_seconds = seconds
+        if found.skipped:  # as if step() had not been called: no state for a first step
+            for p in fresh:
+                del self.state[p]
+            return
+        for target, original in write_back:
+            original.copy_(target)
+        for state in stepped:
+            state["step"] += 1
+
+    def synchronize(self):
+        """Nothing to wait for: every step completed in step()."""
+
+    def state_dict(self):
+        """torch's state dict of torch's optimizer.state: the worker's format."""
+        with self._exclusive("state_dict"):
+            return torch.optim.Optimizer.state_dict(self)
+
+    def load_state_dict(self, state_dict):
+        """torch's load, with the moments and the master weights kept in fp32 (torch casts a
+        state to its parameter's dtype); a 16-bit parameter without a saved master takes the
+        model's values (load the model first). Every entry is checked before anything changes."""
+        with self._exclusive("load_state_dict"):
+            params, saved = self._check_saved(state_dict)
+            torch.optim.Optimizer.load_state_dict(self, state_dict)
+            for p, entry in zip(params, saved):
+                if not entry:
+                    continue
+                state = self.state[p]
+                for key in ("exp_avg", "exp_avg_sq", "master_param"):
+                    if key in entry:
+                        state[key] = entry[key].detach().to(device=p.device, dtype=torch.float32,
+                                                            copy=True)
+                if p.dtype in _FLOAT16 and "master_param" not in entry:
+                    state["master_param"] = p.detach().to(torch.float32, copy=True)
+                state["step"] = torch.tensor(float(entry["step"]))
+
+    def _check_saved(self, state_dict):
+        try:
+            groups, states = state_dict["param_groups"], state_dict["state"]
+        except (KeyError, TypeError):
+            raise ValueError("a state dict has 'state' and 'param_groups'") from None
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"the state dict has {len(groups)} param groups, this optimizer "
+                             f"{len(self.param_groups)}")
+        params, saved = [], []
+        for i, (group, theirs) in enumerate(zip(self.param_groups, groups)):
+            if len(theirs["params"]) != len(group["params"]):
+                raise ValueError(f"param group {i} has {len(group['params'])} parameters, the "
+                                 f"state dict's {len(theirs['params'])}")
+            _check_group({**group, **{k: v for k, v in theirs.items() if k != "params"}})
+            for key, p in zip(theirs["params"], group["params"]):
+                entry = states.get(key)
+                if entry:
+                    missing = [k for k in ("step", "exp_avg", "exp_avg_sq") if k not in entry]
+                    if missing:
+                        raise ValueError(f"parameter {key!r}: its state has no "
+                                         f"{', '.join(missing)}")
+                    for k in ("exp_avg", "exp_avg_sq", "master_param"):
+                        if k in entry and entry[k].numel() != p.numel():
+                            raise ValueError(f"parameter {key!r}: {k} has {entry[k].numel()} "
+                                             f"elements, its parameter {p.numel()}")
+                params.append(p)
+                saved.append(entry)
+        return params, saved
+
+    def close(self):
+        """Nothing to release: there is no worker."""
