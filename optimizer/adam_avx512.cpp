@@ -93,52 +93,43 @@ template <bool AdamW>
 }
 
 // Updates elements [i, i + W) and sets bad[u] to the lanes of vector u whose scaled gradient is
-// not finite. Every stream is read before any is written: a load that follows a store to another
-// stream at the same offset in its page waits on it (4K aliasing), and large buffers are often
-// aligned alike.
+// not finite. Each pair of vectors is read, updated and written before the next pair is read, as a
+// plain loop over the elements would: holding every load of the iteration back until all four
+// streams were read (the earlier order here) took 1.11-1.14x the time of this one on an AMD EPYC
+// (Zen 4) guest, 1 thread, N = 100M, each alternated in one process. The stores of a vector go to
+// its own offsets, which the loads of the next one do not share, so no load waits on a store to
+// the same offset in another stream's page (4K aliasing).
 template <GradType G, CopyType C, bool AdamW, bool Stale, bool Stream>
 [[gnu::always_inline]] inline void body(const Ptrs &t, const Vc &c, size_t i, __mmask16 (&bad)[U]) {
-    __m512 g[U], p[U], m[U], v[U];
     ZF_UNROLL
-    for (size_t u = 0; u < U; u += 2)
-        load_grad<G>(t.grad, i + u * V, g[u], g[u + 1]);
-    ZF_UNROLL
-    for (size_t u = 0; u < U; ++u)
-        p[u] = _mm512_loadu_ps(t.param + i + u * V);
-    ZF_UNROLL
-    for (size_t u = 0; u < U; ++u)
-        m[u] = _mm512_loadu_ps(t.m + i + u * V);
-    ZF_UNROLL
-    for (size_t u = 0; u < U; ++u)
-        v[u] = _mm512_loadu_ps(t.v + i + u * V);
-    ZF_UNROLL
-    for (size_t u = 0; u < U; ++u)
-        bad[u] = update<AdamW>(c, g[u], p[u], m[u], v[u]);
-    ZF_UNROLL
-    for (size_t u = 0; u < U; ++u)
-        _mm512_storeu_ps(t.param + i + u * V, p[u]);
-    ZF_UNROLL
-    for (size_t u = 0; u < U; ++u)
-        _mm512_storeu_ps(t.m + i + u * V, m[u]);
-    ZF_UNROLL
-    for (size_t u = 0; u < U; ++u)
-        _mm512_storeu_ps(t.v + i + u * V, v[u]);
-    if constexpr (C != CopyType::none) ZF_UNROLL
     for (size_t u = 0; u < U; u += 2) {
-        void *to = static_cast<uint16_t *>(t.copy) + i + u * V;
-        const __m512i h =
-            _mm512_inserti64x4(_mm512_castsi256_si512(to_copy<C>(p[u])), to_copy<C>(p[u + 1]), 1);
-        if constexpr (Stream)
-            _mm512_stream_si512(static_cast<__m512i *>(to), h);
-        else
-            _mm512_storeu_si512(to, h);
-    }
-    if constexpr (Stale) ZF_UNROLL
-    for (size_t u = 0; u < U; ++u) {
-        if constexpr (Stream)
-            _mm512_stream_ps(t.stale + i + u * V, p[u]);
-        else
-            _mm512_storeu_ps(t.stale + i + u * V, p[u]);
+        __m512 g[2], p[2];
+        load_grad<G>(t.grad, i + u * V, g[0], g[1]);
+        ZF_UNROLL
+        for (size_t k = 0; k < 2; ++k) {
+            const size_t at = i + (u + k) * V;
+            __m512 m = _mm512_loadu_ps(t.m + at), v = _mm512_loadu_ps(t.v + at);
+            p[k] = _mm512_loadu_ps(t.param + at);
+            bad[u + k] = update<AdamW>(c, g[k], p[k], m, v);
+            _mm512_storeu_ps(t.m + at, m);
+            _mm512_storeu_ps(t.v + at, v);
+            _mm512_storeu_ps(t.param + at, p[k]);
+            if constexpr (Stale) {
+                if constexpr (Stream)
+                    _mm512_stream_ps(t.stale + at, p[k]);
+                else
+                    _mm512_storeu_ps(t.stale + at, p[k]);
+            }
+        }
+        if constexpr (C != CopyType::none) {
+            void *to = static_cast<uint16_t *>(t.copy) + i + u * V;
+            const __m512i h =
+                _mm512_inserti64x4(_mm512_castsi256_si512(to_copy<C>(p[0])), to_copy<C>(p[1]), 1);
+            if constexpr (Stream)
+                _mm512_stream_si512(static_cast<__m512i *>(to), h);
+            else
+                _mm512_storeu_si512(to, h);
+        }
     }
 }
 
