@@ -26,7 +26,7 @@ namespace {
 // What a step of the kernel runs with, besides the batch.
 struct Variant {
     zb::opt::Isa isa = zb::opt::best_isa();
-    zb::opt::Prefetch prefetch = zb::opt::active_prefetch();
+    zb::opt::Prefetch prefetch = zb::opt::requested_prefetch();
 };
 
 struct Options {
@@ -134,8 +134,12 @@ int parse(int argc, char **argv, Options &o) {
         } else if (a == "--prefetch" || a == "--vs-prefetch") {
             Prefetch where = Prefetch::off;
             if (!pick(argv[++i],
-                      {{"off", Prefetch::off}, {"l1", Prefetch::l1}, {"l2", Prefetch::l2}}, where))
-                return bad_usage("%s wants off, l1 or l2, not '%s'", a.c_str(), argv[i]);
+                      {{"off", Prefetch::off},
+                       {"l1", Prefetch::l1},
+                       {"l2", Prefetch::l2},
+                       {"auto", Prefetch::automatic}},
+                      where))
+                return bad_usage("%s wants off, l1, l2 or auto, not '%s'", a.c_str(), argv[i]);
             (a == "--prefetch" ? o.kernel.prefetch : o.vs_prefetch.emplace()) = where;
         } else
             return bad_usage("unknown option '%s'", argv[i]);
@@ -160,6 +164,15 @@ bool use(const Variant &v) {
     }
     zb::opt::force_prefetch(v.prefetch);
     return true;
+}
+
+// The prefetch mode of a variant; for auto, what the run-time choice came to ("auto:off"), once
+// a step was large enough to make it.
+std::string prefetch_text(const Variant &v) {
+    const zb::opt::Prefetch chosen = zb::opt::chosen_prefetch();
+    if (v.prefetch != zb::opt::Prefetch::automatic || chosen == zb::opt::Prefetch::automatic)
+        return zb::opt::prefetch_name(v.prefetch); // "auto": no step was large enough to choose
+    return std::string("auto:") + zb::opt::prefetch_name(chosen);
 }
 
 const char *grad_name(zb::opt::GradType g) {
@@ -334,14 +347,14 @@ int bench_adam(int argc, char **argv) {
             "\"roofline_form\":\"%s\",\"roofline_forms_gb_per_s\":{%s},\"ratio\":%.4f,"
             "\"prefetched_pass_gb_per_s\":%.6g,\"ratio_to_prefetched_pass\":%.4f%s,%s}\n",
             n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "true" : "false",
-            zb::opt::isa_name(zb::opt::active_isa()), prefetch_name(o.kernel.prefetch), stores,
+            zb::opt::isa_name(zb::opt::active_isa()), prefetch_text(o.kernel).c_str(), stores,
             o.steps, bytes, sec, gelem, gbs, rsec, rgbs, form, each.c_str(), ratio, pgbs,
             gbs / pgbs, versus_text.c_str(), machine.json().c_str());
     } else {
         std::printf("adam: %zu elements, %d threads, grad %s, copy-out %s, stale %s, isa %s, "
                     "prefetch %s, stores %s, %d steps, %.0f bytes/step\n",
                     n, o.threads, grad_name(o.grad), copy_name(o.copy), o.stale ? "yes" : "no",
-                    zb::opt::isa_name(zb::opt::active_isa()), prefetch_name(o.kernel.prefetch),
+                    zb::opt::isa_name(zb::opt::active_isa()), prefetch_text(o.kernel).c_str(),
                     stores, o.steps, bytes);
         std::printf("machine   %s", machine.text().c_str());
         std::printf("kernel    %.6f s/step  %.3f Gelem/s  %.2f GB/s\n", sec, gelem, gbs);

@@ -83,11 +83,19 @@ size_t last_level_cache();                   // bytes, from sysfs (32 MiB when i
 const char *stores_name(Stores s);
 
 // Where the vector paths prefetch the lines of the streams they read, a fixed distance ahead
-// (adam_kernels.hpp): into L2 unless force_prefetch() was called (tests, benchmarks), into L1, or
-// not at all (the hardware prefetchers alone). It changes only when lines arrive, never a result.
-enum class Prefetch : uint8_t { off, l1, l2 };
+// (adam_kernels.hpp): into L1, into L2, or not at all (the hardware prefetchers alone). It changes
+// only when lines arrive, never a result. Which is faster depends on the machine (the same Zen 4
+// guest model has measured either way), so by default (automatic) it is chosen at run time: the
+// first thread of the team times the chunks of the first large step alternately without and with
+// prefetching into L2 (kCalibrationSamples of each), and the process keeps the faster; until
+// then the chunks run without. force_prefetch() fixes a mode (tests, benchmarks), automatic
+// returns to the run-time choice.
+enum class Prefetch : uint8_t { off, l1, l2, automatic };
 void force_prefetch(Prefetch p);
-Prefetch active_prefetch();
-const char *prefetch_name(Prefetch p); // off, l1, l2
+Prefetch requested_prefetch();         // what force_prefetch() set: automatic by default
+Prefetch active_prefetch();            // what the next chunk uses: off, l1 or l2
+Prefetch chosen_prefetch();            // the run-time choice, off or l2; automatic until it is made
+const char *prefetch_name(Prefetch p); // off, l1, l2, auto
+inline constexpr int kCalibrationSamples = 8;
 
 } // namespace zb::opt

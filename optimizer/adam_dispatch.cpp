@@ -4,7 +4,9 @@
 #include "cpu_level.hpp"
 #include "team_share.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <omp.h>
@@ -30,8 +32,29 @@ std::atomic<Stores> &stores() {
 }
 
 std::atomic<Prefetch> &prefetch() {
-    static std::atomic<Prefetch> where{Prefetch::l2};
+    static std::atomic<Prefetch> where{Prefetch::automatic};
     return where;
+}
+
+// The run-time choice of automatic prefetching: off or l2 once measured, automatic before.
+std::atomic<Prefetch> &chosen() {
+    static std::atomic<Prefetch> mode{Prefetch::automatic};
+    return mode;
+}
+
+// A step this large (elements) is far out of any cache: its chunks time the memory system.
+constexpr size_t kCalibrationMinimum = size_t{64} * TeamShare::kChunk;
+
+// The calling thread's samples: chunk times without (0) and with (1) prefetching into L2.
+struct Calibration {
+    int taken = 0;
+    double seconds[2][kCalibrationSamples];
+};
+thread_local Calibration calibration;
+
+double median_of(double *v, int n) {
+    std::sort(v, v + n);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // The largest cache of cpu0 that sysfs lists (index0, index1, ... up to the last level), in bytes.
@@ -150,8 +173,25 @@ uint64_t adam_step_in_team(const AdamBatch &batch, TeamShare &share) {
     }
     uint64_t bad = 0;
     share.begin(total, me, threads);
-    while (share.claim(me, lo, hi))
-        bad += run_chunk(batch, kernel, stream, prefetching, lo, hi);
+    const bool calibrate = me == 0 && requested_prefetch() == Prefetch::automatic &&
+                           chosen_prefetch() == Prefetch::automatic && total >= kCalibrationMinimum;
+    while (share.claim(me, lo, hi)) {
+        if (!calibrate || hi - lo != TeamShare::kChunk ||
+            calibration.taken >= 2 * kCalibrationSamples) {
+            bad += run_chunk(batch, kernel, stream, prefetching, lo, hi);
+            continue;
+        }
+        const int with = calibration.taken % 2;
+        const auto start = std::chrono::steady_clock::now();
+        bad += run_chunk(batch, kernel, stream, with ? Prefetch::l2 : Prefetch::off, lo, hi);
+        calibration.seconds[with][calibration.taken / 2] =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (++calibration.taken == 2 * kCalibrationSamples) {
+            const double off = median_of(calibration.seconds[0], kCalibrationSamples);
+            const double l2 = median_of(calibration.seconds[1], kCalibrationSamples);
+            chosen().store(l2 < off ? Prefetch::l2 : Prefetch::off, std::memory_order_relaxed);
+        }
+    }
     return bad;
 }
 
@@ -191,12 +231,33 @@ void force_prefetch(Prefetch p) {
     prefetch().store(p, std::memory_order_relaxed);
 }
 
-Prefetch active_prefetch() {
+Prefetch requested_prefetch() {
     return prefetch().load(std::memory_order_relaxed);
 }
 
+Prefetch active_prefetch() {
+    const Prefetch p = requested_prefetch();
+    if (p != Prefetch::automatic) return p;
+    const Prefetch measured = chosen_prefetch();
+    return measured == Prefetch::automatic ? Prefetch::off : measured;
+}
+
+Prefetch chosen_prefetch() {
+    return chosen().load(std::memory_order_relaxed);
+}
+
 const char *prefetch_name(Prefetch p) {
-    return p == Prefetch::off ? "off" : p == Prefetch::l1 ? "l1" : "l2";
+    switch (p) {
+    case Prefetch::off:
+        return "off";
+    case Prefetch::l1:
+        return "l1";
+    case Prefetch::l2:
+        return "l2";
+    case Prefetch::automatic:
+        return "auto";
+    }
+    return "unknown";
 }
 
 size_t last_level_cache() {

@@ -75,13 +75,16 @@ inline bool streams_out(const AdamTensor &t, const Consts &c, CopyType cp) {
 #define ZF_UNROLL _Pragma("GCC unroll 8")
 
 // How far ahead of the iteration at i the vector loop asks for the lines it will read (param,
-// moments, gradient), in elements: 512, 2 KiB of each fp32 stream; and into which cache. On one
-// thread the arithmetic between the loads leaves fewer misses in flight than a plain streaming pass
-// has, and the hardware prefetchers do not make up for it. Into L2 by default: a prefetch into L1
-// holds one of the core's few L1 miss buffers until its line arrives, and the demand loads and the
-// stores' reads-for-ownership wait for the same buffers; one into L2 does not, and the loads then
-// hit L2, whose latency the out-of-order window hides. Each step alternated in one process on the
-// same buffers, N = 100M (zenflow-bench adam --vs-prefetch):
+// moments, gradient), in elements: 512, 2 KiB of each fp32 stream; and into which cache. Where the
+// arithmetic between the loads leaves fewer misses in flight than a plain streaming pass has, and
+// the hardware prefetchers do not make up for it, prefetching helps; where they do, it costs. Into
+// L2 rather than L1: a prefetch into L1 holds one of the core's few L1 miss buffers until its line
+// arrives, and the demand loads and the stores' reads-for-ownership wait for the same buffers; one
+// into L2 does not. Whether to prefetch at all is chosen at run time (adam.hpp): the same Zen 4
+// guest model has measured either way, and so have two kinds of buffers on one machine (the
+// benchmark's own, where L2 took 0.89x the time of none; torch's tensors, where none was the
+// faster). Each step alternated in one process on the same buffers, N = 100M (zenflow-bench adam
+// --vs-prefetch), with the earlier kernel body that read every stream before writing any:
 //   AMD EPYC (Zen 4) guest: into L2 took 0.71-0.92x the time of into L1 on 1 thread and 0.71-0.96x
 //     on 2, in each of the 24 configurations (fp32/bf16/fp16 gradients x copy-out none/bf16 x
 //     stale, AVX-512 and AVX2), and 0.65-0.81x and 0.63-0.86x the time of no prefetch (four of

@@ -80,7 +80,7 @@ class Adam(unittest.TestCase):
 
     def test_versus(self):
         # A second configuration runs beside the kernel; what it does not set is the kernel's.
-        self.assertEqual(adam()["prefetch"], "l2")
+        self.assertEqual(adam()["prefetch"], "auto")  # chosen at run time, on larger steps
         d = adam("--vs-prefetch", "off")
         self.assertEqual((d["vs"]["isa"], d["vs"]["prefetch"]), (d["isa"], "off"))
         d = adam("--prefetch", "l1", "--vs-prefetch", "l2")
@@ -205,9 +205,9 @@ class Errors(unittest.TestCase):
         self.assert_usage(["adam", "--elements", "10", "--stores", "nt"], "--stores wants")
         self.assert_usage(["adam", "--elements", "10", "--vs-isa", "neon"], "--vs-isa wants")
         self.assert_usage(["adam", "--elements", "10", "--prefetch", "512"],
-                          "--prefetch wants off, l1 or l2, not '512'")
+                          "--prefetch wants off, l1, l2 or auto, not '512'")
         self.assert_usage(["adam", "--elements", "10", "--vs-prefetch", "yes"],
-                          "--vs-prefetch wants off, l1 or l2")
+                          "--vs-prefetch wants off, l1, l2 or auto")
         self.assert_usage(["adam", "--elements", "10", "--bogus"], "'--bogus'")
         self.assert_usage(["adam", "--elements"], "missing value: '--elements'")
         cpus = len(os.sched_getaffinity(0))

@@ -238,7 +238,7 @@ void assert_same(const Problem &a, const Problem &b) {
 // vector bodies and tails) in five of the configurations and one step, which keeps the test well
 // under 30 s with ASan.
 void test_bit_identical(void **) {
-    const zb::opt::Prefetch prefetch = zb::opt::active_prefetch();
+    const zb::opt::Prefetch prefetch = zb::opt::requested_prefetch();
     for (GradType g : {GradType::f32, GradType::bf16, GradType::f16})
         for (CopyType c : {CopyType::none, CopyType::bf16, CopyType::f16})
             for (bool stale : {false, true}) {
@@ -478,6 +478,28 @@ void test_in_team(void **) {
     assert_same(ref, p);
 }
 
+// Automatic prefetching: off until the first large step has timed its chunks both ways, then the
+// faster of off and l2 for the process; the results are the bits of a step without prefetching.
+void test_prefetch_chosen_at_run_time(void **) {
+    using zb::opt::Prefetch;
+    const Prefetch before = zb::opt::requested_prefetch();
+    zb::opt::force_prefetch(Prefetch::automatic);
+    assert_int_equal(static_cast<int>(zb::opt::requested_prefetch()),
+                     static_cast<int>(Prefetch::automatic));
+    rng_state = 11;
+    Problem start({size_t{80} * zb::opt::TeamShare::kChunk}, GradType::f32, CopyType::none, false);
+    Problem ref = start;
+    Problem p = start;
+    p.step(1); // the first large step of this process with automatic prefetching
+    const Prefetch chosen = zb::opt::chosen_prefetch();
+    assert_true(chosen == Prefetch::off || chosen == Prefetch::l2);
+    assert_int_equal(static_cast<int>(zb::opt::active_prefetch()), static_cast<int>(chosen));
+    zb::opt::force_prefetch(Prefetch::off);
+    ref.step(1);
+    assert_same(ref, p);
+    zb::opt::force_prefetch(before);
+}
+
 void test_slices_and_isa(void **) {
     for (size_t total : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{1000003}})
         for (int threads = 1; threads <= 5; ++threads) {
@@ -606,11 +628,16 @@ void test_streaming_choice(void **) {
 
 int main() {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_slices_and_isa),    cmocka_unit_test(test_bit_identical),
-        cmocka_unit_test(test_double_reference),  cmocka_unit_test(test_nonfinite_counted),
-        cmocka_unit_test(test_grad_scale),        cmocka_unit_test(test_in_team),
-        cmocka_unit_test(test_nan_copy_out),      cmocka_unit_test(test_streaming_choice),
+        cmocka_unit_test(test_slices_and_isa),
+        cmocka_unit_test(test_bit_identical),
+        cmocka_unit_test(test_double_reference),
+        cmocka_unit_test(test_nonfinite_counted),
+        cmocka_unit_test(test_grad_scale),
+        cmocka_unit_test(test_in_team),
+        cmocka_unit_test(test_nan_copy_out),
+        cmocka_unit_test(test_streaming_choice),
         cmocka_unit_test(test_streaming_kernels),
+        cmocka_unit_test(test_prefetch_chosen_at_run_time),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
