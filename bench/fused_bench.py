@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""The Adam step in the training process: zenflow_bind.optim.AdamW(worker=False) against torch's
+fused CPU AdamW (torch.optim.AdamW(fused=True), torch >= 2.4), step by step, alternated in one
+process. Prints figures and ratios; not a test.
+
+Flat model: one parameter of --elements elements (fp32 or bf16) with a gradient set once. Each
+round times one step of each optimizer, in turns, after --warmup steps each; the table gives
+medians over --rounds rounds and the median of the per-round ratios. Both use --threads threads
+(torch.set_num_threads; ours its threads=). Bytes per element that each step must move:
+  fp32  ours 28 (param, m, v read and written; grad read), torch fused 28
+  bf16  ours 26 (fp32 master, m, v; bf16 grad read; bf16 copy-out into the model),
+        torch fused 14 (bf16 param, m, v read and written; bf16 grad): no fp32 master, so updates
+        below bf16's resolution are lost; the memory-bound lower bound is that much lower.
+With --fsdp2, the same pair steps a model under FSDP2's fully_shard(CPUOffloadPolicy()) on one
+gloo rank (unpinned where there is no GPU to pin for): what a CPUOffloadPolicy user times.
+
+    PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.1 \\
+        python3 bench/fused_bench.py --threads 1
+"""
+
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+import torch
+
+
+def cpu_name():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def flat(args, dtype):
+    torch.manual_seed(0)
+    p = torch.nn.Parameter((torch.randn(args.elements) * 0.02).to(dtype))
+    p.grad = (torch.randn(args.elements) * 1e-3).to(dtype)
+    return [p]
+
+
+def sharded_model(dtype):
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(4096, 4096) for _ in range(6)]  # about 100M parameters
+    model = torch.nn.Sequential(*layers).to(dtype)
+    policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    for layer in layers:
+        fully_shard(layer, offload_policy=policy)
+    fully_shard(model, offload_policy=policy)
+    for p in model.parameters():
+        p.grad = torch.distributed.tensor.distribute_tensor(
+            torch.randn(p.shape, dtype=dtype) * 1e-3, p.device_mesh, p.placements)
+    return list(model.parameters())
+
+
+def optimizers(args, make):
+    import zenflow_bind.optim as zt
+    ours_params, torch_params = make(), make()
+    ours = zt.AdamW(ours_params, lr=1e-4, weight_decay=0.01, worker=False, threads=args.threads)
+    fused = torch.optim.AdamW(torch_params, lr=1e-4, weight_decay=0.01, fused=True)
+    return {"zenflow": ours, "torch fused": fused}
+
+
+def measure(args, opts):
+    for opt in opts.values():
+        for _ in range(args.warmup):
+            opt.step()
+    times = {name: [] for name in opts}
+    for _ in range(args.rounds):
+        for name, opt in opts.items():
+            t0 = time.perf_counter()
+            opt.step()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def report(label, numel, times):
+    ours, fused = times["zenflow"], times["torch fused"]
+    ratios = [f / o for o, f in zip(ours, fused)]
+    for name in ("zenflow", "torch fused"):
+        med = statistics.median(times[name])
+        print(f"{label:22} {name:12} {med * 1e3:9.2f} ms {numel / med / 1e9:8.3f} Gelem/s")
+    print(f"{label:22} zenflow / torch fused: median {statistics.median(ratios):.3f}x "
+          f"(rounds {min(ratios):.3f}-{max(ratios):.3f}x)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--elements", type=int, default=100_000_000)
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--fsdp2", action="store_true", help="under fully_shard(CPUOffloadPolicy())")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"CPU {cpu_name()}, {os.cpu_count()} CPUs, affinity {sorted(os.sched_getaffinity(0))}; "
+          f"torch {torch.__version__}; {args.threads} threads each; load average "
+          f"{os.getloadavg()}")
+    if args.fsdp2:
+        import torch.distributed as dist
+        store = dist.FileStore(tempfile.mktemp(prefix="fused-bench-"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    for name in args.dtypes.split(","):
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
+        if args.fsdp2 and dtype != torch.float32:
+            print(f"fsdp2 offload {name}: skipped (gloo, the CPU backend, cannot send {name})")
+            continue
+        make = (lambda: sharded_model(dtype)) if args.fsdp2 else (lambda: flat(args, dtype))
+        opts = optimizers(args, make)
+        numel = sum(p.numel() for p in opts["zenflow"].param_groups[0]["params"])
+        report(("fsdp2 offload " if args.fsdp2 else "flat ") + name, numel, measure(args, opts))
+        del opts
+    if args.fsdp2:
+        torch.distributed.destroy_process_group()
+    print(f"load average at the end {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
