@@ -15,7 +15,7 @@ import torch
 from . import _native
 from ._layout import local
 from .functional import StepResult, run
-from .optim import AdamW, _check_group
+from .optim import AdamW, _check_group, _saved_groups
 
 _FLOAT16 = (torch.bfloat16, torch.float16)
 
@@ -195,19 +195,9 @@ class InProcessAdamW(AdamW):
                 state["step"] = torch.tensor(float(entry["step"]))
 
     def _check_saved(self, state_dict):
-        try:
-            groups, states = state_dict["param_groups"], state_dict["state"]
-        except (KeyError, TypeError):
-            raise ValueError("a state dict has 'state' and 'param_groups'") from None
-        if len(groups) != len(self.param_groups):
-            raise ValueError(f"the state dict has {len(groups)} param groups, this optimizer "
-                             f"{len(self.param_groups)}")
+        groups, states, _ = _saved_groups(self.param_groups, state_dict)
         params, saved = [], []
-        for i, (group, theirs) in enumerate(zip(self.param_groups, groups)):
-            if len(theirs["params"]) != len(group["params"]):
-                raise ValueError(f"param group {i} has {len(group['params'])} parameters, the "
-                                 f"state dict's {len(theirs['params'])}")
-            _check_group({**group, **{k: v for k, v in theirs.items() if k != "params"}})
+        for group, theirs in zip(self.param_groups, groups):
             for key, p in zip(theirs["params"], group["params"]):
                 entry = states.get(key)
                 if entry:

@@ -20,6 +20,7 @@ import weakref
 import torch
 
 from ._layout import Layout, local
+from .functional import _number
 from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
 from ._signals import deferred_interrupts
 from ._state import Snapshot, prepare_group_state
@@ -38,15 +39,6 @@ _WHY_NOT = {
 }
 
 
-def _number(group, key, value):
-    """A hyperparameter as torch takes it (a Python number or a one-element tensor), as float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
-        raise TypeError(f"{key} must be a number, not {type(value).__name__} ({value!r})")
-    if isinstance(value, torch.Tensor) and value.numel() != 1:
-        raise ValueError(f"{key} as a tensor must have one element, not {value.numel()}")
-    return float(value)
-
-
 def _check_group(group):
     """Refuse what would change the math or cannot be done, with the reason."""
     for key, why in _WHY_NOT.items():
@@ -55,8 +47,8 @@ def _check_group(group):
     betas = group["betas"]
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
         raise TypeError(f"betas must be a pair of numbers, not {betas!r}")
-    lr, eps, wd = (_number(group, k, group[k]) for k in ("lr", "eps", "weight_decay"))
-    beta1, beta2 = (_number(group, "betas", b) for b in betas)
+    lr, eps, wd = (_number(k, group[k]) for k in ("lr", "eps", "weight_decay"))
+    beta1, beta2 = (_number("betas", b) for b in betas)
     if not 0.0 <= lr < math.inf:
         raise ValueError(f"invalid learning rate {lr}: must be >= 0 and finite")
     if not 0.0 <= eps < math.inf:
@@ -65,6 +57,27 @@ def _check_group(group):
         raise ValueError(f"invalid betas {group['betas']}: each must be in [0, 1)")
     if not 0.0 <= wd < math.inf:
         raise ValueError(f"invalid weight_decay {wd}: must be >= 0 and finite")
+
+
+def _saved_groups(param_groups, state_dict):
+    """A state dict's param groups, its state and each group's new settings, checked against
+    param_groups; nothing is changed here."""
+    try:
+        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+    except (KeyError, TypeError):
+        raise ValueError("a state dict has 'state' and 'param_groups'") from None
+    if len(saved_groups) != len(param_groups):
+        raise ValueError(f"the state dict has {len(saved_groups)} param groups, this optimizer "
+                         f"{len(param_groups)}")
+    updates = []
+    for i, (group, saved) in enumerate(zip(param_groups, saved_groups)):
+        if len(saved["params"]) != len(group["params"]):
+            raise ValueError(f"param group {i} has {len(group['params'])} parameters, the state "
+                             f"dict's {len(saved['params'])}")
+        update = {k: v for k, v in saved.items() if k != "params"}
+        _check_group({**group, **update})
+        updates.append(update)
+    return saved_groups, saved_state, updates
 
 
 def _hyper(group):
@@ -109,7 +122,7 @@ class AdamW(torch.optim.Optimizer):
                         differentiable=differentiable, fused=fused, adamw_mode=adamw_mode,
                         bias_correction=bias_correction)
         _check_group(defaults)
-        max_grad_norm = _number(defaults, "max_grad_norm", max_grad_norm)
+        max_grad_norm = _number("max_grad_norm", max_grad_norm)
         if not (max_grad_norm >= 0.0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"invalid max_grad_norm {max_grad_norm}: must be >= 0 (0: no clip)")
         self.overlap = bool(overlap)
@@ -410,21 +423,8 @@ class AdamW(torch.optim.Optimizer):
     def _check_state_dict(self, state_dict):
         """Each group's new settings and its state ready to apply, or an error naming what is
         wrong; nothing is changed here."""
-        try:
-            saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
-        except (KeyError, TypeError):
-            raise ValueError("a state dict has 'state' and 'param_groups'") from None
-        if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"the state dict has {len(saved_groups)} param groups, this "
-                             f"optimizer {len(self.param_groups)}")
-        updates, prepared = [], []
-        for i, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
-            if len(saved["params"]) != len(group["params"]):
-                raise ValueError(f"param group {i} has {len(group['params'])} parameters, the "
-                                 f"state dict's {len(saved['params'])}")
-            update = {k: v for k, v in saved.items() if k != "params"}
-            _check_group({**group, **update})
-            updates.append(update)
+        saved_groups, saved_state, updates = _saved_groups(self.param_groups, state_dict)
+        prepared = []
         for i, (saved, layout) in enumerate(zip(saved_groups, self._layouts)):
             prepared.append(None if layout is None else prepare_group_state(
                 layout, [saved_state.get(k) for k in saved["params"]],
