@@ -46,6 +46,8 @@ class Slot:
         on_cpu = shard.device.type == "cpu" and not self.sharded
         self.grad_alias = on_cpu and self.grads[0].dtype == param.dtype
         self.seen = None  # (data_ptr, _version) after our last write; another means a user write
+        self.staged = None  # (buffer, grad data_ptr, grad _version) a backward hook copied
+        self.hook = None    # the handle of that hook (watch())
 
     def load_from_model(self):
         """Take the model's values as the master weights."""
@@ -67,19 +69,49 @@ class Slot:
 
     def stage_grad(self, k):
         """Put the gradient into buffer k; False if the parameter has none (then its slice is
-        zeroed: the worker steps whole groups, and a zero slice keeps the global norm right)."""
+        zeroed: the worker steps whole groups, and a zero slice keeps the global norm right). A
+        gradient the backward hook already copied there, unchanged since, is not copied again."""
         p, dst = self.param, self.grads[k]
-        g = p.grad
+        g, staged, self.staged = p.grad, self.staged, None
         if g is None:
             dst.zero_()
             return False
         if g.is_sparse:
             raise RuntimeError("zenflow_bind.optim.AdamW does not support sparse gradients")
-        if g.data_ptr() != dst.data_ptr():
-            dst.copy_(local(g))
-            if self.grad_alias:  # from now on backward accumulates in shared memory
-                p.grad = dst
+        if g.data_ptr() != dst.data_ptr() and staged != (k, g.data_ptr(), g._version):
+            self._copy_grad(g, dst)
         return True
+
+    def _copy_grad(self, g, dst):
+        dst.copy_(local(g))
+        if self.grad_alias:  # from now on backward accumulates in shared memory
+            self.param.grad = dst
+
+    def watch(self, buffer_now):
+        """Copy the gradient into the buffer being filled as soon as backward has accumulated
+        it (torch >= 2.1: a post-accumulate-grad hook), while it is still in the caches and
+        backward goes on; step() then finds it there. buffer_now() says which buffer, or None
+        once the optimizer is gone. CPU parameters only: a DTensor shard's gradient is FSDP2's,
+        and a GPU gradient copied here would stall backward until it is computed (a GPU
+        parameter's copy waits for step() until it can go out on a stream of its own)."""
+        p = self.param
+        register = getattr(p, "register_post_accumulate_grad_hook", None)
+        if register is None or self.sharded or local(p).device.type != "cpu" or \
+                not p.requires_grad:  # a frozen parameter's gradient, if any, is set by hand
+            return
+
+        def ready(p):
+            k = buffer_now()
+            g = p.grad
+            if k is None or g is None or g.is_sparse:
+                return
+            dst = self.grads[k]
+            if g.data_ptr() != dst.data_ptr():
+                self._copy_grad(g, dst)
+            g = p.grad
+            self.staged = (k, g.data_ptr(), g._version)
+
+        self.hook = register(ready)
 
     def write_back(self):
         """Bring the updated parameters of a completed step into the model."""
@@ -91,8 +123,11 @@ class Slot:
         self.seen = _identity(p)
 
     def detach(self):
-        """Give the gradient private memory again (before the worker goes)."""
+        """Give the gradient private memory again (before the worker goes), and stop watching."""
         p = self.param
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
         if p.grad is not None and any(p.grad.data_ptr() == g.data_ptr() for g in self.grads):
             p.grad = p.grad.clone()
 

