@@ -7,8 +7,11 @@ shares the memory the worker writes: the updated values are copied into it once 
 completed, so a step that fails (a killed worker, Ctrl-C) leaves the model as it was before it,
 never half updated. The gradients go the other way and may be shared: a CPU parameter whose dtype
 is the gradient dtype gets its .grad pointed at its slice of the gradient buffer being filled, so
-backward accumulates into shared memory in place (the worker only reads it). A DTensor parameter (FSDP2's fully_shard) is its local shard here: each rank steps its own
-shard in its own worker, and FSDP2 keeps owning the shard's memory."""
+backward accumulates into shared memory in place (the worker only reads it). A DTensor parameter
+(FSDP2's fully_shard) is its local shard here: each rank steps its own shard in its own worker,
+and FSDP2 keeps owning the shard's memory."""
+
+import weakref
 
 import torch
 
@@ -46,7 +49,7 @@ class Slot:
         on_cpu = shard.device.type == "cpu" and not self.sharded
         self.grad_alias = on_cpu and self.grads[0].dtype == param.dtype
         self.seen = None  # (data_ptr, _version) after our last write; another means a user write
-        self.staged = None  # (buffer, grad data_ptr, grad _version) a backward hook copied
+        self.staged = None  # (buffer, weakref to the gradient, its _version) a hook copied
         self.hook = None    # the handle of that hook (watch())
 
     def load_from_model(self):
@@ -78,7 +81,9 @@ class Slot:
             return False
         if g.is_sparse:
             raise RuntimeError("zenflow_bind.optim.AdamW does not support sparse gradients")
-        if g.data_ptr() != dst.data_ptr() and staged != (k, g.data_ptr(), g._version):
+        copied = staged is not None and staged[0] == k and staged[1]() is g and \
+            staged[2] == g._version  # the very tensor the hook copied, unchanged since
+        if g.data_ptr() != dst.data_ptr() and not copied:
             self._copy_grad(g, dst)
         return True
 
@@ -109,7 +114,7 @@ class Slot:
             if g.data_ptr() != dst.data_ptr():
                 self._copy_grad(g, dst)
             g = p.grad
-            self.staged = (k, g.data_ptr(), g._version)
+            self.staged = (k, weakref.ref(g), g._version)
 
         self.hook = register(ready)
 
