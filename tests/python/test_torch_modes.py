@@ -293,7 +293,9 @@ class Errors(unittest.TestCase):
                 self.assertTrue(torch.equal(big.detach(), before), dtype)
 
     def test_timeout_leaves_the_step_in_flight(self):
-        big = torch.nn.Parameter(torch.zeros(1 << 23))
+        # 32M elements: the step takes about 0.1 s, so the poll right after submit finds it in
+        # flight even when this process is descheduled for a while (1 << 23 was not always)
+        big = torch.nn.Parameter(torch.zeros(1 << 25))
         opt = ours([big], timeout_ms=0)
         big.grad = torch.ones_like(big)
         with self.assertRaises(ZenbindError) as ctx:
