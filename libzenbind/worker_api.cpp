@@ -147,40 +147,65 @@ zb_status zb_worker_group_buffers(zb_worker_t *worker, unsigned group, zb_group_
     });
 }
 
+namespace {
+
+// zb_worker_submit and zb_worker_submit_groups: a step over groups [first, first + count).
+void submit_groups(zb_worker_t *worker, const zb_worker_step *step, unsigned first, size_t count,
+                   const char *fn) {
+    const std::string f = fn;
+    zb_worker &w = handle(worker, fn);
+    if (!step) fail(ZB_EINVAL, f + ": step is NULL");
+    w.check_alive();
+    if (w.in_flight) fail(ZB_EINVAL, f + ": a step is already in flight; call zb_worker_wait");
+    if (step->step < 0) fail(ZB_EINVAL, f + ": step must be >= 0");
+    if (step->flags & ~(ZB_STEP_SKIP_NONFINITE | ZB_STEP_GRAD_NORM))
+        fail(ZB_EINVAL, f + ": unknown flags " + std::to_string(step->flags));
+    if (!std::isfinite(step->max_grad_norm) || step->max_grad_norm < 0)
+        fail(ZB_EINVAL, f + ": max_grad_norm must be finite and >= 0");
+    if (step->grad_buffer > 1) fail(ZB_EINVAL, f + ": grad_buffer must be 0 or 1");
+    if (!std::isfinite(step->grad_scale)) fail(ZB_EINVAL, f + ": grad_scale must be finite");
+    const size_t ngroups = w.groups.size();
+    if (first > ngroups || count > ngroups - first)
+        fail(ZB_EINVAL, f + ": groups " + std::to_string(first) + " to " +
+                            std::to_string(first + count) + " (exclusive) are not registered (" +
+                            std::to_string(ngroups) + " are)");
+    if (step->hypers) {
+        if (step->nhypers != count)
+            fail(ZB_EINVAL, f + ": nhypers is " + std::to_string(step->nhypers) +
+                                ", but the step "
+                                "covers " +
+                                std::to_string(count) + " groups");
+        for (size_t g = 0; g < count; ++g)
+            check_hyper(step->hypers[g], f + ": hypers[" + std::to_string(g) + "]");
+        for (size_t g = 0; g < count; ++g)
+            w.ctl->groups[first + g].hyper = to_shm(step->hypers[g]);
+    }
+    w.ctl->command = proto::Command::step;
+    w.ctl->first_group = first;
+    w.ctl->ngroups = static_cast<uint32_t>(count);
+    w.ctl->step = step->step;
+    w.ctl->grad_scale = step->grad_scale;
+    w.ctl->grad_buffer = step->grad_buffer;
+    w.ctl->flags = step->flags;
+    w.ctl->max_grad_norm = step->max_grad_norm;
+    w.publish_request();
+    w.in_flight = true;
+}
+
+} // namespace
+
 zb_status zb_worker_submit(zb_worker_t *worker, const zb_worker_step *step) {
     return zb::guard([&] {
-        zb_worker &w = handle(worker, "zb_worker_submit");
-        if (!step) fail(ZB_EINVAL, "zb_worker_submit: step is NULL");
-        w.check_alive();
-        if (w.in_flight)
-            fail(ZB_EINVAL, "zb_worker_submit: a step is already in flight; call zb_worker_wait");
-        if (step->step < 0) fail(ZB_EINVAL, "zb_worker_submit: step must be >= 0");
-        if (step->flags & ~(ZB_STEP_SKIP_NONFINITE | ZB_STEP_GRAD_NORM))
-            fail(ZB_EINVAL, "zb_worker_submit: unknown flags " + std::to_string(step->flags));
-        if (!std::isfinite(step->max_grad_norm) || step->max_grad_norm < 0)
-            fail(ZB_EINVAL, "zb_worker_submit: max_grad_norm must be finite and >= 0");
-        if (step->grad_buffer > 1) fail(ZB_EINVAL, "zb_worker_submit: grad_buffer must be 0 or 1");
-        if (!std::isfinite(step->grad_scale))
-            fail(ZB_EINVAL, "zb_worker_submit: grad_scale must be finite");
-        const size_t ngroups = w.groups.size();
-        if (step->hypers) {
-            if (step->nhypers != ngroups)
-                fail(ZB_EINVAL, "zb_worker_submit: nhypers is " + std::to_string(step->nhypers) +
-                                    ", but " + std::to_string(ngroups) + " groups are registered");
-            for (size_t g = 0; g < ngroups; ++g)
-                check_hyper(step->hypers[g], "zb_worker_submit: hypers[" + std::to_string(g) + "]");
-            for (size_t g = 0; g < ngroups; ++g)
-                w.ctl->groups[g].hyper = to_shm(step->hypers[g]);
-        }
-        w.ctl->command = proto::Command::step;
-        w.ctl->ngroups = static_cast<uint32_t>(ngroups);
-        w.ctl->step = step->step;
-        w.ctl->grad_scale = step->grad_scale;
-        w.ctl->grad_buffer = step->grad_buffer;
-        w.ctl->flags = step->flags;
-        w.ctl->max_grad_norm = step->max_grad_norm;
-        w.publish_request();
-        w.in_flight = true;
+        const size_t all = worker ? handle(worker, "zb_worker_submit").groups.size() : 0;
+        submit_groups(worker, step, 0, all, "zb_worker_submit");
+    });
+}
+
+zb_status zb_worker_submit_groups(zb_worker_t *worker, const zb_worker_step *step, unsigned first,
+                                  unsigned count) {
+    return zb::guard([&] {
+        if (count == 0) fail(ZB_EINVAL, "zb_worker_submit_groups: count must be >= 1");
+        submit_groups(worker, step, first, count, "zb_worker_submit_groups");
     });
 }
 

@@ -63,6 +63,7 @@ struct Team {
     int sock;
     int parent;
     std::vector<Group> groups; // capacity reserved: no reallocation, pointers stay valid
+    size_t first = 0, end = 0; // the groups the step in progress covers: [first, end)
     Work work = Work::answered;
     uint32_t seq = 0; // the request being served
     std::atomic<uint64_t> nonfinite{0};
@@ -179,11 +180,14 @@ Work prepare_step(Team &t) {
         t.answer(ZB_EINVAL, "negative step number");
         return Work::answered;
     }
-    if (ctl.ngroups != t.groups.size()) {
+    if (ctl.ngroups == 0 || ctl.first_group > t.groups.size() ||
+        ctl.ngroups > t.groups.size() - ctl.first_group) {
         t.answer(ZB_EINTERNAL, "the trainer and the worker disagree on the number of groups");
         return Work::answered;
     }
-    for (size_t i = 0; i < t.groups.size(); ++i) {
+    t.first = ctl.first_group;
+    t.end = t.first + ctl.ngroups;
+    for (size_t i = t.first; i < t.end; ++i) {
         Group &g = t.groups[i];
         const proto::GroupDesc &d = ctl.groups[i];
         g.hyper.lr = d.hyper.lr;
@@ -307,12 +311,23 @@ void copy_state(const Group &g, char *transfer, bool out, int thread, int thread
     }
 }
 
-// This thread's blocks of the step's pre-pass over every group's gradients.
+// The step's groups' blocks in Team::blocks: [lo, hi).
+void step_blocks(const Team &t, size_t &lo, size_t &hi) {
+    const Group &last = t.groups[t.end - 1];
+    lo = t.groups[t.first].first_block;
+    hi = last.first_block + grad_stats_blocks(last.numel);
+}
+
+// This thread's blocks of the step's pre-pass over the gradients of the step's groups.
 void grad_stats_in_team(Team &t, int thread, int threads) {
-    size_t lo, hi;
-    grad_stats_share(t.blocks.size(), thread, threads, lo, hi);
+    size_t from_block, to_block, lo, hi;
+    step_blocks(t, from_block, to_block);
+    grad_stats_share(to_block - from_block, thread, threads, lo, hi);
+    lo += from_block;
+    hi += from_block;
     const float scale = t.ctl.grad_scale;
-    for (const Group &g : t.groups) {
+    for (size_t i = t.first; i < t.end; ++i) {
+        const Group &g = t.groups[i];
         const size_t first = g.first_block, end = first + grad_stats_blocks(g.numel);
         for (size_t b = lo > first ? lo : first; b < hi && b < end; ++b) {
             const size_t from = (b - first) * kGradStatsBlock;
@@ -326,12 +341,14 @@ void grad_stats_in_team(Team &t, int thread, int threads) {
 // the update pass multiplies by.
 void decide_step(Team &t) {
     const proto::Control &ctl = t.ctl;
-    t.found = grad_stats_sum(t.blocks.data(), t.blocks.size());
+    size_t lo, hi;
+    step_blocks(t, lo, hi);
+    t.found = grad_stats_sum(t.blocks.data() + lo, hi - lo);
     t.skip = (ctl.flags & proto::kStepSkipNonfinite) && t.found.nonfinite > 0;
     if (t.skip || !(ctl.max_grad_norm > 0)) return;
     const float coefficient = clip_coefficient(ctl.max_grad_norm, t.found.sum_squares);
-    for (Group &g : t.groups)
-        g.hyper.grad_scale = ctl.grad_scale * coefficient;
+    for (size_t i = t.first; i < t.end; ++i)
+        t.groups[i].hyper.grad_scale = ctl.grad_scale * coefficient;
 }
 
 // Master only, once the team is done: record what the work changed and answer.
@@ -342,8 +359,8 @@ void finish(Team &t, Work work) {
         ctl.grad_norm = t.stats ? std::sqrt(t.found.sum_squares) : 0.0;
         ctl.skipped = t.skip ? 1 : 0;
         if (!t.skip)
-            for (Group &g : t.groups)
-                g.steps = g.hyper.step;
+            for (size_t i = t.first; i < t.end; ++i)
+                t.groups[i].steps = t.groups[i].hyper.step;
         ctl.step_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                 std::chrono::steady_clock::now() - t.step_start)
                                                 .count());
@@ -447,8 +464,10 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
                 }
                 if (t.skip) break;
                 uint64_t bad = 0;
-                for (const Group &g : t.groups)
+                for (size_t i = t.first; i < t.end; ++i) {
+                    const Group &g = t.groups[i];
                     bad += adam_step_in_team(AdamBatch{g.grad, g.copy, &g.tensor, 1}, t.share);
+                }
                 t.nonfinite.fetch_add(bad, std::memory_order_relaxed);
                 break;
             }

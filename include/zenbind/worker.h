@@ -156,6 +156,15 @@ typedef struct zb_worker_step {
  * writing nothing, if a group's count is already INT64_MAX. */
 zb_status zb_worker_submit(zb_worker_t *worker, const zb_worker_step *step);
 
+/* zb_worker_submit over groups first .. first + count - 1 only (count >= 1), e.g. a bucket whose
+ * gradients have all landed while backward goes on; hypers, when given, has count entries. Each
+ * group of the range takes its step number as zb_worker_submit would; the others are untouched.
+ * ZB_STEP_SKIP_NONFINITE, ZB_STEP_GRAD_NORM and max_grad_norm look at these groups alone: a
+ * global decision needs one step over every group. ZB_EINVAL for a range past the registered
+ * groups. Since ZENBIND_0.4. */
+zb_status zb_worker_submit_groups(zb_worker_t *worker, const zb_worker_step *step, unsigned first,
+                                  unsigned count);
+
 /* What a step found. */
 typedef struct zb_worker_result {
     uint64_t nonfinite; /* gradient elements not finite after grad_scale */

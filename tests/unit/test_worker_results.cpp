@@ -1,12 +1,14 @@
 // The worker's results are bit for bit those of the in-process kernel: several steps over groups
 // of every gradient and copy-out type, per-group hyperparameters that change between steps, a
 // gradient scale and alternating gradient buffers. The worker splits every group between two pinned
-// threads; the reference runs each group alone on one thread.
+// threads; the reference runs each group alone on one thread. The last steps go in buckets
+// (zb_worker_submit_groups), out of order, and still equal the reference to the bit.
 #include "adam.hpp"
 #include "adam_convert.hpp"
 
 #include <zenbind/worker.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -118,8 +120,22 @@ void test_bit_identical(void **) {
             fill_grad(bufs[g].grads[k], cases[g].grad, n, uint32_t(step * 31 + g));
             std::memcpy(ref[g].grads[k].data(), bufs[g].grads[k], n * dsize(cases[g].grad));
         }
-        const zb_worker_step s{step, scale, k, hypers.data(), ng, 0, 0.0f};
-        assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
+        if (step < 5) {
+            const zb_worker_step s{step, scale, k, hypers.data(), ng, 0, 0.0f};
+            assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
+        } else {
+            // Step 5: two buckets, the second first; step 6: one group at a time, in the order
+            // backward would produce them, each numbering itself (step 0: its count + 1).
+            using Buckets = std::vector<std::array<unsigned, 2>>; // first group, count
+            const Buckets buckets =
+                step == 5 ? Buckets{{2, 2}, {0, 2}} : Buckets{{3, 1}, {2, 1}, {1, 1}, {0, 1}};
+            for (const auto &[first, count] : buckets) {
+                const zb_worker_step s{
+                    step == 5 ? step : 0, scale, k, hypers.data() + first, count, 0, 0.0f};
+                assert_int_equal(zb_worker_submit_groups(w, &s, first, count), ZB_OK);
+                assert_int_equal(zb_worker_wait(w, 30000, nullptr), ZB_OK);
+            }
+        }
         for (size_t g = 0; g < ng; ++g) {
             Reference &r = ref[g];
             zb::opt::AdamHyper h;
@@ -144,7 +160,7 @@ void test_bit_identical(void **) {
             const zb::opt::AdamBatch b{grad_type(cases[g].grad), copy_type(cases[g].copy), &t, 1};
             zb::opt::adam_step(b, 1);
         }
-        assert_int_equal(zb_worker_wait(w, 30000, nullptr), ZB_OK);
+        if (step < 5) assert_int_equal(zb_worker_wait(w, 30000, nullptr), ZB_OK);
         for (size_t g = 0; g < ng; ++g) {
             const size_t n = cases[g].n;
             assert_memory_equal(bufs[g].params, ref[g].param.data(), 4 * n);
@@ -156,9 +172,46 @@ void test_bit_identical(void **) {
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 
+// A range of groups past those registered, an empty one, or hypers of another length: refused,
+// and the worker still steps afterwards.
+void test_bad_group_ranges(void **) {
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = 1;
+    zb_worker_t *w = nullptr;
+    assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+    zb_group_attr ga{};
+    ga.numel = 64;
+    ga.grad = ZB_DTYPE_FP32;
+    zb_adam_hyper_init(&ga.hyper);
+    unsigned id;
+    for (int g = 0; g < 2; ++g)
+        assert_int_equal(zb_worker_group_add(w, &ga, &id), ZB_OK);
+    zb_adam_hyper two[2] = {ga.hyper, ga.hyper};
+    const zb_worker_step plain{0, 1.0f, 0, nullptr, 0, 0, 0.0f};
+    assert_int_equal(zb_worker_submit_groups(w, &plain, 1, 2), ZB_EINVAL);
+    assert_non_null(std::strstr(zb_last_error(), "not registered"));
+    assert_int_equal(zb_worker_submit_groups(w, &plain, 2, 1), ZB_EINVAL);
+    assert_int_equal(zb_worker_submit_groups(w, &plain, 0, 0), ZB_EINVAL);
+    const zb_worker_step wrong{0, 1.0f, 0, two, 2, 0, 0.0f};
+    assert_int_equal(zb_worker_submit_groups(w, &wrong, 1, 1), ZB_EINVAL);
+    assert_non_null(std::strstr(zb_last_error(), "nhypers"));
+    const zb_worker_step right{0, 1.0f, 0, two, 1, 0, 0.0f};
+    assert_int_equal(zb_worker_submit_groups(w, &right, 1, 1), ZB_OK);
+    assert_int_equal(zb_worker_wait(w, 30000, nullptr), ZB_OK);
+    float m[64], v[64];
+    int64_t count = -1;
+    assert_int_equal(zb_worker_group_get_state(w, 0, m, v, &count), ZB_OK);
+    assert_int_equal(count, 0); // untouched by the other group's step
+    assert_int_equal(zb_worker_group_get_state(w, 1, m, v, &count), ZB_OK);
+    assert_int_equal(count, 1);
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
 } // namespace
 
 int main() {
-    const CMUnitTest tests[] = {cmocka_unit_test(test_bit_identical)};
+    const CMUnitTest tests[] = {cmocka_unit_test(test_bit_identical),
+                                cmocka_unit_test(test_bad_group_ranges)};
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -15,7 +15,7 @@
 namespace zb::proto {
 
 inline constexpr uint64_t kMagic = 0x314d5357464e455aULL; // "ZENFWSM1" little-endian
-inline constexpr uint32_t kVersion = 2;
+inline constexpr uint32_t kVersion = 3;
 inline constexpr uint32_t kMaxGroups = 256;
 inline constexpr uint32_t kMaxThreads = 1024;
 inline constexpr uint32_t kMaxNodes = 64;
@@ -109,7 +109,8 @@ struct alignas(64) Control {
     uint32_t worker_sleeping; // the worker sleeps on req_seq: wake it
     Command command;
     uint32_t ngroups; // groups the step covers / index of the group being added, read or written
-    int64_t step;     // a step's number (0: each group's count + 1) / the step count set_state sets
+    uint32_t first_group; // a step covers groups first_group .. first_group + ngroups - 1
+    int64_t step; // a step's number (0: each group's count + 1) / the step count set_state sets
     float grad_scale;
     uint32_t grad_buffer;
     uint32_t flags; // kStep* of a step
