@@ -2,7 +2,9 @@
 the model and the shared buffers: gradients in, updated parameters out.
 
 A group's parameters are laid end to end in the worker's flat buffers (fp32 master params, two
-gradient buffers in the gradient dtype, a copy-out in the model's 16-bit dtype). The model never
+gradient buffers in the gradient dtype, a copy-out in the model's 16-bit dtype), cut at parameter
+boundaries into buckets, one worker group each, so that a bucket whose gradients have all landed
+can be stepped while backward goes on (_stream.py). The model never
 shares the memory the worker writes: the updated values are copied into it once a step has
 completed, so a step that fails (a killed worker, Ctrl-C) leaves the model as it was before it,
 never half updated. The gradients go the other way and may be shared: a CPU parameter whose dtype
@@ -33,15 +35,16 @@ def _identity(param):
 class Slot:
     """One parameter: its offset in the group and tensor views of its slices, shaped like it."""
 
-    def __init__(self, param, index, offset, group):
+    def __init__(self, param, index, offset, group, at):
         self.param = param
         self.index = index  # its number in the optimizer's state dict, for messages
-        self.offset = offset
+        self.offset = offset  # in the param group; `at` in its bucket, the worker group `group`
+        self.group = group
         shard = local(param)
         self.sharded = shard is not param
         self.numel = shard.numel()
         shape = shard.shape
-        cut = slice(offset, offset + self.numel)
+        cut = slice(at, at + self.numel)
         self.master = group.torch_view(group.params)[cut].view(shape)
         self.grads = [group.torch_view(g)[cut].view(shape) for g in group.grads]
         self.copy = (group.torch_view(group.copy_out)[cut].view(shape)
@@ -83,7 +86,7 @@ class Slot:
             raise RuntimeError("zenflow_bind.optim.AdamW does not support sparse gradients")
         copied = staged is not None and staged[0] == k and staged[1]() is g and \
             staged[2] == g._version  # the very tensor the hook copied, unchanged since
-        if g.data_ptr() != dst.data_ptr() and not copied:
+        if not copied and g.data_ptr() != dst.data_ptr():
             self._copy_grad(g, dst)
         return True
 
@@ -92,11 +95,22 @@ class Slot:
         if self.grad_alias:  # from now on backward accumulates in shared memory
             self.param.grad = dst
 
-    def watch(self, buffer_now):
+    def streamable(self):
+        """Whether watch() copies its gradient during backward."""
+        return self.hook is not None
+
+    def unchanged_since_staged(self, k):
+        """The gradient backward gave it, copied into buffer k by the hook, not written since."""
+        g, staged = self.param.grad, self.staged
+        return staged is not None and staged[0] == k and staged[1]() is g and \
+            g is not None and staged[2] == g._version
+
+    def watch(self, buffer_now, landed=None):
         """Copy the gradient into the buffer being filled as soon as backward has accumulated
         it (torch >= 2.1: a post-accumulate-grad hook), while it is still in the caches and
         backward goes on; step() then finds it there. buffer_now() says which buffer, or None
-        once the optimizer is gone. CPU parameters only: a DTensor shard's gradient is FSDP2's,
+        once the optimizer is gone; landed(slot), when given, is told after each copy. CPU
+        parameters only: a DTensor shard's gradient is FSDP2's,
         and a GPU gradient copied here would stall backward until it is computed (a GPU
         parameter's copy waits for step() until it can go out on a stream of its own)."""
         p = self.param
@@ -115,6 +129,8 @@ class Slot:
                 self._copy_grad(g, dst)
             g = p.grad
             self.staged = (k, weakref.ref(g), g._version)
+            if landed is not None:
+                landed(self)
 
         self.hook = register(ready)
 
@@ -137,10 +153,61 @@ class Slot:
             p.grad = p.grad.clone()
 
 
-class Layout:
-    """One torch param_group in one worker group."""
+class Buckets:
+    """A param group's worker groups, one per bucket, seen as one: hyperparameters and state."""
 
-    def __init__(self, worker, params, hyper, first_index=0):
+    def __init__(self, groups):
+        self.groups = groups
+        self.numel = sum(g.numel for g in groups)
+        self.hyper = groups[0].hyper  # every bucket's is set together
+
+    def set_hyper(self, **hyper):
+        for g in self.groups:
+            g.set_hyper(**hyper)
+
+    def get_state(self, exp_avg=None, exp_avg_sq=None):
+        """The moments into flat fp32 tensors over the group (None skips one); the step count
+        (every bucket's once a step has completed)."""
+        count, at = 0, 0
+        for g in self.groups:
+            cut = slice(at, at + g.numel)
+            count = g.get_state(None if exp_avg is None else exp_avg[cut],
+                                None if exp_avg_sq is None else exp_avg_sq[cut])
+            at += g.numel
+        return count
+
+    def set_state(self, exp_avg, exp_avg_sq, step):
+        at = 0
+        for g in self.groups:
+            cut = slice(at, at + g.numel)
+            g.set_state(None if exp_avg is None else exp_avg[cut],
+                        None if exp_avg_sq is None else exp_avg_sq[cut], step)
+            at += g.numel
+
+
+# At most this many buckets per param group: a worker holds 256 groups.
+MAX_BUCKETS = 16
+
+
+def cut_buckets(sizes, elements):
+    """[first, end) slot ranges: consecutive parameters, at least `elements` elements each but
+    the last (a parameter is never cut), at most MAX_BUCKETS of them."""
+    elements = max(int(elements), -(-sum(sizes) // MAX_BUCKETS), 1)
+    cuts, first, filled = [], 0, 0
+    for i, n in enumerate(sizes):
+        filled += n
+        if filled >= elements:
+            cuts.append((first, i + 1))
+            first, filled = i + 1, 0
+    if first < len(sizes):
+        cuts.append((first, len(sizes)))
+    return cuts
+
+
+class Layout:
+    """One torch param_group in one worker group per bucket."""
+
+    def __init__(self, worker, params, hyper, first_index=0, bucket_elements=1 << 24):
         for p in params:
             if p.dtype not in DTYPE_NAMES:
                 raise TypeError(f"zenflow_bind.optim.AdamW optimizes fp32, bf16 and fp16 "
@@ -150,12 +217,21 @@ class Layout:
         # one group: fp32 gradients, and each parameter converts from the fp32 master.
         grad = DTYPE_NAMES[dtypes.pop()] if len(dtypes) == 1 else "fp32"
         copy_out = grad if grad != "fp32" else None
-        numel = sum(local(p).numel() for p in params)
-        self.group = worker.add_group(numel, grad=grad, copy_out=copy_out, **hyper)
-        self.slots, offset = [], 0
-        for i, p in enumerate(params):
-            self.slots.append(Slot(p, first_index + i, offset, self.group))
-            offset += self.slots[-1].numel
+        sizes = [local(p).numel() for p in params]
+        self.slots, self.buckets, offset = [], [], 0
+        groups = []
+        for first, end in cut_buckets(sizes, bucket_elements):
+            group = worker.add_group(sum(sizes[first:end]), grad=grad, copy_out=copy_out,
+                                     **hyper)
+            groups.append(group)
+            bucket, at = [], 0
+            for i in range(first, end):
+                bucket.append(Slot(params[i], first_index + i, offset, group, at))
+                offset += sizes[i]
+                at += sizes[i]
+            self.slots += bucket
+            self.buckets.append(bucket)
+        self.group = Buckets(groups)
         for s in self.slots:
             s.load_from_model()
 
@@ -163,5 +239,7 @@ class Layout:
     def numel(self):
         return self.group.numel
 
-    def flat_grads(self, k):
-        return self.group.torch_view(self.group.grads[k])
+    def switch_grads(self, k):
+        """Buffer 1 - k takes buffer k's gradients."""
+        for g in self.group.groups:
+            g.torch_view(g.grads[1 - k]).copy_(g.torch_view(g.grads[k]))

@@ -120,6 +120,8 @@ _PROTOS = {
     "zb_worker_group_add": (ctypes.c_int, [ctypes.c_void_p, _P(GroupAttr), _P(ctypes.c_uint)]),
     "zb_worker_group_buffers": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, _P(Buffers)]),
     "zb_worker_submit": (ctypes.c_int, [ctypes.c_void_p, _P(Step)]),
+    "zb_worker_submit_groups": (ctypes.c_int, [ctypes.c_void_p, _P(Step), ctypes.c_uint,
+                                               ctypes.c_uint]),
     "zb_worker_wait": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, _P(ctypes.c_uint64)]),
     "zb_worker_last_step_seconds": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_double)]),
     "zb_worker_memory_usage": (ctypes.c_int, [ctypes.c_void_p, _P(Memory)]),

@@ -25,7 +25,8 @@ from .functional import _number
 from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
 from ._signals import deferred_interrupts
 from ._state import Snapshot, prepare_group_state
-from .worker import Worker
+from ._stream import Stream
+from .worker import StepResult, Worker
 
 __all__ = ["AdamW"]
 
@@ -101,6 +102,9 @@ class AdamW(torch.optim.Optimizer):
       grad_norm        compute the global norm even without clipping (last_grad_norm)
       cpus, threads, mems   the worker's; None takes ZENFLOW_OPT_* (the plugin's plan)
       timeout_ms       bound on waiting for one step
+      bucket_elements  parameters are stepped in buckets of about this many elements (at most
+                       16 per param group), each as soon as its gradients have landed inside
+                       step_during_backward()
       worker           False: step in this process instead, on its own threads (threads, else
                        torch.get_num_threads()); the same kernel and the same state format, so
                        a checkpoint moves between the two (srun --zenflow-bind=mode=offload,
@@ -117,7 +121,8 @@ class AdamW(torch.optim.Optimizer):
                  amsgrad=False, *, maximize=False, foreach=None, capturable=False,
                  differentiable=False, fused=None, adamw_mode=True, bias_correction=True,
                  overlap=False, skip_nonfinite=False, max_grad_norm=0.0, grad_norm=False,
-                 cpus=None, threads=None, mems=None, timeout_ms=600_000, worker=True):
+                 cpus=None, threads=None, mems=None, timeout_ms=600_000, worker=True,
+                 bucket_elements=1 << 24):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize, foreach=foreach, capturable=capturable,
                         differentiable=differentiable, fused=fused, adamw_mode=adamw_mode,
@@ -131,6 +136,9 @@ class AdamW(torch.optim.Optimizer):
         self.max_grad_norm = max_grad_norm
         self._want_norm = bool(grad_norm) or self.max_grad_norm > 0
         self.timeout_ms = timeout_ms
+        self.bucket_elements = int(bucket_elements)
+        if self.bucket_elements < 1:
+            raise ValueError(f"invalid bucket_elements {bucket_elements}: must be >= 1")
         self._busy = threading.Lock()  # one step() or state call at a time
         self.last_step_skipped = False
         self.last_grad_norm = None
@@ -150,6 +158,9 @@ class AdamW(torch.optim.Optimizer):
         self._snapshot = None   # optimizer.state as last brought out of the worker
         self._in_flight = None  # what to do once the submitted step is done
         self._buffer = 0        # the gradient buffer backward fills next
+        self._stream = None     # step_during_backward()'s buckets, until step() completes them
+        self._stream_open = False  # inside step_during_backward(): hooks submit buckets
+        self._stream_scale = None  # the grad_scale step_during_backward() was given
         self._worker = Worker(cpus=cpus, threads=threads, mems=mems)
         # Dropped without close(), the optimizer still gives the model its gradients' private
         # memory again and stops its worker: the finaliser holds what that needs, never the
@@ -166,6 +177,7 @@ class AdamW(torch.optim.Optimizer):
         step() or state_dict()."""
         if self._snapshot is None:
             self._live()
+            self._not_mid_step("read optimizer.state")
             self._finish()
             self._snapshot = Snapshot(self._layouts, self._steps)
         return self._snapshot.state
@@ -197,6 +209,7 @@ class AdamW(torch.optim.Optimizer):
 
     def add_param_group(self, param_group):
         self._live()
+        self._not_mid_step("add a param group")
         self._finish()  # the worker takes no new group while a step is in flight
         self._push_state_edits()
         super().add_param_group(param_group)
@@ -215,13 +228,14 @@ class AdamW(torch.optim.Optimizer):
             # tensors, which autograd then refuses.
             with torch.inference_mode(False):
                 layout = Layout(self._worker, group["params"], _hyper(group),
-                                first_index=first) if has_elements else None
+                                first_index=first, bucket_elements=self.bucket_elements) \
+                    if has_elements else None
             self._layouts.append(layout)
             me = weakref.ref(self)
             for p in group["params"]:
                 _OWNERS[id(p)] = me  # the optimizer holds p: its id is not reused meanwhile
             for slot in layout.slots if layout else ():
-                slot.watch(functools.partial(_filling, me))
+                slot.watch(functools.partial(_filling, me), functools.partial(_landed, me))
         except BaseException:
             self.param_groups.pop()
             raise
@@ -229,16 +243,39 @@ class AdamW(torch.optim.Optimizer):
     # -- steps ------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def step(self, closure=None, *, grad_scale=1.0):
+    def step(self, closure=None, *, grad_scale=None):
         """One AdamW step over every parameter with a gradient (torch's rule: a parameter whose
         .grad is None is left alone). grad_scale multiplies every gradient first (1/loss_scale to
-        unscale). In overlap mode the update lands at the next step() or synchronize()."""
+        unscale; after step_during_backward(), the one given there). In overlap mode the update
+        lands at the next step() or synchronize()."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         with self._exclusive("step"):
             self._live()
+            if self._stream_open:
+                raise RuntimeError("step() inside step_during_backward(): leave the with block "
+                                   "(backward done) first")
+            stream, self._stream = self._stream, None
+            if stream is not None and stream.error is not None:
+                e = stream.error
+                raise ZenbindError(e.code, f"{_detail(e)}; nothing of this step was applied to "
+                                           f"the model: {_AFTER_DEATH}") from e
+            given, self._stream_scale = self._stream_scale, None
+            twice = None
+            if given is not None:
+                if grad_scale is not None and grad_scale != given:  # raised once stepped
+                    twice = ValueError(f"step(grad_scale={grad_scale}) after step_during_"
+                                       f"backward(grad_scale={given}): give it once (the step "
+                                       f"was taken with {given})")
+                grad_scale = given
+            grad_scale = 1.0 if grad_scale is None else grad_scale
+            if stream is not None and stream.stepped:
+                self._complete_stream(stream)
+                if twice is not None:
+                    raise twice
+                return loss
             self._finish()
             self._push_state_edits()
             k = self._buffer
@@ -254,18 +291,9 @@ class AdamW(torch.optim.Optimizer):
                 pending.append((layout, has, self._save_missing(layout, has)))
             if not any_grad:
                 return loss  # as torch: nothing to do
-            maximize = {bool(g["maximize"])
-                        for g, l in zip(self.param_groups, self._layouts) if l}
-            if len(maximize) > 1:
-                raise ValueError("maximize must be the same in every param group: the worker "
-                                 "negates every gradient of a step at once")
-            for group, layout in zip(self.param_groups, self._layouts):
-                if layout is not None:
-                    _check_group(group)
-                    layout.group.set_hyper(**_hyper(group))
+            scale = self._set_hypers(grad_scale)
             flags = (STEP_SKIP_NONFINITE if self.skip_nonfinite else 0) | \
                 (STEP_GRAD_NORM if self._want_norm else 0)
-            scale = -grad_scale if maximize.pop() else grad_scale
             with deferred_interrupts():  # submitted and recorded as in flight, or neither
                 try:
                     self._worker.submit(0, grad_buffer=k, grad_scale=scale, flags=flags,
@@ -278,7 +306,110 @@ class AdamW(torch.optim.Optimizer):
                 self._switch_buffer(k)
             else:
                 self._finish()
+            if twice is not None:
+                raise twice
         return loss
+
+    def _set_hypers(self, grad_scale):
+        """Every group's hyperparameters to the worker, checked; the scale with maximize's
+        sign."""
+        maximize = {bool(g["maximize"]) for g, l in zip(self.param_groups, self._layouts) if l}
+        if len(maximize) > 1:
+            raise ValueError("maximize must be the same in every param group: the worker "
+                             "negates every gradient of a step at once")
+        for group, layout in zip(self.param_groups, self._layouts):
+            if layout is not None:
+                _check_group(group)
+                layout.group.set_hyper(**_hyper(group))
+        return -grad_scale if maximize and maximize.pop() else grad_scale
+
+    @contextlib.contextmanager
+    def step_during_backward(self, grad_scale=1.0):
+        """Around the last backward before step(): each bucket (bucket_elements) is stepped as
+        soon as its gradients have landed, while backward goes on, on the worker's cores;
+        step() then steps what is left (buckets with a frozen parameter or one without a
+        gradient, GPU parameters) and brings the whole update into the model. The result is
+        step()'s to the bit. The gradients are final when backward produces them: grad_scale
+        is given here, and changing a gradient before step() (clip_grad_norm_, unscale_) is an
+        error that step() raises once it has completed the step without the change (use
+        max_grad_norm and grad_scale instead). With skip_nonfinite or max_grad_norm (a decision
+        over every gradient) and in overlap mode the gradients are only copied during backward
+        and step() steps them all. CPU parameters, torch >= 2.1."""
+        self._live()
+        if self._stream_open or self._stream is not None or self._stream_scale is not None:
+            raise RuntimeError("step_during_backward() twice without step() between")
+        grad_scale = _number("grad_scale", grad_scale)
+        if not math.isfinite(grad_scale):
+            raise ValueError(f"invalid grad_scale {grad_scale}: must be finite")
+        with self._exclusive("step_during_backward"):
+            self._finish()
+            self._push_state_edits()
+            for layout in self._layouts:
+                for slot in layout.slots if layout else ():
+                    slot.refresh_if_changed()  # before any bucket takes its master
+            stream = None
+            if not (self.overlap or self.skip_nonfinite or self.max_grad_norm > 0):
+                scale = self._set_hypers(grad_scale)
+                stream = Stream(self._worker, self._layouts, self._buffer, scale,
+                                STEP_GRAD_NORM if self._want_norm else 0, self.timeout_ms)
+            self._stream, self._stream_scale = stream, grad_scale
+        self._stream_open = True
+        try:
+            yield self
+        finally:
+            self._stream_open = False
+            if stream is not None:  # the buckets step with backward's gradients, all of them
+                with deferred_interrupts():
+                    try:
+                        stream.close()
+                    except ZenbindError:
+                        pass  # step() raises it
+
+    def _complete_stream(self, stream):
+        """step() after buckets were stepped during backward: step the others, then bring the
+        update into the model, or nothing of it if the worker failed."""
+        k = stream.k
+        changed, pending, rest = [], [], []
+        for layout in self._layouts:
+            if layout is None:
+                continue
+            has = []
+            for slot in layout.slots:
+                if slot.group.index in stream.stepped:
+                    if not slot.unchanged_since_staged(k):
+                        changed.append(slot.index)
+                    slot.staged = None
+                    has.append(True)
+                else:
+                    has.append(slot.stage_grad(k))
+            pending.append((layout, has, self._save_missing(layout, has)))
+            rest += [b[0].group.index for b in layout.buckets
+                     if b[0].group.index not in stream.stepped]
+        nonfinite, seconds, sum_squares = stream.nonfinite, stream.seconds, stream.sum_squares
+        try:
+            with deferred_interrupts():
+                for first, end in _runs(rest):
+                    self._worker.submit(0, grad_buffer=k, grad_scale=stream.grad_scale,
+                                        flags=stream.flags, groups=range(first, end))
+                    result = self._worker.wait_result(int(self.timeout_ms))
+                    nonfinite += result.nonfinite
+                    seconds += result.seconds
+                    sum_squares += result.grad_norm ** 2
+        except ZenbindError as e:
+            raise ZenbindError(e.code, f"{_detail(e)}; nothing of this step was applied to the "
+                                       f"model: {_AFTER_DEATH}") from e
+        self._apply(pending, StepResult(nonfinite, math.sqrt(sum_squares), False, seconds))
+        if changed:
+            raise RuntimeError(f"the gradients of parameters {changed[:8]} changed after "
+                               "backward, once their buckets had been stepped during backward: "
+                               "the step was applied with backward's gradients. Clip with "
+                               "max_grad_norm= and unscale with step_during_backward(grad_scale"
+                               "=) instead, or step without step_during_backward()")
+
+    def _not_mid_step(self, what):
+        if self._stream is not None and self._stream.started():
+            raise RuntimeError(f"cannot {what} between step_during_backward() and step(): "
+                               "some buckets have taken this step, the others not yet")
 
     def synchronize(self):
         """Wait for the step in flight (overlap mode) and bring its update into the model."""
@@ -360,12 +491,17 @@ class AdamW(torch.optim.Optimizer):
             self._in_flight = None  # the step died with the worker, before any write_back
             raise ZenbindError(e.code, f"{_detail(e)}; {_AFTER_DEATH}") from e
         pending, self._in_flight = self._in_flight, None
+        self._apply(pending, result)
+        return True
+
+    def _apply(self, pending, result):
+        """A completed step's result: recorded, and its update brought into the model."""
         self.last_step_skipped = result.skipped
         self.last_nonfinite = result.nonfinite
         self.last_grad_norm = result.grad_norm if self._want_norm else None
         self.last_step_seconds = result.seconds
         if result.skipped:
-            return True  # the worker wrote nothing
+            return  # the worker wrote nothing
         for layout, has, saved in pending:
             if saved is not None:
                 self._restore_missing(layout, saved)
@@ -373,7 +509,6 @@ class AdamW(torch.optim.Optimizer):
                 if h:
                     self._steps[slot.param] = self._steps.get(slot.param, 0) + 1
                     slot.write_back()
-        return True
 
     def _switch_buffer(self, k):
         """Overlap: backward now fills the other buffer. The gradients keep their values (torch
@@ -381,7 +516,7 @@ class AdamW(torch.optim.Optimizer):
         for layout in self._layouts:
             if layout is None:
                 continue
-            layout.flat_grads(1 - k).copy_(layout.flat_grads(k))
+            layout.switch_grads(k)
             for slot in layout.slots:
                 g = slot.param.grad
                 if g is not None and g.data_ptr() == slot.grads[k].data_ptr():
@@ -397,6 +532,7 @@ class AdamW(torch.optim.Optimizer):
         and bias_correction."""
         with self._exclusive("state_dict"):
             self._live()
+            self._not_mid_step("take a state dict")
             self._finish()
             self._push_state_edits()
             return super().state_dict()  # reads self.state: the worker's, brought out once
@@ -408,6 +544,7 @@ class AdamW(torch.optim.Optimizer):
         changes: a refused state dict leaves the optimizer as it was."""
         with self._exclusive("load_state_dict"):
             self._live()
+            self._not_mid_step("load a state dict")
             self._finish()
             self._push_state_edits()
             for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
@@ -460,7 +597,13 @@ class AdamW(torch.optim.Optimizer):
         and stop the worker. The optimizer cannot step afterwards."""
         if self._worker.closed:
             return
+        stream, self._stream, self._stream_scale = self._stream, None, None
         try:
+            if stream is not None:
+                try:
+                    stream.close()  # a step begun during backward is dropped with the worker
+                except ZenbindError:
+                    pass
             self._finish()
         finally:
             self._snapshot = None
@@ -504,6 +647,24 @@ def _filling(optimizer_ref):
     backward hooks, which must not hold the optimizer)."""
     optimizer = optimizer_ref()
     return None if optimizer is None or optimizer._worker.closed else optimizer._buffer
+
+
+def _runs(indices):
+    """Consecutive runs of sorted group indices, as [first, end) pairs."""
+    runs = []
+    for i in indices:
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    return runs
+
+
+def _landed(optimizer_ref, slot):
+    """A backward hook copied slot's gradient: inside step_during_backward(), its bucket may go."""
+    optimizer = optimizer_ref()
+    if optimizer is not None and optimizer._stream_open and optimizer._stream is not None:
+        optimizer._stream.land(slot)
 
 
 def _release(layouts, worker):

@@ -142,15 +142,25 @@ class Worker:
         self.groups.append(group)
         return group
 
-    def submit(self, step, grad_buffer=0, grad_scale=1.0, flags=0, max_grad_norm=0.0):
+    def submit(self, step, grad_buffer=0, grad_scale=1.0, flags=0, max_grad_norm=0.0,
+               groups=None):
         """Start a step on gradient buffer 0 or 1 with each group's current hyperparameters;
         returns at once. step >= 1 is every group's step number; 0 lets each group count its
         own. flags: STEP_SKIP_NONFINITE, STEP_GRAD_NORM; max_grad_norm > 0 clips by the global
-        norm."""
-        hypers = (_native.Hyper * len(self.groups))(*[g.hyper for g in self.groups])
-        s = _native.Step(step, grad_scale, grad_buffer, hypers if self.groups else None,
-                         len(self.groups), flags, max_grad_norm)
-        check(library().zb_worker_submit(self._live(), ctypes.byref(s)))
+        norm. groups: a range of group indices to step alone (a bucket), else every group."""
+        every = groups is None
+        groups = range(len(self.groups)) if every else groups
+        if not every and (groups.step != 1 or not groups):
+            raise ValueError("groups is a non-empty range of consecutive group indices")
+        chosen = [self.groups[i].hyper for i in groups]
+        hypers = (_native.Hyper * len(chosen))(*chosen)
+        s = _native.Step(step, grad_scale, grad_buffer, hypers if chosen else None,
+                         len(chosen), flags, max_grad_norm)
+        if every:
+            check(library().zb_worker_submit(self._live(), ctypes.byref(s)))
+        else:
+            check(_native.function("zb_worker_submit_groups")(
+                self._live(), ctypes.byref(s), groups.start, len(groups)))
 
     def wait(self, timeout_ms=60_000):
         """Wait for the step in flight; returns the count of non-finite gradient elements."""

@@ -93,7 +93,7 @@ class MixedPrecision(unittest.TestCase):
         ref = [wide.detach().clone().requires_grad_(), narrow.detach().float().requires_grad_()]
         opt_ref = torch.optim.AdamW(ref, lr=1e-3)
         with ours([wide, narrow], lr=1e-3) as opt:
-            self.assertEqual(opt._layouts[0].group.grad_dtype, "fp32")
+            self.assertEqual(opt._layouts[0].group.groups[0].grad_dtype, "fp32")
             for _ in range(10):
                 wide.grad = torch.randn(300, generator=gen)
                 narrow.grad = torch.randn(200, generator=gen).bfloat16()

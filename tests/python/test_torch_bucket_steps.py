@@ -1,0 +1,192 @@
+"""Buckets stepped during backward (AdamW.step_during_backward()): each bucket is stepped as soon
+as its gradients have landed, in the order backward produces them, and step() brings the whole
+update in. The result is the whole step's to the bit, also with gradient accumulation, frozen
+parameters and parameters without a gradient; skip_nonfinite and max_grad_norm still decide over
+every gradient; a gradient changed after backward is an error, and the step stays whole.
+Skips on torch without post-accumulate-grad hooks (< 2.1)."""
+
+import copy
+import unittest
+
+import torch
+
+from torch_cases import batches, mlp, ours
+
+HAS_HOOKS = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+SMALL = dict(bucket_elements=200)  # the mlp (2516 elements) in 3 buckets
+
+
+def loss_of(model, x, y):
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def run(model, opt, data, streamed, per_step=1, grad_scale=1.0):
+    """Train; the last backward of each step inside step_during_backward() when streamed."""
+    for i in range(0, len(data), per_step):
+        opt.zero_grad()
+        chunk = data[i:i + per_step]
+        for j, (x, y) in enumerate(chunk):
+            if streamed and j == len(chunk) - 1:
+                with opt.step_during_backward(grad_scale=grad_scale):
+                    (loss_of(model, x, y) / per_step).backward()
+            else:
+                (loss_of(model, x, y) / per_step).backward()
+        opt.step(**({} if streamed else {"grad_scale": grad_scale}))
+
+
+def equal_params(test, a, b):
+    for p, q in zip(a.parameters(), b.parameters()):
+        test.assertTrue(torch.equal(p.detach(), q.detach()))
+
+
+def equal_states(test, a, b):
+    sa, sb = a.state_dict()["state"], b.state_dict()["state"]
+    test.assertEqual(sorted(sa), sorted(sb))
+    for k in sa:
+        for key in sa[k]:
+            test.assertTrue(torch.equal(sa[k][key], sb[k][key]), f"{k} {key}")
+
+
+@unittest.skipUnless(HAS_HOOKS, f"torch {torch.__version__} has no post-accumulate-grad hooks")
+class BucketSteps(unittest.TestCase):
+    def twins(self, **kwargs):
+        a = mlp()
+        b = copy.deepcopy(a)
+        return a, b, ours(a.parameters(), lr=1e-2, **SMALL, **kwargs), \
+            ours(b.parameters(), lr=1e-2, **kwargs)
+
+    def test_buckets_step_during_backward_in_backward_order(self):
+        model = mlp()
+        x, y = batches(1)[0]
+        with ours(model.parameters(), **SMALL) as opt:
+            self.assertEqual(len(opt._layouts[0].buckets), 3)
+            before = [p.detach().clone() for p in model.parameters()]
+            with opt.step_during_backward():
+                loss_of(model, x, y).backward()
+                stream = opt._stream
+            with self.assertRaisesRegex(RuntimeError, "between step_during_backward"):
+                opt.state_dict()
+            # the model is written by step() only, whole
+            equal = [torch.equal(p.detach(), q) for p, q in zip(model.parameters(), before)]
+            self.assertTrue(all(equal))
+            opt.step()
+            self.assertFalse(any(torch.equal(p.detach(), q)
+                                 for p, q in zip(model.parameters(), before)))
+            # every bucket went to the worker as backward produced it, the last layer's first
+            # (step() would have stepped the rest itself, in increasing order, and not here)
+            first = opt._layouts[0].buckets[0][0].group.index
+            self.assertEqual(list(stream.stepped), [first + 2, first + 1, first])
+
+    def test_bit_identical_to_one_step(self):
+        for dtype in (torch.float32, torch.bfloat16):
+            with self.subTest(dtype=dtype):
+                a = mlp(dtype=dtype)
+                b = copy.deepcopy(a)
+                data = [(x.to(dtype), y.to(dtype)) for x, y in batches(6)]
+                with ours(a.parameters(), lr=1e-2, grad_norm=True, **SMALL) as oa, \
+                        ours(b.parameters(), lr=1e-2, grad_norm=True) as ob:
+                    run(a, oa, data, streamed=True, grad_scale=0.5)
+                    run(b, ob, data, streamed=False, grad_scale=0.5)
+                    equal_params(self, a, b)
+                    equal_states(self, oa, ob)
+                    self.assertAlmostEqual(oa.last_grad_norm, ob.last_grad_norm, places=5)
+
+    def test_accumulation_frozen_and_gradless_parameters(self):
+        a, b, oa, ob = self.twins()
+        for m in (a, b):
+            m[2].weight.requires_grad_(False)  # frozen, in the second bucket
+        data = batches(9)
+        with oa, ob:
+            run(a, oa, data, streamed=True, per_step=3)
+            run(b, ob, data, streamed=False, per_step=3)
+            equal_params(self, a, b)
+            equal_states(self, oa, ob)
+        # a parameter backward never reaches (requires_grad, but not in the graph): its bucket
+        # waits for step(), which leaves the parameter alone
+        a, b, oa, ob = self.twins()
+        unused = lambda m: m[4].bias  # noqa: E731
+
+        def partial_loss(m, x, y):
+            h = m[3](m[2](m[1](m[0](x))))
+            return (h @ m[4].weight.t() - y).square().mean()
+
+        with oa, ob:
+            for model, opt, streamed in ((a, oa, True), (b, ob, False)):
+                for x, y in batches(3):
+                    opt.zero_grad()
+                    if streamed:
+                        with opt.step_during_backward():
+                            partial_loss(model, x, y).backward()
+                    else:
+                        partial_loss(model, x, y).backward()
+                    opt.step()
+            equal_params(self, a, b)
+            self.assertTrue(torch.equal(unused(a).detach(), unused(mlp()).detach()))
+
+    def test_skip_and_clip_decide_over_every_bucket(self):
+        for kwargs in (dict(skip_nonfinite=True), dict(max_grad_norm=0.05)):
+            with self.subTest(**kwargs):
+                a, b, oa, ob = self.twins(**kwargs)
+                data = batches(4)
+                # a NaN in the first layer's gradient at the third step (its own bucket)
+                poison = {"on": False}
+                a[0].weight.register_hook(lambda g: g.clone().fill_(float("nan"))
+                                          if poison["on"] else g)
+                b[0].weight.register_hook(lambda g: g.clone().fill_(float("nan"))
+                                          if poison["on"] else g)
+                with oa, ob:
+                    for i, (x, y) in enumerate(data):
+                        poison["on"] = "skip_nonfinite" in kwargs and i == 2
+                        for model, opt, streamed in ((a, oa, True), (b, ob, False)):
+                            before = [p.detach().clone() for p in model.parameters()]
+                            opt.zero_grad()
+                            if streamed:
+                                with opt.step_during_backward():
+                                    loss_of(model, x, y).backward()
+                                    self.assertFalse(opt._stream)  # nothing goes early
+                            else:
+                                loss_of(model, x, y).backward()
+                            opt.step()
+                            if poison["on"]:
+                                self.assertTrue(opt.last_step_skipped)
+                                equal = [torch.equal(p.detach(), q)
+                                         for p, q in zip(model.parameters(), before)]
+                                self.assertTrue(all(equal))
+                    equal_params(self, a, b)
+                    equal_states(self, oa, ob)
+
+    def test_a_gradient_changed_after_backward_is_an_error_and_the_step_whole(self):
+        a, b, oa, ob = self.twins()
+        x, y = batches(1)[0]
+        with oa, ob:
+            with oa.step_during_backward():
+                loss_of(a, x, y).backward()
+            a[4].weight.grad.mul_(0.5)  # clip_grad_norm_ would do this
+            with self.assertRaisesRegex(RuntimeError, "changed after backward"):
+                oa.step()
+            loss_of(b, x, y).backward()
+            ob.step()
+            equal_params(self, a, b)  # backward's gradients, every bucket
+            with self.assertRaisesRegex(ValueError, "give it once"):
+                with oa.step_during_backward(grad_scale=0.5):
+                    loss_of(a, x, y).backward()
+                oa.step(grad_scale=0.25)
+
+    def test_a_worker_killed_during_backward_leaves_the_model(self):
+        import os
+        import signal
+        a = mlp()
+        x, y = batches(1)[0]
+        with ours(a.parameters(), **SMALL) as opt:
+            before = [p.detach().clone() for p in a.parameters()]
+            with opt.step_during_backward():
+                os.kill(opt.worker.pid, signal.SIGKILL)  # the buckets find it dead
+                loss_of(a, x, y).backward()
+            with self.assertRaisesRegex(Exception, "nothing of this step was applied"):
+                opt.step()
+            self.assertTrue(all(torch.equal(p.detach(), q)
+                                for p, q in zip(a.parameters(), before)))
+
+
+if __name__ == "__main__":
+    unittest.main()
