@@ -52,7 +52,9 @@ class Slot:
         on_cpu = shard.device.type == "cpu" and not self.sharded
         self.grad_alias = on_cpu and self.grads[0].dtype == param.dtype
         self.seen = None  # (data_ptr, _version) after our last write; another means a user write
-        self.staged = None  # (buffer, weakref to the gradient, its _version) a hook copied
+        # (buffer, weakref to the gradient, its _version, the copy's CUDA event or None): what a
+        # hook copied
+        self.staged = None
         self.hook = None    # the handle of that hook (watch())
 
     def load_from_model(self):
@@ -105,42 +107,48 @@ class Slot:
         return staged is not None and staged[0] == k and staged[1]() is g and \
             g is not None and staged[2] == g._version
 
-    def watch(self, buffer_now, landed=None):
+    def watch(self, buffer_now, landed=None, gpu=None):
         """Copy the gradient into the buffer being filled as soon as backward has accumulated
         it (torch >= 2.1: a post-accumulate-grad hook), while it is still in the caches and
         backward goes on; step() then finds it there. buffer_now() says which buffer, or None
-        once the optimizer is gone; landed(slot), when given, is told after each copy. CPU
-        parameters only: a DTensor shard's gradient is FSDP2's,
-        and a GPU gradient copied here would stall backward until it is computed (a GPU
-        parameter's copy waits for step() until it can go out on a stream of its own)."""
+        once the optimizer is gone; landed(slot), when given, is told after each copy. A CUDA
+        gradient's copy is queued on gpu's copy stream (_cuda.Gpu), and backward does not wait
+        for it. Not for a DTensor shard, whose gradient is FSDP2's."""
         p = self.param
         register = getattr(p, "register_post_accumulate_grad_hook", None)
-        if register is None or self.sharded or local(p).device.type != "cpu" or \
-                not p.requires_grad:  # a frozen parameter's gradient, if any, is set by hand
-            return
+        device = local(p).device.type
+        if register is None or self.sharded or not p.requires_grad or \
+                not (device == "cpu" or (device == "cuda" and gpu is not None and gpu.active)):
+            return  # (a frozen parameter's gradient, if any, is set by hand)
 
         def ready(p):
             k = buffer_now()
             g = p.grad
             if k is None or g is None or g.is_sparse:
                 return
-            dst = self.grads[k]
-            if g.data_ptr() != dst.data_ptr():
+            dst, event = self.grads[k], None
+            if device == "cuda":
+                event = gpu.grad_out(g, dst)
+            elif g.data_ptr() != dst.data_ptr():
                 self._copy_grad(g, dst)
             g = p.grad
-            self.staged = (k, weakref.ref(g), g._version)
+            self.staged = (k, weakref.ref(g), g._version, event)
             if landed is not None:
                 landed(self)
 
         self.hook = register(ready)
 
-    def write_back(self):
-        """Bring the updated parameters of a completed step into the model."""
+    def write_back(self, gpu=None):
+        """Bring the updated parameters of a completed step into the model (a CUDA one through
+        gpu's copy stream)."""
         p = self.param
         # a copy-out exists only when the whole group has the parameter's 16-bit dtype
         src = self.copy if self.copy is not None else self.master
         with torch.no_grad():
-            local(p).copy_(src)
+            if gpu is not None and gpu.active and local(p).device.type == "cuda":
+                gpu.param_back(local(p), src)
+            else:
+                local(p).copy_(src)
         self.seen = _identity(p)
 
     def detach(self):

@@ -37,6 +37,7 @@ class Stream:
                     self.left[bucket[0].group.index] = len(bucket)
         self.queue = collections.deque()
         self.stepped = {}  # worker group indices submitted, in order (a dict keeps the order)
+        self.events = {}   # worker group index -> CUDA event of its last gradient copy
         self.nonfinite, self.seconds, self.sum_squares = 0, 0.0, 0.0
         self.error = None  # the driver's failure, raised by close()
         self._cv = threading.Condition()
@@ -60,6 +61,8 @@ class Stream:
         self.left[index] -= 1
         if self.left[index]:
             return
+        # one copy stream, in landing order: the last copy's event covers the bucket's
+        self.events[index] = slot.staged[3] if slot.staged else None
         with self._cv:
             if self._closing:
                 return
@@ -79,6 +82,8 @@ class Stream:
                     return
                 index = self.queue.popleft()
             try:
+                if self.events.get(index) is not None:
+                    self.events[index].synchronize()  # its gradients are in host memory
                 self.worker.submit(0, grad_buffer=self.k, grad_scale=self.grad_scale,
                                    flags=self.flags, groups=range(index, index + 1))
                 self.stepped[index] = None

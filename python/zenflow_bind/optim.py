@@ -20,6 +20,7 @@ import weakref
 
 import torch
 
+from ._cuda import Gpu
 from ._layout import Layout, local
 from .functional import _number
 from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
@@ -162,10 +163,12 @@ class AdamW(torch.optim.Optimizer):
         self._stream_open = False  # inside step_during_backward(): hooks submit buckets
         self._stream_scale = None  # the grad_scale step_during_backward() was given
         self._worker = Worker(cpus=cpus, threads=threads, mems=mems)
+        self._gpu = Gpu()  # pinned buffers and copy streams, once a CUDA parameter comes
         # Dropped without close(), the optimizer still gives the model its gradients' private
         # memory again and stops its worker: the finaliser holds what that needs, never the
         # optimizer itself.
-        self._finalizer = weakref.finalize(self, _release, self._layouts, self._worker)
+        self._finalizer = weakref.finalize(self, _release, self._layouts, self._worker,
+                                           self._gpu)
 
     # -- optimizer.state ----------------------------------------------------------------------
 
@@ -230,12 +233,15 @@ class AdamW(torch.optim.Optimizer):
                 layout = Layout(self._worker, group["params"], _hyper(group),
                                 first_index=first, bucket_elements=self.bucket_elements) \
                     if has_elements else None
+            if layout is not None:
+                self._gpu.adopt(layout)  # pinned (CUDA parameters), or a refusal
             self._layouts.append(layout)
             me = weakref.ref(self)
             for p in group["params"]:
                 _OWNERS[id(p)] = me  # the optimizer holds p: its id is not reused meanwhile
             for slot in layout.slots if layout else ():
-                slot.watch(functools.partial(_filling, me), functools.partial(_landed, me))
+                slot.watch(functools.partial(_filling, me), functools.partial(_landed, me),
+                           self._gpu)
         except BaseException:
             self.param_groups.pop()
             raise
@@ -294,8 +300,10 @@ class AdamW(torch.optim.Optimizer):
             scale = self._set_hypers(grad_scale)
             flags = (STEP_SKIP_NONFINITE if self.skip_nonfinite else 0) | \
                 (STEP_GRAD_NORM if self._want_norm else 0)
+            self._gpu.grads_landed()
             with deferred_interrupts():  # submitted and recorded as in flight, or neither
                 try:
+                    self._gpu.settle()
                     self._worker.submit(0, grad_buffer=k, grad_scale=scale, flags=flags,
                                         max_grad_norm=self.max_grad_norm)
                 except ZenbindError as e:
@@ -387,6 +395,7 @@ class AdamW(torch.optim.Optimizer):
                      if b[0].group.index not in stream.stepped]
         nonfinite, seconds, sum_squares = stream.nonfinite, stream.seconds, stream.sum_squares
         try:
+            self._gpu.grads_landed()
             with deferred_interrupts():
                 for first, end in _runs(rest):
                     self._worker.submit(0, grad_buffer=k, grad_scale=stream.grad_scale,
@@ -470,7 +479,9 @@ class AdamW(torch.optim.Optimizer):
     def _finish(self):
         """Wait for the step in flight and bring it into the model. The wait goes in slices so
         that Ctrl-C is seen within a slice; an interrupted wait leaves the step in flight (the
-        next call finishes it), and a finished one is always recorded whole."""
+        next call finishes it), and a finished one is always recorded whole. The last step's
+        copies to the GPU are done when it returns: the caller may write the shared buffers."""
+        self._gpu.settle()
         if self._in_flight is None:
             return
         deadline = _now_ms() + self.timeout_ms
@@ -508,7 +519,8 @@ class AdamW(torch.optim.Optimizer):
             for slot, h in zip(layout.slots, has):
                 if h:
                     self._steps[slot.param] = self._steps.get(slot.param, 0) + 1
-                    slot.write_back()
+                    slot.write_back(self._gpu)
+        self._gpu.publish()
 
     def _switch_buffer(self, k):
         """Overlap: backward now fills the other buffer. The gradients keep their values (torch
@@ -667,14 +679,15 @@ def _landed(optimizer_ref, slot):
         optimizer._stream.land(slot)
 
 
-def _release(layouts, worker):
-    """close() and the finaliser: gradients back to private memory and their hooks removed, then
-    the worker stops. Holds no reference to the optimizer."""
+def _release(layouts, worker, gpu):
+    """close() and the finaliser: gradients back to private memory and their hooks removed, the
+    buffers unpinned, then the worker stops. Holds no reference to the optimizer."""
     try:
         for layout in layouts:
             for slot in layout.slots if layout else ():
                 slot.detach()
                 _OWNERS.pop(id(slot.param), None)
         layouts[:] = [None] * len(layouts)
+        gpu.release()
     finally:
         worker.close()

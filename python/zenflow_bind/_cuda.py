@@ -1,0 +1,114 @@
+"""The GPU side of zenflow_bind.optim.AdamW, for parameters on a CUDA device.
+
+- The worker's shared buffers are registered as pinned host memory (cudaHostRegister) while the
+  optimizer lives, so the copies between them and the GPU are DMA and can be asynchronous.
+- A gradient leaves the GPU as soon as backward has accumulated it: the post-accumulate-grad hook
+  (_layout.Slot.watch) queues its copy on a copy stream, after the work that produced it, and
+  backward goes on; an event says when it has landed, and the worker reads nothing before it.
+- The updated parameters go back on a second stream, parameter by parameter, straight into their
+  storage (no staging tensor on the GPU for a parameter of the gradient's dtype); the caller's
+  stream waits for them before the next forward, the host does not, and the worker writes nothing
+  the copies read before they are done (settle()).
+
+Nothing here touches torch.cuda before a group with a CUDA parameter is adopted."""
+
+import torch
+
+from ._layout import local
+
+_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context of the process
+
+
+def on_cuda(param):
+    return local(param).device.type == "cuda"
+
+
+class Gpu:
+    """One optimizer's pinned buffers and copy streams (inactive without CUDA parameters)."""
+
+    def __init__(self):
+        self.device = None
+        self.pinned = []       # addresses registered with CUDA
+        self.out = None        # stream: gradients to the host
+        self.back = None       # stream: parameters to the GPU
+        self.back_done = None  # True while copies are queued, then their event, until settle()
+
+    @property
+    def active(self):
+        return self.device is not None
+
+    def adopt(self, layout):
+        """Pin a param group's worker buffers if it holds a CUDA parameter (one device per
+        optimizer: one rank, one GPU)."""
+        devices = {local(s.param).device for s in layout.slots if on_cuda(s.param)}
+        if not devices:
+            return
+        if len(devices | ({self.device} if self.device else set())) > 1:
+            raise ValueError(f"parameters on {sorted(map(str, devices))} and {self.device}: one "
+                             "zenflow_bind.optim.AdamW optimizes the parameters of one GPU")
+        if self.device is None:
+            self.device = devices.pop()
+            self.out = torch.cuda.Stream(device=self.device)
+            self.back = torch.cuda.Stream(device=self.device)
+        cudart = torch.cuda.cudart()
+        for group in layout.group.groups:
+            for array in (group.params, *group.grads, group.copy_out):
+                if array is None or array.nbytes == 0:
+                    continue
+                address = array.ctypes.data
+                err = int(cudart.cudaHostRegister(address, array.nbytes, _PORTABLE))
+                if err != 0:
+                    raise RuntimeError(f"cudaHostRegister of {array.nbytes} bytes of the "
+                                       f"worker's shared memory failed (cudaError {err}): the "
+                                       "locked-memory limit (ulimit -l) or the driver refused it")
+                self.pinned.append(address)
+
+    def grad_out(self, grad, dst):
+        """Queue grad's copy into pinned dst after the work that produced it; its event."""
+        self.out.wait_stream(torch.cuda.current_stream(grad.device))
+        with torch.cuda.stream(self.out):
+            dst.copy_(grad, non_blocking=True)
+        grad.record_stream(self.out)  # freed early (zero_grad), its memory waits for the copy
+        event = torch.cuda.Event()
+        event.record(self.out)
+        return event
+
+    def grads_landed(self):
+        """Every gradient copy queued so far is in host memory."""
+        if self.active:
+            self.out.synchronize()
+
+    def param_back(self, param, src):
+        """Queue the copy of src (pinned, on the host) into param's storage."""
+        if self.back_done is None:  # the first of a step: after the model's last use
+            self.back.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.back):
+            param.copy_(src, non_blocking=True)
+        self.back_done = True
+
+    def publish(self):
+        """A step's copies are queued: the caller's stream (the next forward) waits for them."""
+        if self.back_done is True:
+            event = torch.cuda.Event()
+            event.record(self.back)
+            torch.cuda.current_stream(self.device).wait_event(event)
+            self.back_done = event
+
+    def settle(self):
+        """Before the worker or this process writes the shared buffers again: the copies that
+        read them are done."""
+        done, self.back_done = self.back_done, None
+        if done is True:
+            self.back.synchronize()
+        elif done is not None:
+            done.synchronize()
+
+    def release(self):
+        """Unpin, before the worker's buffers are unmapped."""
+        if not self.pinned:
+            return
+        self.settle()
+        cudart = torch.cuda.cudart()
+        for address in self.pinned:
+            cudart.cudaHostUnregister(address)
+        self.pinned = []
