@@ -1,0 +1,229 @@
+#!/usr/bin/python3
+"""One training step of a GPT-style bf16 model on one CUDA GPU with four optimizers, against the
+tokens per step; prints a table and the GPU, CPU and load. Not a test.
+
+  gpu-fused   torch.optim.AdamW(fused=True) on the GPU: the optimizer state in GPU memory
+  zenflow     zenflow_bind.optim.AdamW: the worker on this process's other CPUs, gradients out
+              during backward, buckets stepped during backward (step_during_backward())
+  fsdp2       FSDP2 fully_shard(CPUOffloadPolicy()) on one rank, torch's fused CPU AdamW: the
+              synchronous CPU step FSDP2 users have
+  naive       gradients .cpu(), torch's fused CPU AdamW on an fp32 master, parameters copied back
+
+Each optimizer runs in its own child process (its memory is its own), all token counts in turn.
+Columns: step time (forward + backward + step, CUDA synchronised, median), peak GPU memory, the
+GPU memory step() adds above what was allocated when it began (the copy-back spike), and host
+bytes per parameter (RSS growth of this process plus the worker's private memory).
+
+    PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.1 \\
+    ZENFLOW_OPTIMIZER=build/default/optimizer/zenflow-optimizer python3 bench/gpu_offload.py
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+VARIANTS = ("gpu-fused", "zenflow", "fsdp2", "naive")
+
+
+def rss_anon():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon:", "RssShmem:")):
+                yield int(line.split()[1]) * 1024
+
+
+def host_bytes():
+    return sum(rss_anon())
+
+
+def gpt(args):
+    """Decoder-only transformer, pre-norm, bf16, on cuda:0."""
+    import torch
+    torch.manual_seed(0)
+    width = args.width
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+            self.qkv = torch.nn.Linear(width, 3 * width, bias=False)
+            self.proj = torch.nn.Linear(width, width, bias=False)
+            self.up = torch.nn.Linear(width, 4 * width, bias=False)
+            self.down = torch.nn.Linear(4 * width, width, bias=False)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, args.heads, -1).unbind(2)
+            a = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, t, width))
+            return x + self.down(torch.nn.functional.gelu(self.up(self.ln2(x))))
+
+    class Gpt(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(args.vocab, width)
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(args.layers))
+            self.ln = torch.nn.LayerNorm(width)
+            self.head = torch.nn.Linear(width, args.vocab, bias=False)
+
+        def forward(self, tokens):
+            x = self.embed(tokens)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.ln(x))
+
+    return Gpt().to("cuda", torch.bfloat16)
+
+
+def run_variant(args):
+    """One optimizer, every token count: one JSON line each."""
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = True
+    base = host_bytes()
+    model = gpt(args)
+    numel = sum(p.numel() for p in model.parameters())
+    master = None
+    if args.variant == "gpu-fused":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    elif args.variant == "zenflow":
+        import zenflow_bind.optim
+        cpus = sorted(os.sched_getaffinity(0))
+        trainer = cpus[:args.trainer_cpus]
+        os.sched_setaffinity(0, trainer)
+        worker_cpus = cpus[args.trainer_cpus:] or cpus
+        opt = zenflow_bind.optim.AdamW(model.parameters(), lr=1e-5,
+                                       cpus=",".join(map(str, worker_cpus)),
+                                       threads=len(worker_cpus))
+    elif args.variant == "fsdp2":
+        import torch.distributed as dist
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        dist.init_process_group("cpu:gloo,cuda:nccl", rank=0, world_size=1)
+        for block in model.blocks:
+            fully_shard(block, offload_policy=CPUOffloadPolicy())
+        fully_shard(model, offload_policy=CPUOffloadPolicy())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    else:
+        master = [p.detach().float().cpu().pin_memory() for p in model.parameters()]
+        for m in master:
+            m.grad = torch.empty_like(m).pin_memory()
+        opt = torch.optim.AdamW(master, lr=1e-5, fused=True)
+
+    def step(tokens):
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
+                                                 tokens[:, 1:].flatten())
+        if args.variant == "zenflow":
+            with opt.step_during_backward():
+                loss.backward()
+        else:
+            loss.backward()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        if master is None:
+            opt.step()
+        else:
+            for m, p in zip(master, model.parameters()):
+                m.grad.copy_(p.grad)
+            opt.step()
+            for m, p in zip(master, model.parameters()):
+                p.detach().copy_(m, non_blocking=True)
+        torch.cuda.synchronize()
+        spike = torch.cuda.max_memory_allocated() - before
+        model.zero_grad()  # the naive master's gradients stay
+        return spike
+
+    for batch in args.batches:
+        tokens = torch.randint(0, args.vocab, (batch, args.seq + 1), device="cuda")
+        for _ in range(args.warmup):
+            step(tokens)
+        times, spikes = [], []
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(args.steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            spikes.append(step(tokens))
+            times.append(time.perf_counter() - t0)
+        extra = 0
+        if args.variant == "zenflow":
+            extra = opt.worker.memory()["worker_rss_anon"]
+        print(json.dumps({"variant": args.variant, "numel": numel, "tokens": batch * args.seq,
+                          "step_s": statistics.median(times), "spike": max(spikes),
+                          "peak_gpu": torch.cuda.max_memory_allocated(),
+                          "host_bytes_per_param": (host_bytes() - base + extra) / numel}),
+              flush=True)
+
+
+def describe():
+    import torch
+    cpu = "?"
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    print(f"GPU: {torch.cuda.get_device_name(0)}; CPU: {cpu}, "
+          f"{len(os.sched_getaffinity(0))} CPUs; load {load}; torch {torch.__version__}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--layers", type=int, default=20)
+    ap.add_argument("--width", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--batches", default="1,2,4,8,16", help="sequences per step")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--trainer-cpus", type=int, default=2,
+                    help="zenflow: CPUs kept for this process; the worker gets the others")
+    ap.add_argument("--variant", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.batches = [int(b) for b in str(args.batches).split(",")]
+    if args.variant:
+        return run_variant(args)
+    import torch
+    if not torch.cuda.is_available():
+        print(f"no CUDA device (torch {torch.__version__}): nothing to measure")
+        return 2
+    describe()
+    rows = {}
+    for variant in args.variants.split(","):
+        cmd = [sys.executable, __file__, "--variant", variant] + \
+            [a for a in sys.argv[1:] if not a.startswith("--variants")]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"{variant}: failed\n{out.stderr[-2000:]}")
+            continue
+        for line in out.stdout.splitlines():
+            r = json.loads(line)
+            rows[(r["tokens"], variant)] = r
+            numel = r["numel"]
+    if not rows:
+        return 1
+    print(f"model: {numel / 1e9:.2f}B bf16 parameters; step time in ms (ratio to gpu-fused); "
+          "peak GPU GiB; copy-back spike MiB; host bytes/param")
+    for tokens in sorted({t for t, _ in rows}):
+        ref = rows.get((tokens, "gpu-fused"))
+        for variant in args.variants.split(","):
+            r = rows.get((tokens, variant))
+            if r is None:
+                continue
+            ratio = f"{r['step_s'] / ref['step_s']:.2f}x" if ref else "-"
+            print(f"{tokens:7d} tokens  {variant:10s} {r['step_s'] * 1e3:8.1f} ms ({ratio:>6s})"
+                  f"  peak {r['peak_gpu'] / 2**30:6.1f}  spike {r['spike'] / 2**20:8.1f}"
+                  f"  host {r['host_bytes_per_param']:5.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+#!/bin/bash
+# The GPU test and benchmark, for a CUDA machine that has torch but neither a compiler nor
+# Debian's hwloc and libnuma.
+#
+#   bench/gpu_run.sh prepare     here: build the default preset and gather what the GPU machine
+#                                needs into build/gpu (libzenbind, zenflow-optimizer, Debian's
+#                                libhwloc15, libnuma1, libgomp1, libudev1 unpacked by dpkg -x)
+#   bench/gpu_run.sh [test|bench|all] [ARGS]
+#                                there, from the repository root, with $PYTHON (else python3)
+#                                that has torch: tests/python/test_gpu.py and/or
+#                                bench/gpu_offload.py ARGS
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=build/gpu
+
+prepare() {
+    cmake --preset default >/dev/null
+    cmake --build build/default -j"$(nproc)" --target zenbind zenflow-optimizer
+    rm -rf "$out" && mkdir -p "$out/debs"
+    cp -L build/default/libzenbind/libzenbind.so.1 build/default/optimizer/zenflow-optimizer "$out/"
+    (cd "$out/debs" && apt-get download libhwloc15 libnuma1 libgomp1 libudev1 2>/dev/null)
+    for deb in "$out"/debs/*.deb; do dpkg -x "$deb" "$out/root"; done
+    rm -rf "$out/debs"
+    du -sh "$out"
+}
+
+run() {
+    [ -x "$out/zenflow-optimizer" ] || { echo "no $out: run '$0 prepare' where the project builds" >&2; exit 1; }
+    export LD_LIBRARY_PATH="$PWD/$out/root/usr/lib/x86_64-linux-gnu:$PWD/$out/root/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export PYTHONPATH="$PWD/python" ZENFLOW_BIND_LIB="$PWD/$out/libzenbind.so.1" \
+        ZENFLOW_OPTIMIZER="$PWD/$out/zenflow-optimizer"
+    local what=$1
+    shift
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+    lscpu | grep -E '^(Model name|CPU\(s\)|NUMA node\(s\))' || true
+    if [ "$what" = test ] || [ "$what" = all ]; then
+        (cd tests/python && "${PYTHON:-python3}" test_gpu.py -v)
+    fi
+    if [ "$what" = bench ] || [ "$what" = all ]; then
+        "${PYTHON:-python3}" bench/gpu_offload.py "$@"
+    fi
+}
+
+case ${1:-all} in
+prepare) prepare ;;
+test | bench | all) run "${1:-all}" "${@:2}" ;;
+*) sed -n '2,11p' "$0" >&2; exit 2 ;;
+esac
