@@ -20,20 +20,13 @@ gloo rank (unpinned where there is no GPU to pin for): what a CPUOffloadPolicy u
 
 import argparse
 import os
-import platform
 import statistics
 import tempfile
 import time
 
 import torch
 
-
-def cpu_name():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
+from machine import cpu_name, load
 
 
 def flat(args, dtype):
@@ -101,7 +94,7 @@ def main():
     torch.set_num_threads(args.threads)
     print(f"CPU {cpu_name()}, {os.cpu_count()} CPUs, affinity {sorted(os.sched_getaffinity(0))}; "
           f"torch {torch.__version__}; {args.threads} threads each; load average "
-          f"{os.getloadavg()}")
+          f"{load()}")
     if args.fsdp2:
         import torch.distributed as dist
         store = dist.FileStore(tempfile.mktemp(prefix="fused-bench-"), 1)
@@ -118,7 +111,7 @@ def main():
         del opts
     if args.fsdp2:
         torch.distributed.destroy_process_group()
-    print(f"load average at the end {os.getloadavg()}")
+    print(f"load average at the end {load()}")
 
 
 if __name__ == "__main__":

@@ -163,14 +163,9 @@ def run_variant(args):
 
 def describe():
     import torch
-    cpu = "?"
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    print(f"GPU: {torch.cuda.get_device_name(0)}; CPU: {cpu}, "
-          f"{len(os.sched_getaffinity(0))} CPUs; load {load}; torch {torch.__version__}")
+    from machine import cpu_name, load
+    print(f"GPU: {torch.cuda.get_device_name(0)}; CPU: {cpu_name()}, "
+          f"{len(os.sched_getaffinity(0))} CPUs; load {load()}; torch {torch.__version__}")
 
 
 def main():

@@ -16,19 +16,12 @@ soon as backward has produced its gradients. torch >= 2.1 (post-accumulate-grad 
 import argparse
 import os
 import statistics
-import subprocess
 import time
 
 import torch
 
 import zenflow_bind.optim
-
-
-def cpu_name():
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "?"
+from machine import cpu_name, load
 
 
 def main():
@@ -61,7 +54,7 @@ def main():
                                    bucket_elements=args.width * (args.width + 1))
     buckets = sum(len(l.buckets) for l in opt._layouts if l)
     print(f"CPU: {cpu_name()}; training on CPUs {train} ({len(train)} torch threads), worker on "
-          f"{args.worker_cpus}; load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+          f"{args.worker_cpus}; load average {load()}")
     print(f"model: {args.layers} x Linear({args.width}, {args.width}), {numel / 1e6:.1f}M "
           f"{args.dtype} parameters in {buckets} buckets; batch {args.batch}; torch "
           f"{torch.__version__}")

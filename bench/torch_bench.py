@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+from machine import cpu_name, load
+
 OPTIMIZERS = ("torch-foreach", "torch-loop", "zenflow", "zenflow-overlap")
 
 
@@ -140,16 +142,8 @@ def run_one(args):
 
 def describe_machine(threads):
     cpus = sorted(os.sched_getaffinity(0))
-    model = "?"
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                model = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"CPUs {cpus} ({model}); torch threads = worker threads = {threads}; "
-          f"load average {load}")
+    print(f"CPUs {cpus} ({cpu_name()}); torch threads = worker threads = {threads}; "
+          f"load average {load()}")
 
 
 def main():
@@ -194,8 +188,7 @@ def main():
                       f"{r['opt_s'] * 1e3:8.2f}ms {r['train_s'] * 1e3:8.2f}ms "
                       f"{r['bytes_per_param']:8.1f} {ref['opt_s'] / r['opt_s']:13.2f}x "
                       f"{ref['train_s'] / r['train_s']:15.2f}x", flush=True)
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"load average at the end {load}; ratios > 1 mean faster than torch foreach")
+    print(f"load average at the end {load()}; ratios > 1 mean faster than torch foreach")
 
 
 if __name__ == "__main__":
