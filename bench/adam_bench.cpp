@@ -1,8 +1,8 @@
 // zenflow-bench adam: median seconds per Adam step against a plain streaming pass over the same
 // bytes (roofline.hpp), alternated step by step in one run so both see the same machine noise; and,
 // with --vs-isa or --vs-prefetch, against a second configuration of the kernel on the same buffers.
-#include "adam.hpp"
 #include "roofline.hpp"
+#include <zbadam/adam.hpp>
 
 #include "affinity.hpp"
 #include "measure.hpp"

@@ -12,9 +12,9 @@
 #include <map>               // before DeepSpeed's code, which uses it without including it
 #include <torch/extension.h> // the DeepSpeed harness's stand-in: c10 scalar types only
 
-#include "adam.hpp" // zenflow's kernels (libzfadam)
 #include "cpu_adam.h"
-#include "measure.hpp" // now, median, untouched: as zenflow-bench times and allocates
+#include "measure.hpp"     // now, median, untouched: as zenflow-bench times and allocates
+#include <zbadam/adam.hpp> // zenflow's kernels (libzfadam)
 
 #include <algorithm>
 #include <cmath>

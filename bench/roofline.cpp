@@ -1,6 +1,6 @@
 #include "roofline.hpp"
 
-#include "adam_kernels.hpp"
+#include <zbadam/prefetch.hpp>
 
 #include <cstdint>
 #include <cstring>

@@ -4,7 +4,7 @@
 // kernel's instruction set: no software prefetch, no blocking, no arithmetic.
 #pragma once
 
-#include "adam.hpp"
+#include <zbadam/adam.hpp>
 
 namespace zb::opt::bench {
 

@@ -3,8 +3,8 @@
 // same machine noise; what the gradient pre-pass costs (steps that skip non-finite gradients, and
 // that clip by the global norm, against plain worker steps in the same rotation); and the bytes
 // per parameter the worker configuration really takes, from the RSS of both processes.
-#include "adam.hpp"
-#include "adam_convert.hpp"
+#include <zbadam/adam.hpp>
+#include <zbadam/adam_convert.hpp>
 
 #include <zenbind/worker.h>
 

@@ -9,8 +9,8 @@
 
 #include <zenbind/zenbind.h>
 
-#include "adam.hpp"
-#include "team_share.hpp"
+#include <zbadam/adam.hpp>
+#include <zbadam/team_share.hpp>
 
 #include <algorithm>
 #include <cerrno>

@@ -5,9 +5,9 @@
 
 #include <zenbind/adam.h>
 
-#include "adam.hpp"
-#include "grad_stats.hpp"
-#include "team_share.hpp"
+#include <zbadam/adam.hpp>
+#include <zbadam/grad_stats.hpp>
+#include <zbadam/team_share.hpp>
 
 #include <atomic>
 #include <chrono>

@@ -2,7 +2,7 @@
 // the choice of kernel at run time (one binary for every x86-64 node).
 #include "adam_kernels.hpp"
 #include "cpu_level.hpp"
-#include "team_share.hpp"
+#include <zbadam/team_share.hpp>
 
 #include <algorithm>
 #include <atomic>

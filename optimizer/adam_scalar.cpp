@@ -1,6 +1,6 @@
 // The portable path and the reference the vector paths must match bit for bit.
-#include "adam_convert.hpp"
 #include "adam_kernels.hpp"
+#include <zbadam/adam_convert.hpp>
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "grad_stats.hpp"
+#include <zbadam/grad_stats.hpp>
 
 #include "cpu_level.hpp"
 

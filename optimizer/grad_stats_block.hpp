@@ -2,7 +2,7 @@
 // everything here has internal linkage, so no translation unit can pick up another's instructions.
 #pragma once
 
-#include "grad_stats.hpp"
+#include <zbadam/grad_stats.hpp>
 
 #include <cstring>
 #ifdef __F16C__

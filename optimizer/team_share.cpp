@@ -1,6 +1,6 @@
-#include "team_share.hpp"
+#include <zbadam/team_share.hpp>
 
-#include "adam.hpp"
+#include <zbadam/adam.hpp>
 
 namespace zb::opt {
 namespace {

@@ -1,8 +1,8 @@
 #include "worker_team.hpp"
 
-#include "adam.hpp"
-#include "grad_stats.hpp"
-#include "team_share.hpp"
+#include <zbadam/adam.hpp>
+#include <zbadam/grad_stats.hpp>
+#include <zbadam/team_share.hpp>
 
 #include <zbproto/fd_passing.hpp>
 #include <zbproto/futex.hpp>

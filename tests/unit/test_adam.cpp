@@ -1,9 +1,9 @@
 // The Adam/AdamW kernels: every ISA path and thread count gives the scalar path's bits; the scalar
 // path agrees with a double-precision torch-style reference; non-finite gradients are counted;
 // copy-outs are correctly rounded; the gradient scale and both weight decays behave as torch's.
-#include "adam.hpp"
 #include "adam_kernels.hpp"
-#include "team_share.hpp"
+#include <zbadam/adam.hpp>
+#include <zbadam/team_share.hpp>
 
 #include <array>
 #include <cmath>

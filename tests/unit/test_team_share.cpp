@@ -1,9 +1,9 @@
 // TeamShare: every element of a step is claimed exactly once, by whatever mix of owners and
 // thieves; steps follow each other on one TeamShare without a barrier; a thread that falls behind
 // has its chunks taken by the others.
-#include "team_share.hpp"
+#include <zbadam/team_share.hpp>
 
-#include "adam.hpp"
+#include <zbadam/adam.hpp>
 
 #include <atomic>
 #include <chrono>

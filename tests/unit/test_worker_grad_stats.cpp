@@ -2,8 +2,8 @@
 // (g * scale rounded to fp32, squared in double into lane i % 8, lanes added in a fixed order), the
 // same bits on every ISA level this CPU runs, non-finite elements counted after the scale, and
 // partial blocks and tails handled.
-#include "adam_convert.hpp"
-#include "grad_stats.hpp"
+#include <zbadam/adam_convert.hpp>
+#include <zbadam/grad_stats.hpp>
 
 #include <cmath>
 #include <cstdint>

@@ -3,8 +3,8 @@
 // gradient scale and alternating gradient buffers. The worker splits every group between two pinned
 // threads; the reference runs each group alone on one thread. The last steps go in buckets
 // (zb_worker_submit_groups), out of order, and still equal the reference to the bit.
-#include "adam.hpp"
-#include "adam_convert.hpp"
+#include <zbadam/adam.hpp>
+#include <zbadam/adam_convert.hpp>
 
 #include <zenbind/worker.h>
 

@@ -5,7 +5,7 @@
 // and the blocks are summed in block order.
 #pragma once
 
-#include "adam.hpp"
+#include <zbadam/adam.hpp>
 
 #include <cstddef>
 #include <cstdint>
