@@ -53,18 +53,18 @@ class Stream:
         return self._thread is not None
 
     def land(self, slot):
-        """A hook copied slot's gradient: queue its bucket if it was the last to land."""
+        """A hook copied slot's gradient: queue its bucket if it was the last to land. (Hooks of
+        CPU and of GPU parameters run on different autograd threads: one at a time here.)"""
         index = slot.group.index
-        if id(slot) in self.landed or index not in self.left:
-            return
-        self.landed.add(id(slot))
-        self.left[index] -= 1
-        if self.left[index]:
-            return
-        # one copy stream, in landing order: the last copy's event covers the bucket's
-        self.events[index] = slot.staged[3] if slot.staged else None
         with self._cv:
-            if self._closing:
+            if id(slot) in self.landed or index not in self.left or self._closing:
+                return
+            self.landed.add(id(slot))
+            self.left[index] -= 1
+            if slot.staged and slot.staged[3] is not None:
+                # one copy stream, in order: the latest copy's event covers the bucket's earlier
+                self.events[index] = slot.staged[3]
+            if self.left[index]:
                 return
             self.queue.append(index)
             if self._thread is None:
