@@ -22,6 +22,8 @@ namespace proto = zb::proto;
 // The public header states the protocol's values and limits; the protocol module is their source.
 static_assert(ZB_STEP_SKIP_NONFINITE == proto::kStepSkipNonfinite &&
               ZB_STEP_GRAD_NORM == proto::kStepGradNorm);
+static_assert(ZB_DTYPE_NONE == int(proto::Dtype::none) && ZB_DTYPE_FP32 == int(proto::Dtype::f32) &&
+              ZB_DTYPE_BF16 == int(proto::Dtype::bf16) && ZB_DTYPE_FP16 == int(proto::Dtype::f16));
 static_assert(ZB_WORKER_MAX_GROUPS == proto::kMaxGroups &&
               ZB_WORKER_MAX_THREADS == proto::kMaxThreads &&
               ZB_WORKER_MAX_NODES == proto::kMaxNodes);

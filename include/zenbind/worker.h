@@ -35,7 +35,7 @@ typedef enum zb_dtype {
     ZB_DTYPE_FP16 = 3
 } zb_dtype;
 
-/* Upper bounds of the shared-memory layout (version 2). */
+/* Upper bounds of the shared-memory layout. */
 #define ZB_WORKER_MAX_GROUPS 256
 #define ZB_WORKER_MAX_THREADS 1024
 #define ZB_WORKER_MAX_NODES 64

@@ -1,6 +1,7 @@
 """What keeps the Python package and the C library in step: every struct the package mirrors has
 the size the library was built with (checked at load, a mismatch refused with EVERSION), the
-environment names are the header's, and the status names cover the header's statuses."""
+environment names are the header's, the status names cover the header's statuses, and the dtype
+and step-flag values are the worker header's."""
 import ctypes
 import os
 import re
@@ -9,12 +10,12 @@ import unittest
 from zenflow_bind import _native
 import zenflow_bind.deepspeed  # noqa: F401  (its variable names are checked below)
 
-HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include",
-                      "zenbind", "zenbind.h")
+INCLUDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include",
+                       "zenbind")
 
 
-def header():
-    with open(HEADER) as f:
+def header(name="zenbind.h"):
+    with open(os.path.join(INCLUDE, name)) as f:
         return f.read()
 
 
@@ -56,6 +57,18 @@ class Names(unittest.TestCase):
         statuses = {int(v): k for k, v in re.findall(r"ZB_(E?[A-Z]+) = (-?\d+)", header())}
         for code, name in statuses.items():
             self.assertEqual(_native.STATUS.get(code), name, code)
+
+    def test_dtypes_and_step_flags_are_the_headers(self):
+        worker = header("worker.h")
+        dtypes = {k.lower(): int(v) for k, v in re.findall(r"ZB_DTYPE_(\w+) = (\d+)", worker)}
+        self.assertEqual(len(dtypes), 4)
+        for name, value in dtypes.items():
+            self.assertEqual(_native.DTYPES[name], value, name)
+            if name != "none":
+                self.assertEqual(_native.DTYPE_NAMES[value], name)
+        flags = dict(re.findall(r"#define ZB_STEP_(\w+) (0x\w+)u", worker))
+        self.assertEqual(int(flags["SKIP_NONFINITE"], 16), _native.STEP_SKIP_NONFINITE)
+        self.assertEqual(int(flags["GRAD_NORM"], 16), _native.STEP_GRAD_NORM)
 
 
 if __name__ == "__main__":
