@@ -59,8 +59,7 @@ class Gpu:
                 err = int(cudart.cudaHostRegister(address, array.nbytes, _PORTABLE))
                 if err != 0:
                     raise RuntimeError(f"cudaHostRegister of {array.nbytes} bytes of the "
-                                       f"worker's shared memory failed (cudaError {err}): the "
-                                       "locked-memory limit (ulimit -l) or the driver refused it")
+                                       f"worker's shared memory failed (cudaError {err})")
                 self.pinned.append(address)
 
     def grad_out(self, grad, dst):
