@@ -8,19 +8,19 @@
 namespace zb::opt {
 
 namespace detail {
-GradStats grad_block_stats_v4(const void *grad, GradType type, size_t lo, size_t hi, float scale);
-GradStats grad_block_stats_v3(const void *grad, GradType type, size_t lo, size_t hi, float scale);
-GradStats grad_block_stats_v1(const void *grad, GradType type, size_t lo, size_t hi, float scale);
+GradStats grad_block_stats_avx512(const void *grad, GradType type, size_t lo, size_t hi, float scale);
+GradStats grad_block_stats_avx2(const void *grad, GradType type, size_t lo, size_t hi, float scale);
+GradStats grad_block_stats_sse2(const void *grad, GradType type, size_t lo, size_t hi, float scale);
 } // namespace detail
 
 GradBlockStatsFn grad_block_stats_for_level(int level) {
     switch (level) {
     case 4:
-        return x86_level() >= 4 ? detail::grad_block_stats_v4 : nullptr;
+        return x86_level() >= 4 ? detail::grad_block_stats_avx512 : nullptr;
     case 3:
-        return x86_level() >= 3 ? detail::grad_block_stats_v3 : nullptr;
+        return x86_level() >= 3 ? detail::grad_block_stats_avx2 : nullptr;
     case 1:
-        return detail::grad_block_stats_v1;
+        return detail::grad_block_stats_sse2;
     default:
         return nullptr;
     }
