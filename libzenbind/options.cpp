@@ -84,9 +84,9 @@ void apply_opt(zb_options &o, std::string_view value) {
 }
 
 // An absolute path into a fixed-size field (profile=, gpumap=).
-void apply_path(char (&field)[ZB_PROFILE_PATH_MAX], unsigned bit, zb_options &o,
+void apply_path(char (&field)[ZB_OPTION_PATH_MAX], unsigned bit, zb_options &o,
                 std::string_view key, std::string_view value) {
-    bool ok = value.size() > 1 && value.front() == '/' && value.size() < ZB_PROFILE_PATH_MAX;
+    bool ok = value.size() > 1 && value.front() == '/' && value.size() < ZB_OPTION_PATH_MAX;
     for (char c : value)
         ok = ok && static_cast<unsigned char>(c) >= 0x20 && c != 0x7f;
     if (!ok)
@@ -165,7 +165,7 @@ std::string format_enum(const E &field, const char *key, Names<N> &names) {
     return value == 0 ? "" : std::string(key) + "=" + names[value];
 }
 
-std::string format_path(const char (&field)[ZB_PROFILE_PATH_MAX], const char *key) {
+std::string format_path(const char (&field)[ZB_OPTION_PATH_MAX], const char *key) {
     const size_t len = strnlen(field, sizeof field);
     if (len == sizeof field) zb::fail(ZB_EINVAL, std::string(key) + " is not NUL-terminated");
     return len ? std::string(key) + "=" + std::string(field, len) : "";

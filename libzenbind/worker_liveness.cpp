@@ -15,7 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-namespace zb::worker {
+namespace zb::worker_client {
 
 std::string describe_exit(int code, int status) {
     if (code == CLD_EXITED) return "exited with status " + std::to_string(status);
@@ -47,7 +47,7 @@ size_t proc_status_bytes(pid_t pid, const char *field) {
     return value;
 }
 
-} // namespace zb::worker
+} // namespace zb::worker_client
 
 void zb_worker::check_alive() {
     if (reaped) zb::fail(ZB_EDEAD, death);
@@ -57,7 +57,7 @@ void zb_worker::check_alive() {
     std::string how;
     if (waitid(P_PIDFD, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG) == 0 &&
         info.si_pid != 0) {
-        how = zb::worker::describe_exit(info.si_code, info.si_status);
+        how = zb::worker_client::describe_exit(info.si_code, info.si_status);
         if (info.si_code == CLD_EXITED) exit_code = info.si_status;
     } else
         how = "exited (its status was collected elsewhere)";

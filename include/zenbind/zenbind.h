@@ -187,7 +187,9 @@ typedef enum zb_gpu_place {
     ZB_GPU_IGNORE    /* shares in topology order, whatever the GPUs */
 } zb_gpu_place;
 
-#define ZB_PROFILE_PATH_MAX 4096
+/* The longest path an option takes (profile=, gpumap=), its NUL included. */
+#define ZB_OPTION_PATH_MAX 4096
+#define ZB_PROFILE_PATH_MAX ZB_OPTION_PATH_MAX /* its former name, for one release */
 
 /* Options, filled by zb_options_init() then by one or more zb_options_parse() calls (later
  * strings override earlier ones, key by key). The grammar is comma-separated key[=value]:
@@ -218,14 +220,14 @@ typedef struct zb_options {
     zb_numa numa;
     int verbose;
     int batch;
-    char profile[ZB_PROFILE_PATH_MAX]; /* "" when not given */
-    int default_on;                    /* admin */
-    int allow_override;                /* admin */
-    int fail_on_error;                 /* admin */
-    unsigned set;                      /* ZB_SET_* bits set by parses */
+    char profile[ZB_OPTION_PATH_MAX]; /* "" when not given */
+    int default_on;                   /* admin */
+    int allow_override;               /* admin */
+    int fail_on_error;                /* admin */
+    unsigned set;                     /* ZB_SET_* bits set by parses */
     zb_mode mode;
     zb_gpu_place gpu;
-    char gpumap[ZB_PROFILE_PATH_MAX]; /* admin; "" when not given */
+    char gpumap[ZB_OPTION_PATH_MAX]; /* admin; "" when not given */
 } zb_options;
 
 void zb_options_init(zb_options *options);

@@ -317,13 +317,13 @@ static void test_rejects(void **state) {
 static void test_bounds(void **state) {
     (void)state;
     /* a profile path as long as the field allows, and one byte more */
-    char text[ZB_PROFILE_PATH_MAX + 16];
+    char text[ZB_OPTION_PATH_MAX + 16];
     strcpy(text, "profile=/");
     size_t len = strlen(text);
-    memset(text + len, 'p', ZB_PROFILE_PATH_MAX - 2);
-    text[len + ZB_PROFILE_PATH_MAX - 2] = '\0';
+    memset(text + len, 'p', ZB_OPTION_PATH_MAX - 2);
+    text[len + ZB_OPTION_PATH_MAX - 2] = '\0';
     zb_options o = parsed(text, ZB_SCOPE_USER);
-    assert_int_equal(strlen(o.profile), ZB_PROFILE_PATH_MAX - 1);
+    assert_int_equal(strlen(o.profile), ZB_OPTION_PATH_MAX - 1);
     strcat(text, "p");
     rejected(text, ZB_SCOPE_USER);
 
