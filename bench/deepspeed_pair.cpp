@@ -14,7 +14,7 @@
 
 #include "cpu_adam.h"
 #include "measure.hpp"     // now, median, untouched: as zenflow-bench times and allocates
-#include <zbadam/adam.hpp> // zenflow's kernels (libzfadam)
+#include <zbadam/adam.hpp> // zenflow's kernels (libzbadam)
 
 #include <algorithm>
 #include <cmath>

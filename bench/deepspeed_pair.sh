@@ -12,7 +12,7 @@ harness=$(cd "${1:?usage: bench/deepspeed_pair.sh HARNESS_DIR [ELEMENTS]}" && pw
 n=${2:-100000000}
 src=$(cd "$(dirname "$0")/.." && pwd)
 build=${ZB_BUILD:-$src/build/default}
-[ -f "$build/optimizer/libzfadam.a" ] || { echo "no $build/optimizer/libzfadam.a: build zenflow first" >&2; exit 2; }
+[ -f "$build/optimizer/libzbadam.a" ] || { echo "no $build/optimizer/libzbadam.a: build zenflow first" >&2; exit 2; }
 [ -f "$harness/src/csrc/includes/cpu_adam.h" ] || { echo "no DeepSpeed sources in $harness/src: run its get-src.sh" >&2; exit 2; }
 [ -f "$harness/src/derived/ds_step_kernels.inc" ] || "$harness/extract.sh"
 isa=${ISA:-$(grep -qw avx512f /proc/cpuinfo && echo avx512 || echo avx2)}
@@ -25,7 +25,7 @@ trap 'rm -f "$bin"' EXIT
 # C++20 for zenflow's header, -Wno-* only for DeepSpeed's own code.
 g++ -O3 -std=c++20 -g -march=native -fopenmp $simd -D__ENABLE_CUDA__ -fPIC -Wno-reorder \
     -Wno-unknown-pragmas -I"$harness/shim" -I"$harness/src/csrc/includes" -I"$harness/src/derived" \
-    -I"$src/optimizer/include" -I"$src/bench" "$src/bench/deepspeed_pair.cpp" "$build/optimizer/libzfadam.a" -o "$bin"
+    -I"$src/optimizer/include" -I"$src/bench" "$src/bench/deepspeed_pair.cpp" "$build/optimizer/libzbadam.a" -o "$bin"
 status=0
 echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-) | $(nproc) CPUs | DeepSpeed $(cut -c1-12 "$harness/src/DS_COMMIT") | zenflow $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?') | $isa"
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"

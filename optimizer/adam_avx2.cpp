@@ -109,31 +109,31 @@ template <bool AdamW>
 template <GradType G, CopyType C, bool AdamW, bool Stale, bool Stream>
 [[gnu::always_inline]] inline void body(const Ptrs &t, const Vc &c, size_t i, __m256i (&bad)[U]) {
     __m256 g[U], p[U], m[U], v[U];
-    ZF_UNROLL
+    ZB_UNROLL
     for (size_t u = 0; u < U; u += 2)
         load_grad<G>(t.grad, i + u * V, g[u], g[u + 1]);
-    ZF_UNROLL
+    ZB_UNROLL
     for (size_t u = 0; u < U; ++u)
         p[u] = _mm256_loadu_ps(t.param + i + u * V);
-    ZF_UNROLL
+    ZB_UNROLL
     for (size_t u = 0; u < U; ++u)
         m[u] = _mm256_loadu_ps(t.m + i + u * V);
-    ZF_UNROLL
+    ZB_UNROLL
     for (size_t u = 0; u < U; ++u)
         v[u] = _mm256_loadu_ps(t.v + i + u * V);
-    ZF_UNROLL
+    ZB_UNROLL
     for (size_t u = 0; u < U; ++u)
         bad[u] = update<AdamW>(c, g[u], p[u], m[u], v[u]);
-    ZF_UNROLL
+    ZB_UNROLL
     for (size_t u = 0; u < U; ++u)
         _mm256_storeu_ps(t.param + i + u * V, p[u]);
-    ZF_UNROLL
+    ZB_UNROLL
     for (size_t u = 0; u < U; ++u)
         _mm256_storeu_ps(t.m + i + u * V, m[u]);
-    ZF_UNROLL
+    ZB_UNROLL
     for (size_t u = 0; u < U; ++u)
         _mm256_storeu_ps(t.v + i + u * V, v[u]);
-    if constexpr (C != CopyType::none) ZF_UNROLL
+    if constexpr (C != CopyType::none) ZB_UNROLL
     for (size_t u = 0; u < U; u += 2) {
         auto *to = reinterpret_cast<__m256i *>(static_cast<uint16_t *>(t.copy) + i + u * V);
         if constexpr (Stream)
@@ -141,7 +141,7 @@ template <GradType G, CopyType C, bool AdamW, bool Stale, bool Stream>
         else
             _mm256_storeu_si256(to, to_copy<C>(p[u], p[u + 1]));
     }
-    if constexpr (Stale) ZF_UNROLL
+    if constexpr (Stale) ZB_UNROLL
     for (size_t u = 0; u < U; ++u) {
         if constexpr (Stream)
             _mm256_stream_ps(t.stale + i + u * V, p[u]);
@@ -165,7 +165,7 @@ struct Kernel {
     }
     static Count zero() { return _mm256_setzero_si256(); }
     [[gnu::always_inline]] static void add(Count &count, const Bad &b) {
-        ZF_UNROLL
+        ZB_UNROLL
         for (size_t u = 0; u < U; ++u)
             count = _mm256_sub_epi32(count, b.lanes[u]);
     }

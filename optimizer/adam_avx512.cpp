@@ -101,11 +101,11 @@ template <bool AdamW>
 // the same offset in another stream's page (4K aliasing).
 template <GradType G, CopyType C, bool AdamW, bool Stale, bool Stream>
 [[gnu::always_inline]] inline void body(const Ptrs &t, const Vc &c, size_t i, __mmask16 (&bad)[U]) {
-    ZF_UNROLL
+    ZB_UNROLL
     for (size_t u = 0; u < U; u += 2) {
         __m512 g[2], p[2];
         load_grad<G>(t.grad, i + u * V, g[0], g[1]);
-        ZF_UNROLL
+        ZB_UNROLL
         for (size_t k = 0; k < 2; ++k) {
             const size_t at = i + (u + k) * V;
             __m512 m = _mm512_loadu_ps(t.m + at), v = _mm512_loadu_ps(t.v + at);
@@ -148,7 +148,7 @@ struct Kernel {
     }
     static Count zero() { return _mm512_setzero_si512(); }
     [[gnu::always_inline]] static void add(Count &count, const Bad &b) {
-        ZF_UNROLL
+        ZB_UNROLL
         for (size_t u = 0; u < U; ++u)
             count = _mm512_mask_add_epi32(count, b.lanes[u], count, _mm512_set1_epi32(1));
     }

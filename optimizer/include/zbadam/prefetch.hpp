@@ -24,7 +24,7 @@ struct Ptrs {
 // Before every loop over the vectors of an iteration: unrolled completely, its arrays of vectors
 // live in registers. Left to itself, GCC 12 at the project's flags kept them on the stack and
 // copied every input and output through it (AVX-512, four vectors: half the speed).
-#define ZF_UNROLL _Pragma("GCC unroll 8")
+#define ZB_UNROLL _Pragma("GCC unroll 8")
 
 // How far ahead of the iteration at i the vector loop asks for the lines it will read (param,
 // moments, gradient), in elements: 512, 2 KiB of each fp32 stream; and into which cache. Where the
@@ -58,18 +58,18 @@ template <size_t W, GradType G, Prefetch P>
     constexpr auto hint = P == Prefetch::l1 ? _MM_HINT_T0 : _MM_HINT_T1;
     const size_t at = i + kPrefetchAhead;
     // (A lambda for the one line would be shorter, but GCC 12 drops the prefetches made in it.)
-#define ZF_PREFETCH(base, offset)                                                                  \
+#define ZB_PREFETCH(base, offset)                                                                  \
     _mm_prefetch(reinterpret_cast<const char *>(reinterpret_cast<uintptr_t>(base) + (offset)), hint)
-    ZF_UNROLL
+    ZB_UNROLL
     for (size_t b = 0; b < W * 4; b += 64) {
-        ZF_PREFETCH(t.param, at * 4 + b);
-        ZF_PREFETCH(t.m, at * 4 + b);
-        ZF_PREFETCH(t.v, at * 4 + b);
+        ZB_PREFETCH(t.param, at * 4 + b);
+        ZB_PREFETCH(t.m, at * 4 + b);
+        ZB_PREFETCH(t.v, at * 4 + b);
     }
-    ZF_UNROLL
+    ZB_UNROLL
     for (size_t b = 0; b < W * gsize; b += 64)
-        ZF_PREFETCH(t.grad, at * gsize + b);
-#undef ZF_PREFETCH
+        ZB_PREFETCH(t.grad, at * gsize + b);
+#undef ZB_PREFETCH
 }
 
 } // namespace zb::opt::detail
