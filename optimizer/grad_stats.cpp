@@ -8,7 +8,8 @@
 namespace zb::opt {
 
 namespace detail {
-GradStats grad_block_stats_avx512(const void *grad, GradType type, size_t lo, size_t hi, float scale);
+GradStats grad_block_stats_avx512(const void *grad, GradType type, size_t lo, size_t hi,
+                                  float scale);
 GradStats grad_block_stats_avx2(const void *grad, GradType type, size_t lo, size_t hi, float scale);
 GradStats grad_block_stats_sse2(const void *grad, GradType type, size_t lo, size_t hi, float scale);
 } // namespace detail

@@ -3,7 +3,8 @@
 
 namespace zb::opt::detail {
 
-GradStats grad_block_stats_avx512(const void *grad, GradType type, size_t lo, size_t hi, float scale) {
+GradStats grad_block_stats_avx512(const void *grad, GradType type, size_t lo, size_t hi,
+                                  float scale) {
     return block_of_type(grad, type, lo, hi, scale);
 }
 
