@@ -4,6 +4,7 @@
 #include "hyper_check.hpp"
 #include "worker_handle.hpp"
 
+#include <zbadam/adam.hpp>
 #include <zbproto/fd_passing.hpp>
 #include <zbproto/group.hpp>
 
@@ -82,7 +83,9 @@ extern "C" {
 
 void zb_adam_hyper_init(zb_adam_hyper *h) {
     if (!h) return;
-    *h = zb_adam_hyper{1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, 1, 1};
+    const zb::opt::AdamHyper d{}; // the defaults' one definition
+    *h = zb_adam_hyper{
+        d.lr, d.beta1, d.beta2, d.eps, d.weight_decay, d.adamw ? 1 : 0, d.bias_correction ? 1 : 0};
 }
 
 zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, unsigned *group) {

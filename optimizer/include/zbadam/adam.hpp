@@ -17,13 +17,14 @@ enum class Isa : uint8_t { scalar, avx2, avx512 };
 // in the cache for whoever reads them next.
 enum class Stores : uint8_t { automatic, cached, streaming };
 
-// torch.optim.Adam/AdamW semantics; eps is added after bias correction.
+// torch.optim.Adam/AdamW semantics; eps is added after bias correction. The defaults are
+// torch.optim.AdamW's, and zb_adam_hyper_init() gives these very values.
 struct AdamHyper {
     float lr = 1e-3f;
     float beta1 = 0.9f;
     float beta2 = 0.999f;
     float eps = 1e-8f;
-    float weight_decay = 0.0f;
+    float weight_decay = 1e-2f;
     bool adamw = true; // decoupled weight decay (AdamW) or L2 added to the gradient (Adam)
     bool bias_correction = true;
     int64_t step = 1;        // 1-based step number, for bias correction
