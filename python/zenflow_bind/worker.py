@@ -152,6 +152,9 @@ class Worker:
         groups = range(len(self.groups)) if every else groups
         if not every and (groups.step != 1 or not groups):
             raise ValueError("groups is a non-empty range of consecutive group indices")
+        if not every and (groups.start < 0 or groups.stop > len(self.groups)):
+            raise ValueError(f"groups {groups.start} to {groups.stop} (exclusive) are not "
+                             f"registered ({len(self.groups)} are)")
         chosen = [self.groups[i].hyper for i in groups]
         hypers = (_native.Hyper * len(chosen))(*chosen)
         s = _native.Step(step, grad_scale, grad_buffer, hypers if chosen else None,

@@ -3,7 +3,8 @@ as its gradients have landed, in the order backward produces them, and step() br
 update in. The result is the whole step's to the bit, also with gradient accumulation, frozen
 parameters and parameters without a gradient; skip_nonfinite and max_grad_norm still decide over
 every gradient; a gradient changed after backward is an error, and the step stays whole.
-Skips on torch without post-accumulate-grad hooks (< 2.1)."""
+Where buckets are cut runs on any torch; the rest skips without post-accumulate-grad hooks
+(torch < 2.1)."""
 
 import copy
 import unittest
@@ -11,6 +12,7 @@ import unittest
 import torch
 
 from torch_cases import batches, mlp, ours
+from zenflow_bind._layout import MAX_BUCKETS, cut_buckets
 
 HAS_HOOKS = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 SMALL = dict(bucket_elements=200)  # the mlp (2516 elements) in 3 buckets
@@ -45,6 +47,36 @@ def equal_states(test, a, b):
     for k in sa:
         for key in sa[k]:
             test.assertTrue(torch.equal(sa[k][key], sb[k][key]), f"{k} {key}")
+
+
+class Cuts(unittest.TestCase):
+    """Where a param group is cut into buckets (any torch)."""
+
+    def test_buckets_are_whole_parameters_in_order(self):
+        sizes = [5, 7, 30, 1, 1, 8, 2]
+        cuts = cut_buckets(sizes, 10)
+        self.assertEqual(cuts, [(0, 2), (2, 3), (3, 6), (6, 7)])  # 12, 30, 10, 2 elements
+        self.assertEqual([i for a, b in cuts for i in range(a, b)], list(range(len(sizes))))
+
+    def test_at_most_16_buckets(self):
+        sizes = [1000] * 100
+        cuts = cut_buckets(sizes, 1)
+        self.assertLessEqual(len(cuts), MAX_BUCKETS)
+        self.assertEqual(cuts[0][0], 0)
+        self.assertEqual(cuts[-1][1], 100)
+        self.assertEqual(cut_buckets(sizes, 10**9), [(0, 100)])
+
+    def test_bad_bucket_size_and_group_ranges_are_refused(self):
+        with self.assertRaisesRegex(ValueError, "bucket_elements"):
+            ours(mlp().parameters(), bucket_elements=0)
+        with ours(mlp().parameters(), **SMALL) as opt:
+            with self.assertRaisesRegex(ValueError, "consecutive"):
+                opt.worker.submit(1, groups=range(0, 3, 2))
+            with self.assertRaisesRegex(ValueError, "consecutive"):
+                opt.worker.submit(1, groups=range(1, 1))
+            with self.assertRaises(Exception) as e:
+                opt.worker.submit(1, groups=range(2, 5))  # past the 3 registered
+            self.assertIn("not registered", str(e.exception))
 
 
 @unittest.skipUnless(HAS_HOOKS, f"torch {torch.__version__} has no post-accumulate-grad hooks")
