@@ -12,6 +12,8 @@
 
 Nothing here touches torch.cuda before a group with a CUDA parameter is adopted."""
 
+import os
+
 import torch
 
 from ._layout import local
@@ -32,6 +34,7 @@ class Gpu:
         self.out = None        # stream: gradients to the host
         self.back = None       # stream: parameters to the GPU
         self.back_done = None  # True while copies are queued, then their event, until settle()
+        self.pid = os.getpid()  # a forked child neither waits for nor unpins its parent's
 
     @property
     def active(self):
@@ -56,7 +59,8 @@ class Gpu:
                 if array is None or array.nbytes == 0:
                     continue
                 address = array.ctypes.data
-                err = int(cudart.cudaHostRegister(address, array.nbytes, _PORTABLE))
+                with torch.cuda.device(self.device):  # not a context on GPU 0
+                    err = int(cudart.cudaHostRegister(address, array.nbytes, _PORTABLE))
                 if err != 0:
                     raise RuntimeError(f"cudaHostRegister of {array.nbytes} bytes of the "
                                        f"worker's shared memory failed (cudaError {err})")
@@ -103,11 +107,13 @@ class Gpu:
             done.synchronize()
 
     def release(self):
-        """Unpin, before the worker's buffers are unmapped."""
-        if not self.pinned:
+        """Unpin, before the worker's buffers are unmapped, once no copy touches them."""
+        if not self.pinned or os.getpid() != self.pid:
             return
-        self.settle()
-        cudart = torch.cuda.cudart()
-        for address in self.pinned:
-            cudart.cudaHostUnregister(address)
+        with torch.cuda.device(self.device):
+            self.out.synchronize()  # gradient copies of a backward no step() followed
+            self.settle()
+            cudart = torch.cuda.cudart()
+            for address in self.pinned:
+                cudart.cudaHostUnregister(address)
         self.pinned = []

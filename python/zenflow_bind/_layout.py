@@ -17,6 +17,8 @@ import weakref
 
 import torch
 
+from ._native import MAX_GROUPS
+
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -193,14 +195,22 @@ class Buckets:
             at += g.numel
 
 
-# At most this many buckets per param group: a worker holds 256 groups.
+# At most this many buckets per param group.
 MAX_BUCKETS = 16
+# A worker holds MAX_GROUPS groups; param groups registered while fewer than RESERVED are free get
+# one bucket each, so that that many more param groups always fit, however large the first.
+RESERVED = 128
 
 
-def cut_buckets(sizes, elements):
+def bucket_limit(used):
+    """How many buckets a param group may take when `used` worker groups are taken."""
+    return max(1, min(MAX_BUCKETS, (MAX_GROUPS - RESERVED - used) // 8))
+
+
+def cut_buckets(sizes, elements, limit=MAX_BUCKETS):
     """[first, end) slot ranges: consecutive parameters, at least `elements` elements each but
-    the last (a parameter is never cut), at most MAX_BUCKETS of them."""
-    elements = max(int(elements), -(-sum(sizes) // MAX_BUCKETS), 1)
+    the last (a parameter is never cut), at most `limit` of them."""
+    elements = max(int(elements), -(-sum(sizes) // max(limit, 1)), 1)
     cuts, first, filled = [], 0, 0
     for i, n in enumerate(sizes):
         filled += n
@@ -228,7 +238,7 @@ class Layout:
         sizes = [local(p).numel() for p in params]
         self.slots, self.buckets, offset = [], [], 0
         groups = []
-        for first, end in cut_buckets(sizes, bucket_elements):
+        for first, end in cut_buckets(sizes, bucket_elements, bucket_limit(len(worker.groups))):
             group = worker.add_group(sum(sizes[first:end]), grad=grad, copy_out=copy_out,
                                      **hyper)
             groups.append(group)

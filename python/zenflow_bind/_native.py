@@ -17,6 +17,7 @@ DTYPE_NAMES = {1: "fp32", 2: "bf16", 3: "fp16"}
 
 STEP_SKIP_NONFINITE = 0x1  # ZB_STEP_SKIP_NONFINITE
 STEP_GRAD_NORM = 0x2       # ZB_STEP_GRAD_NORM
+MAX_GROUPS = 256           # ZB_WORKER_MAX_GROUPS
 
 
 class ZenbindError(RuntimeError):

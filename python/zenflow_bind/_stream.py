@@ -23,12 +23,13 @@ class Stream:
     """One backward's buckets: which have landed, which went to the worker, what they found.
     The worker handle is the driver thread's from the first bucket queued until close()."""
 
-    def __init__(self, worker, layouts, k, grad_scale, flags, timeout_ms):
+    def __init__(self, worker, layouts, k, grad_scale, flags, timeout_ms, device=None):
         self.worker = worker
         self.k = k
         self.grad_scale = grad_scale
         self.flags = flags
         self.timeout_ms = int(timeout_ms)
+        self.device = device  # the CUDA device of the gradient copies, or None
         self.left = {}       # worker group index -> slots still to land (streamable buckets)
         self.landed = set()  # ids of the slots that landed
         for layout in layouts:
@@ -40,6 +41,8 @@ class Stream:
         self.events = {}   # worker group index -> CUDA event of its last gradient copy
         self.nonfinite, self.seconds, self.sum_squares = 0, 0.0, 0.0
         self.error = None  # the driver's failure, raised by close()
+        self.stranded = False  # a bucket past its timeout, still in the worker's hands
+        self.again = []  # indices of parameters whose gradient landed a second time
         self._cv = threading.Condition()
         self._closing = False
         self._thread = None
@@ -57,7 +60,11 @@ class Stream:
         CPU and of GPU parameters run on different autograd threads: one at a time here.)"""
         index = slot.group.index
         with self._cv:
-            if id(slot) in self.landed or index not in self.left or self._closing:
+            if index not in self.left or self._closing:
+                return
+            if id(slot) in self.landed:  # its bucket may be stepping: step() says so
+                if slot.index not in self.again:
+                    self.again.append(slot.index)
                 return
             self.landed.add(id(slot))
             self.left[index] -= 1
@@ -82,15 +89,20 @@ class Stream:
                     return
                 index = self.queue.popleft()
             try:
-                if self.events.get(index) is not None:
-                    self.events[index].synchronize()  # its gradients are in host memory
+                event = self.events.get(index)
+                if event is not None:  # its gradients are in host memory
+                    import torch
+                    with torch.cuda.device(self.device):
+                        event.synchronize()
                 self.worker.submit(0, grad_buffer=self.k, grad_scale=self.grad_scale,
                                    flags=self.flags, groups=range(index, index + 1))
                 self.stepped[index] = None
                 result = self.worker.wait_result(self.timeout_ms)
-            except ZenbindError as e:  # ETIMEDOUT leaves the worker busy: close() says so
+            except BaseException as e:  # noqa: B036 (this thread's end: close() raises it)
                 with self._cv:
                     self.error = e
+                    self.stranded = index in self.stepped and \
+                        isinstance(e, ZenbindError) and e.status == "ETIMEDOUT"
                     self.queue.clear()
                 return
             self.nonfinite += result.nonfinite

@@ -162,6 +162,7 @@ class AdamW(torch.optim.Optimizer):
         self._stream = None     # step_during_backward()'s buckets, until step() completes them
         self._stream_open = False  # inside step_during_backward(): hooks submit buckets
         self._stream_scale = None  # the grad_scale step_during_backward() was given
+        self._torn = False      # some buckets took a step that cannot be completed
         self._worker = Worker(cpus=cpus, threads=threads, mems=mems)
         self._gpu = Gpu()  # pinned buffers and copy streams, once a CUDA parameter comes
         # Dropped without close(), the optimizer still gives the model its gradients' private
@@ -263,12 +264,12 @@ class AdamW(torch.optim.Optimizer):
             if self._stream_open:
                 raise RuntimeError("step() inside step_during_backward(): leave the with block "
                                    "(backward done) first")
+            if self._torn:
+                raise RuntimeError(_TORN)
             stream, self._stream = self._stream, None
-            if stream is not None and stream.error is not None:
-                e = stream.error
-                raise ZenbindError(e.code, f"{_detail(e)}; nothing of this step was applied to "
-                                           f"the model: {_AFTER_DEATH}") from e
             given, self._stream_scale = self._stream_scale, None
+            if stream is not None and stream.error is not None:
+                self._fail_stream(stream)
             twice = None
             if given is not None:
                 if grad_scale is not None and grad_scale != given:  # raised once stepped
@@ -284,6 +285,7 @@ class AdamW(torch.optim.Optimizer):
                 return loss
             self._finish()
             self._push_state_edits()
+            self._gpu.grads_landed()  # a hook's copy in flight lands before any copy of ours
             k = self._buffer
             pending, any_grad = [], False
             for layout in self._layouts:
@@ -342,8 +344,14 @@ class AdamW(torch.optim.Optimizer):
         error that step() raises once it has completed the step without the change (use
         max_grad_norm and grad_scale instead). With skip_nonfinite or max_grad_norm (a decision
         over every gradient) and in overlap mode the gradients are only copied during backward
-        and step() steps them all. CPU parameters, torch >= 2.1."""
+        and step() steps them all. The hyperparameters are read when the block begins. Backward
+        must produce each gradient once in the block: a second backward, or a weight shared
+        by two checkpointed segments, is an error step() raises. If backward raises in the
+        block after some buckets have stepped, step() refuses until load_state_dict(). CPU
+        and CUDA parameters, torch >= 2.1."""
         self._live()
+        if self._torn:
+            raise RuntimeError(_TORN)
         if self._stream_open or self._stream is not None or self._stream_scale is not None:
             raise RuntimeError("step_during_backward() twice without step() between")
         grad_scale = _number("grad_scale", grad_scale)
@@ -352,6 +360,7 @@ class AdamW(torch.optim.Optimizer):
         with self._exclusive("step_during_backward"):
             self._finish()
             self._push_state_edits()
+            self._gpu.settle()  # the buckets may write what a copy to the GPU still reads
             for layout in self._layouts:
                 for slot in layout.slots if layout else ():
                     slot.refresh_if_changed()  # before any bucket takes its master
@@ -359,32 +368,41 @@ class AdamW(torch.optim.Optimizer):
             if not (self.overlap or self.skip_nonfinite or self.max_grad_norm > 0):
                 scale = self._set_hypers(grad_scale)
                 stream = Stream(self._worker, self._layouts, self._buffer, scale,
-                                STEP_GRAD_NORM if self._want_norm else 0, self.timeout_ms)
+                                STEP_GRAD_NORM if self._want_norm else 0, self.timeout_ms,
+                                self._gpu.device)
             self._stream, self._stream_scale = stream, grad_scale
         self._stream_open = True
+        failed = True
         try:
             yield self
+            failed = False
         finally:
             self._stream_open = False
             if stream is not None:  # the buckets step with backward's gradients, all of them
                 with deferred_interrupts():
                     try:
                         stream.close()
-                    except ZenbindError:
-                        pass  # step() raises it
+                    except BaseException:  # noqa: B036 (kept in stream.error: step() raises it)
+                        pass
+            if failed:  # backward raised: nothing to complete, or a step begun
+                if stream is not None and stream.started():
+                    self._torn = True
+                else:
+                    self._stream = self._stream_scale = None
 
     def _complete_stream(self, stream):
         """step() after buckets were stepped during backward: step the others, then bring the
         update into the model, or nothing of it if the worker failed."""
         k = stream.k
-        changed, pending, rest = [], [], []
+        self._gpu.grads_landed()  # a hook's copy in flight lands before any copy of ours
+        changed, pending, rest = list(stream.again), [], []
         for layout in self._layouts:
             if layout is None:
                 continue
             has = []
             for slot in layout.slots:
                 if slot.group.index in stream.stepped:
-                    if not slot.unchanged_since_staged(k):
+                    if not slot.unchanged_since_staged(k) and slot.index not in changed:
                         changed.append(slot.index)
                     slot.staged = None
                     has.append(True)
@@ -400,7 +418,12 @@ class AdamW(torch.optim.Optimizer):
                 for first, end in _runs(rest):
                     self._worker.submit(0, grad_buffer=k, grad_scale=stream.grad_scale,
                                         flags=stream.flags, groups=range(first, end))
-                    result = self._worker.wait_result(int(self.timeout_ms))
+                    try:
+                        result = self._worker.wait_result(int(self.timeout_ms))
+                    except ZenbindError as e:
+                        if e.status == "ETIMEDOUT":  # still in flight: collected, not applied
+                            self._in_flight, self._torn = [], True
+                        raise
                     nonfinite += result.nonfinite
                     seconds += result.seconds
                     sum_squares += result.grad_norm ** 2
@@ -409,14 +432,33 @@ class AdamW(torch.optim.Optimizer):
                                        f"model: {_AFTER_DEATH}") from e
         self._apply(pending, StepResult(nonfinite, math.sqrt(sum_squares), False, seconds))
         if changed:
-            raise RuntimeError(f"the gradients of parameters {changed[:8]} changed after "
-                               "backward, once their buckets had been stepped during backward: "
-                               "the step was applied with backward's gradients. Clip with "
-                               "max_grad_norm= and unscale with step_during_backward(grad_scale"
-                               "=) instead, or step without step_during_backward()")
+            raise RuntimeError(f"the gradients of parameters {changed[:8]} changed after their "
+                               "buckets had been stepped during backward (an edit after "
+                               "backward, a second backward in the block, or a weight used by "
+                               "two checkpointed segments): the step was applied with the "
+                               "gradients as they were then. Clip with max_grad_norm= and "
+                               "unscale with step_during_backward(grad_scale=) instead, or step "
+                               "without step_during_backward()")
+
+    def _fail_stream(self, stream):
+        """step() after a bucket failed during backward: raise, and leave the optimizer to wait
+        for what is still in flight (a bucket past its timeout) and refuse to step until a
+        state dict is loaded (the buckets before it took the step)."""
+        e = stream.error
+        if stream.stranded:
+            self._in_flight = []  # _finish() collects it later; nothing to apply
+        if stream.stepped:
+            self._torn = True
+        if isinstance(e, ZenbindError):
+            raise ZenbindError(e.code, f"{_detail(e)}; nothing of this step was applied to the "
+                                       f"model: {_AFTER_DEATH}") from e
+        raise RuntimeError(f"a bucket's step failed during backward ({e!r}); nothing of this "
+                           "step was applied to the model") from e
 
     def _not_mid_step(self, what):
-        if self._stream is not None and self._stream.started():
+        if self._torn and what != "load a state dict":
+            raise RuntimeError(_TORN)
+        if self._stream is not None and self._stream.started() and not self._torn:
             raise RuntimeError(f"cannot {what} between step_during_backward() and step(): "
                                "some buckets have taken this step, the others not yet")
 
@@ -569,6 +611,8 @@ class AdamW(torch.optim.Optimizer):
             for layout, ready in zip(self._layouts, prepared):
                 if layout is not None:
                     self._apply_group_state(layout, ready)
+            # every master, moment and count rewritten: a step begun in a failed backward is gone
+            self._torn, self._stream, self._stream_scale = False, None, None
             for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
                 hook(self)
 
@@ -584,6 +628,7 @@ class AdamW(torch.optim.Optimizer):
         return updates, prepared
 
     def _apply_group_state(self, layout, prepared):
+        self._gpu.settle()  # the masters may be what a copy to the GPU still reads
         m, v, steps, masters = prepared
         for slot in layout.slots:
             self._steps.pop(slot.param, None)
@@ -614,7 +659,7 @@ class AdamW(torch.optim.Optimizer):
             if stream is not None:
                 try:
                     stream.close()  # a step begun during backward is dropped with the worker
-                except ZenbindError:
+                except BaseException:  # noqa: B036 (closing: the worker goes anyway)
                     pass
             self._finish()
         finally:
@@ -644,6 +689,10 @@ _OWNERS = {}
 def _now_ms():
     return time.monotonic() * 1000.0
 
+
+_TORN = ("backward failed inside step_during_backward() after some buckets had taken the "
+         "step: the worker holds a step the model never saw; load_state_dict() from a "
+         "checkpoint to go on")
 
 _AFTER_DEATH = ("the model holds its parameters from before this step; the Adam moments are "
                 "gone with the worker: load the optimizer from your last checkpoint (a new "

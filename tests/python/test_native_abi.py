@@ -66,6 +66,8 @@ class Names(unittest.TestCase):
             self.assertEqual(_native.DTYPES[name], value, name)
             if name != "none":
                 self.assertEqual(_native.DTYPE_NAMES[value], name)
+        limit = re.search(r"#define ZB_WORKER_MAX_GROUPS (\d+)", worker)
+        self.assertEqual(int(limit.group(1)), _native.MAX_GROUPS)
         flags = dict(re.findall(r"#define ZB_STEP_(\w+) (0x\w+)u", worker))
         self.assertEqual(int(flags["SKIP_NONFINITE"], 16), _native.STEP_SKIP_NONFINITE)
         self.assertEqual(int(flags["GRAD_NORM"], 16), _native.STEP_GRAD_NORM)

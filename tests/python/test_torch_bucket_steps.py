@@ -12,7 +12,7 @@ import unittest
 import torch
 
 from torch_cases import batches, mlp, ours
-from zenflow_bind._layout import MAX_BUCKETS, cut_buckets
+from zenflow_bind._layout import MAX_BUCKETS, bucket_limit, cut_buckets
 
 HAS_HOOKS = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 SMALL = dict(bucket_elements=200)  # the mlp (2516 elements) in 3 buckets
@@ -65,6 +65,17 @@ class Cuts(unittest.TestCase):
         self.assertEqual(cuts[0][0], 0)
         self.assertEqual(cuts[-1][1], 100)
         self.assertEqual(cut_buckets(sizes, 10**9), [(0, 100)])
+
+    def test_many_large_param_groups_still_fit(self):
+        # the worker's 256 groups: the first param groups take up to 16 buckets, and at least
+        # 128 more param groups fit after any number of large ones
+        used, groups = 0, 0
+        while used < 256:
+            used += len(cut_buckets([10**9], 1, bucket_limit(used)))
+            groups += 1
+        self.assertEqual(bucket_limit(0), MAX_BUCKETS)
+        self.assertGreaterEqual(groups, 128 + 1)
+        self.assertEqual(used, 256)
 
     def test_bad_bucket_size_and_group_ranges_are_refused(self):
         with self.assertRaisesRegex(ValueError, "bucket_elements"):
@@ -194,7 +205,7 @@ class BucketSteps(unittest.TestCase):
             with oa.step_during_backward():
                 loss_of(a, x, y).backward()
             a[4].weight.grad.mul_(0.5)  # clip_grad_norm_ would do this
-            with self.assertRaisesRegex(RuntimeError, "changed after backward"):
+            with self.assertRaisesRegex(RuntimeError, "changed after their buckets"):
                 oa.step()
             loss_of(b, x, y).backward()
             ob.step()
@@ -203,6 +214,52 @@ class BucketSteps(unittest.TestCase):
                 with oa.step_during_backward(grad_scale=0.5):
                     loss_of(a, x, y).backward()
                 oa.step(grad_scale=0.25)
+
+    def test_a_second_backward_in_the_block_is_an_error(self):
+        a, b, oa, ob = self.twins()
+        x, y = batches(1)[0]
+        with oa, ob:
+            with oa.step_during_backward():
+                loss_of(a, x, y).backward()
+                loss_of(a, x, y).backward()  # lands again in buckets already stepping
+            with self.assertRaisesRegex(RuntimeError, "changed after their buckets"):
+                oa.step()
+            oa.zero_grad()
+            run(a, oa, batches(2), streamed=True)  # and it goes on
+
+    def test_backward_failing_in_the_block(self):
+        # nothing stepped yet: the block leaves nothing behind
+        model = mlp()
+        x, y = batches(1)[0]
+        with ours(model.parameters(), **SMALL) as opt:
+            with self.assertRaisesRegex(ValueError, "before backward"):
+                with opt.step_during_backward():
+                    raise ValueError("before backward")
+            run(model, opt, batches(2), streamed=True)
+            saved = copy.deepcopy(opt.state_dict())
+            before = [p.detach().clone() for p in model.parameters()]
+
+            # after some buckets stepped: step() refuses until a state dict is loaded
+            def failing(grad):
+                raise RuntimeError("backward failed")
+
+            handle = model[0].weight.register_hook(failing)  # the last layer's buckets went
+            with self.assertRaisesRegex(RuntimeError, "backward failed"):
+                with opt.step_during_backward():
+                    loss_of(model, x, y).backward()
+            handle.remove()
+            for call in (opt.step, opt.state_dict, opt.step_during_backward().__enter__):
+                with self.assertRaisesRegex(RuntimeError, "load_state_dict"):
+                    call()
+            self.assertTrue(all(torch.equal(p.detach(), q)
+                                for p, q in zip(model.parameters(), before)))
+            opt.load_state_dict(saved)
+            twin = copy.deepcopy(model)
+            with ours(twin.parameters(), **SMALL) as ref:
+                ref.load_state_dict(saved)
+                run(model, opt, batches(2, seed=7), streamed=True)
+                run(twin, ref, batches(2, seed=7), streamed=False)
+                equal_params(self, model, twin)
 
     def test_a_worker_killed_during_backward_leaves_the_model(self):
         import os
