@@ -47,10 +47,6 @@ class Stream:
         self._closing = False
         self._thread = None
 
-    def __bool__(self):
-        """Whether any bucket can go early."""
-        return bool(self.left)
-
     def started(self):
         """Whether a bucket went (or is about to go) to the worker."""
         return self._thread is not None

@@ -302,7 +302,6 @@ class AdamW(torch.optim.Optimizer):
             scale = self._set_hypers(grad_scale)
             flags = (STEP_SKIP_NONFINITE if self.skip_nonfinite else 0) | \
                 (STEP_GRAD_NORM if self._want_norm else 0)
-            self._gpu.grads_landed()
             with deferred_interrupts():  # submitted and recorded as in flight, or neither
                 try:
                     self._gpu.settle()
@@ -413,7 +412,6 @@ class AdamW(torch.optim.Optimizer):
                      if b[0].group.index not in stream.stepped]
         nonfinite, seconds, sum_squares = stream.nonfinite, stream.seconds, stream.sum_squares
         try:
-            self._gpu.grads_landed()
             with deferred_interrupts():
                 for first, end in _runs(rest):
                     self._worker.submit(0, grad_buffer=k, grad_scale=stream.grad_scale,
@@ -455,8 +453,10 @@ class AdamW(torch.optim.Optimizer):
         raise RuntimeError(f"a bucket's step failed during backward ({e!r}); nothing of this "
                            "step was applied to the model") from e
 
-    def _not_mid_step(self, what):
-        if self._torn and what != "load a state dict":
+    def _not_mid_step(self, what, torn_ok=False):
+        """Refuse `what` between step_during_backward() and step(), and after a failed block
+        unless torn_ok (load_state_dict(), which rewrites everything the block left)."""
+        if self._torn and not torn_ok:
             raise RuntimeError(_TORN)
         if self._stream is not None and self._stream.started() and not self._torn:
             raise RuntimeError(f"cannot {what} between step_during_backward() and step(): "
@@ -598,7 +598,7 @@ class AdamW(torch.optim.Optimizer):
         changes: a refused state dict leaves the optimizer as it was."""
         with self._exclusive("load_state_dict"):
             self._live()
-            self._not_mid_step("load a state dict")
+            self._not_mid_step("load a state dict", torn_ok=True)
             self._finish()
             self._push_state_edits()
             for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
