@@ -6,13 +6,18 @@ tokens per step; prints a table and the GPU, CPU and load. Not a test.
   zenflow     zenflow_bind.optim.AdamW: the worker on this process's other CPUs, gradients out
               during backward, buckets stepped during backward (step_during_backward())
   fsdp2       FSDP2 fully_shard(CPUOffloadPolicy()) on one rank, torch's fused CPU AdamW: the
-              synchronous CPU step FSDP2 users have
+              synchronous CPU step FSDP2 users have; fp32 parameters computed in bf16
+              (MixedPrecisionPolicy), the same arithmetic as ours (fp32 master and moments)
+  fsdp2-bf16  the same on the bf16 model as it is: bf16 parameters and moments on the CPU (half
+              the bytes; updates below bf16's resolution are lost)
   naive       gradients .cpu(), torch's fused CPU AdamW on an fp32 master, parameters copied back
 
 Each optimizer runs in its own child process (its memory is its own), all token counts in turn.
-Columns: step time (forward + backward + step, CUDA synchronised, median), peak GPU memory, the
-GPU memory step() adds above what was allocated when it began (the copy-back spike), and host
-bytes per parameter (RSS growth of this process plus the worker's private memory).
+Columns: step time (forward + backward + step, CUDA synchronised, median) and its parts:
+forward + backward (to the GPU's end of backward), the step's host part (step() returning) and
+what the GPU still had to do after it (the copies back); peak GPU memory, the GPU memory step()
+adds above what was allocated when it began (the copy-back spike), and host bytes per parameter
+(RSS growth of this process plus the worker's private memory).
 
     PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.1 \\
     ZENFLOW_OPTIMIZER=build/default/optimizer/zenflow-optimizer python3 bench/gpu_offload.py
@@ -26,7 +31,7 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("gpu-fused", "zenflow", "fsdp2", "naive")
+VARIANTS = ("gpu-fused", "zenflow", "fsdp2", "fsdp2-bf16", "naive")
 
 
 def rss_anon():
@@ -40,8 +45,8 @@ def host_bytes():
     return sum(rss_anon())
 
 
-def gpt(args):
-    """Decoder-only transformer, pre-norm, bf16, on cuda:0."""
+def gpt(args, dtype=None):
+    """Decoder-only transformer, pre-norm, bf16 (or dtype), on cuda:0."""
     import torch
     torch.manual_seed(0)
     width = args.width
@@ -77,7 +82,7 @@ def gpt(args):
                 x = block(x)
             return self.head(self.ln(x))
 
-    return Gpt().to("cuda", torch.bfloat16)
+    return Gpt().to("cuda", dtype or torch.bfloat16)
 
 
 def run_variant(args):
@@ -85,7 +90,7 @@ def run_variant(args):
     import torch
     torch.backends.cuda.matmul.allow_tf32 = True
     base = host_bytes()
-    model = gpt(args)
+    model = gpt(args, torch.float32 if args.variant == "fsdp2" else None)
     numel = sum(p.numel() for p in model.parameters())
     master = None
     if args.variant == "gpu-fused":
@@ -99,15 +104,19 @@ def run_variant(args):
         opt = zenflow_bind.optim.AdamW(model.parameters(), lr=1e-5,
                                        cpus=",".join(map(str, worker_cpus)),
                                        threads=len(worker_cpus))
-    elif args.variant == "fsdp2":
+    elif args.variant.startswith("fsdp2"):
         import torch.distributed as dist
-        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29533")
         dist.init_process_group("cpu:gloo,cuda:nccl", rank=0, world_size=1)
+        policy = {"offload_policy": CPUOffloadPolicy()}
+        if args.variant == "fsdp2":
+            policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                       reduce_dtype=torch.float32)
         for block in model.blocks:
-            fully_shard(block, offload_policy=CPUOffloadPolicy())
-        fully_shard(model, offload_policy=CPUOffloadPolicy())
+            fully_shard(block, **policy)
+        fully_shard(model, **policy)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     else:
         master = [p.detach().float().cpu().pin_memory() for p in model.parameters()]
@@ -116,6 +125,10 @@ def run_variant(args):
         opt = torch.optim.AdamW(master, lr=1e-5, fused=True)
 
     def step(tokens):
+        """One training step: its parts in seconds, the copy-back spike and the peak."""
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
         logits = model(tokens[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
                                                  tokens[:, 1:].flatten())
@@ -125,6 +138,8 @@ def run_variant(args):
         else:
             loss.backward()
         torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        peak = torch.cuda.max_memory_allocated()
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         if master is None:
@@ -135,29 +150,28 @@ def run_variant(args):
             opt.step()
             for m, p in zip(master, model.parameters()):
                 p.detach().copy_(m, non_blocking=True)
+        t2 = time.perf_counter()
         torch.cuda.synchronize()
+        t3 = time.perf_counter()
         spike = torch.cuda.max_memory_allocated() - before
         model.zero_grad()  # the naive master's gradients stay
-        return spike
+        return {"step_s": t3 - t0, "fwd_bwd_s": t1 - t0, "host_s": t2 - t1, "gpu_after_s": t3 - t2,
+                "spike": spike, "peak": max(peak, torch.cuda.max_memory_allocated())}
 
     for batch in args.batches:
         tokens = torch.randint(0, args.vocab, (batch, args.seq + 1), device="cuda")
         for _ in range(args.warmup):
             step(tokens)
-        times, spikes = [], []
-        torch.cuda.reset_peak_memory_stats()
-        for _ in range(args.steps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            spikes.append(step(tokens))
-            times.append(time.perf_counter() - t0)
+        runs = [step(tokens) for _ in range(args.steps)]
         extra = 0
         if args.variant == "zenflow":
             extra = opt.worker.memory()["worker_rss_anon"]
+        row = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        row.update(spike=max(r["spike"] for r in runs), peak_gpu=max(r["peak"] for r in runs))
+        if args.variant == "zenflow":
+            row["worker_step_s"] = opt.last_step_seconds
         print(json.dumps({"variant": args.variant, "numel": numel, "tokens": batch * args.seq,
-                          "step_s": statistics.median(times), "spike": max(spikes),
-                          "peak_gpu": torch.cuda.max_memory_allocated(),
-                          "host_bytes_per_param": (host_bytes() - base + extra) / numel}),
+                          "host_bytes_per_param": (host_bytes() - base + extra) / numel, **row}),
               flush=True)
 
 
@@ -205,8 +219,9 @@ def main():
             numel = r["numel"]
     if not rows:
         return 1
-    print(f"model: {numel / 1e9:.2f}B bf16 parameters; step time in ms (ratio to gpu-fused); "
-          "peak GPU GiB; copy-back spike MiB; host bytes/param")
+    print(f"model: {numel / 1e9:.2f}B bf16 parameters; step time in ms (ratio to gpu-fused) = "
+          "forward+backward + step's host part + GPU after it; peak GPU GiB; copy-back spike "
+          "MiB; host bytes/param")
     for tokens in sorted({t for t, _ in rows}):
         ref = rows.get((tokens, "gpu-fused"))
         for variant in args.variants.split(","):
@@ -214,8 +229,9 @@ def main():
             if r is None:
                 continue
             ratio = f"{r['step_s'] / ref['step_s']:.2f}x" if ref else "-"
+            parts = "+".join(f"{r[k] * 1e3:.0f}" for k in ("fwd_bwd_s", "host_s", "gpu_after_s"))
             print(f"{tokens:7d} tokens  {variant:10s} {r['step_s'] * 1e3:8.1f} ms ({ratio:>6s})"
-                  f"  peak {r['peak_gpu'] / 2**30:6.1f}  spike {r['spike'] / 2**20:8.1f}"
+                  f" = {parts:15s} peak {r['peak_gpu'] / 2**30:6.1f}  spike {r['spike'] / 2**20:8.1f}"
                   f"  host {r['host_bytes_per_param']:5.1f}")
     return 0
 

@@ -60,8 +60,11 @@ class Gpu(unittest.TestCase):
             train(a, opt, batches)
             torch.cuda.synchronize()
         train(b, torch.optim.AdamW(b.parameters(), lr=1e-3, weight_decay=0.01), batches)
+        # Two roundings of the same AdamW differ in the last bits, and training feeds that back:
+        # where a gradient is near zero, m / (sqrt(v) + eps) turns on it. 20 steps move a weight
+        # up to 20 lr; the two may differ by half of one step's lr, not more.
         for p, q in zip(a.parameters(), b.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4)
+            torch.testing.assert_close(p, q, rtol=1e-3, atol=5e-4)
 
     def test_resume_is_bit_identical(self):
         batches = data(12)
