@@ -5,6 +5,8 @@ tokens per step; prints a table and the GPU, CPU and load. Not a test.
   gpu-fused   torch.optim.AdamW(fused=True) on the GPU: the optimizer state in GPU memory
   zenflow     zenflow_bind.optim.AdamW: the worker on this process's other CPUs, gradients out
               during backward, buckets stepped during backward (step_during_backward())
+  zenflow-whole  the same with every bucket going back to the GPU once the step is whole, not
+              as soon as the worker has stepped it (a diagnostic: what going back early saves)
   fsdp2       FSDP2 fully_shard(CPUOffloadPolicy()) on one rank, torch's fused CPU AdamW: the
               synchronous CPU step FSDP2 users have; fp32 parameters computed in bf16
               (MixedPrecisionPolicy), the same arithmetic as ours (fp32 master and moments)
@@ -95,8 +97,11 @@ def run_variant(args):
     master = None
     if args.variant == "gpu-fused":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    elif args.variant == "zenflow":
+    elif args.variant.startswith("zenflow"):
         import zenflow_bind.optim
+        if args.variant == "zenflow-whole":
+            from zenflow_bind._layout import Slot
+            Slot.can_go_early = lambda self, k: False
         cpus = sorted(os.sched_getaffinity(0))
         trainer = cpus[:args.trainer_cpus]
         os.sched_setaffinity(0, trainer)
@@ -132,7 +137,7 @@ def run_variant(args):
         logits = model(tokens[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
                                                  tokens[:, 1:].flatten())
-        if args.variant == "zenflow":
+        if args.variant.startswith("zenflow"):
             with opt.step_during_backward():
                 loss.backward()
         else:
@@ -160,15 +165,20 @@ def run_variant(args):
 
     for batch in args.batches:
         tokens = torch.randint(0, args.vocab, (batch, args.seq + 1), device="cuda")
-        for _ in range(args.warmup):
-            step(tokens)
-        runs = [step(tokens) for _ in range(args.steps)]
+        try:
+            for _ in range(args.warmup):
+                step(tokens)
+            runs = [step(tokens) for _ in range(args.steps)]
+        except torch.OutOfMemoryError:  # this size and the larger ones do not fit
+            print(json.dumps({"variant": args.variant, "tokens": batch * args.seq, "oom": True}),
+                  flush=True)
+            return
         extra = 0
-        if args.variant == "zenflow":
+        if args.variant.startswith("zenflow"):
             extra = opt.worker.memory()["worker_rss_anon"]
         row = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
         row.update(spike=max(r["spike"] for r in runs), peak_gpu=max(r["peak"] for r in runs))
-        if args.variant == "zenflow":
+        if args.variant.startswith("zenflow"):
             row["worker_step_s"] = opt.last_step_seconds
         print(json.dumps({"variant": args.variant, "numel": numel, "tokens": batch * args.seq,
                           "host_bytes_per_param": (host_bytes() - base + extra) / numel, **row}),
@@ -205,34 +215,42 @@ def main():
         print(f"no CUDA device (torch {torch.__version__}): nothing to measure")
         return 2
     describe()
-    rows = {}
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    rows, numel = {}, 0
+    passed = [a for a, b in zip(sys.argv[1:], ["-"] + sys.argv[1:])  # all but --variants
+              if not a.startswith("--variants") and b != "--variants"]
     for variant in args.variants.split(","):
-        cmd = [sys.executable, __file__, "--variant", variant] + \
-            [a for a in sys.argv[1:] if not a.startswith("--variants")]
+        cmd = [sys.executable, __file__, "--variant", variant] + passed
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
             print(f"{variant}: failed\n{out.stderr[-2000:]}")
-            continue
-        for line in out.stdout.splitlines():
+        for line in out.stdout.splitlines():  # the rows it measured before it failed too
             r = json.loads(line)
             rows[(r["tokens"], variant)] = r
-            numel = r["numel"]
-    if not rows:
+            numel = r.get("numel", numel)
+    if not numel:
         return 1
     print(f"model: {numel / 1e9:.2f}B bf16 parameters; step time in ms (ratio to gpu-fused) = "
           "forward+backward + step's host part + GPU after it; peak GPU GiB; copy-back spike "
           "MiB; host bytes/param")
     for tokens in sorted({t for t, _ in rows}):
         ref = rows.get((tokens, "gpu-fused"))
+        ref = None if ref is None or ref.get("oom") else ref
         for variant in args.variants.split(","):
             r = rows.get((tokens, variant))
             if r is None:
                 continue
+            if r.get("oom"):
+                print(f"{tokens:7d} tokens  {variant:10s} out of GPU memory")
+                continue
             ratio = f"{r['step_s'] / ref['step_s']:.2f}x" if ref else "-"
             parts = "+".join(f"{r[k] * 1e3:.0f}" for k in ("fwd_bwd_s", "host_s", "gpu_after_s"))
+            worker = r.get("worker_step_s")
+            worker = f"  worker {worker * 1e3:.0f} ms" if worker is not None else ""
             print(f"{tokens:7d} tokens  {variant:10s} {r['step_s'] * 1e3:8.1f} ms ({ratio:>6s})"
-                  f" = {parts:15s} peak {r['peak_gpu'] / 2**30:6.1f}  spike {r['spike'] / 2**20:8.1f}"
-                  f"  host {r['host_bytes_per_param']:5.1f}")
+                  f" = {parts:15s} peak {r['peak_gpu'] / 2**30:6.1f}"
+                  f"  spike {r['spike'] / 2**20:8.1f}"
+                  f"  host {r['host_bytes_per_param']:5.1f}{worker}")
     return 0
 
 

@@ -9,6 +9,10 @@
   storage (no staging tensor on the GPU for a parameter of the gradient's dtype); the caller's
   stream waits for them before the next forward, the host does not, and the worker writes nothing
   the copies read before they are done (settle()).
+- A bucket stepped during backward goes back at once (early()), while the worker steps the next
+  ones: first its old values into its gradient slots, which the step has consumed, then its new
+  ones. If a later bucket fails, restore() puts the old values back: the model sees the step
+  whole or not at all, and the copies cost one more transfer each way, hidden behind the step.
 
 Nothing here touches torch.cuda before a group with a CUDA parameter is adopted."""
 
@@ -34,6 +38,7 @@ class Gpu:
         self.out = None        # stream: gradients to the host
         self.back = None       # stream: parameters to the GPU
         self.back_done = None  # True while copies are queued, then their event, until settle()
+        self.after_use = False  # the back stream waited for the caller's since the last publish
         self.pid = os.getpid()  # a forked child neither waits for nor unpins its parent's
 
     @property
@@ -82,15 +87,39 @@ class Gpu:
             self.out.synchronize()
 
     def param_back(self, param, src):
-        """Queue the copy of src (pinned, on the host) into param's storage."""
-        if self.back_done is None:  # the first of a step: after the model's last use
+        """Queue the copy of src (pinned, on the host) into param's storage, after the model's
+        last use so far."""
+        if not self.after_use:  # the first of a step()
             self.back.wait_stream(torch.cuda.current_stream(self.device))
+            self.after_use = True
         with torch.cuda.stream(self.back):
             param.copy_(src, non_blocking=True)
         self.back_done = True
 
+    def early(self, slots, k, after):
+        """A bucket stepped during backward: queue its old values into its gradient slots in
+        buffer k, then its new ones into the parameters, after the event `after` of its last
+        gradient copy (which followed backward's last use of them). From the driver thread."""
+        with torch.cuda.device(self.device), torch.cuda.stream(self.back), torch.no_grad():
+            self.back.wait_event(after)
+            for s in slots:
+                s.grads[k].copy_(local(s.param), non_blocking=True)
+            for s in slots:
+                local(s.param).copy_(s.copy if s.copy is not None else s.master,
+                                     non_blocking=True)
+        self.back_done = True
+
+    def restore(self, slots, k):
+        """Put back the old values early() saved, and have the caller's stream wait for them."""
+        with torch.cuda.device(self.device), torch.cuda.stream(self.back), torch.no_grad():
+            for s in slots:
+                local(s.param).copy_(s.grads[k], non_blocking=True)
+        self.back_done = True
+        self.publish()
+
     def publish(self):
         """A step's copies are queued: the caller's stream (the next forward) waits for them."""
+        self.after_use = False
         if self.back_done is True:
             event = torch.cuda.Event()
             event.record(self.back)

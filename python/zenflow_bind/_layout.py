@@ -58,6 +58,8 @@ class Slot:
         # hook copied
         self.staged = None
         self.hook = None    # the handle of that hook (watch())
+        self.early = None   # buffer k when its bucket went back early (_cuda.Gpu.early): its
+        # gradient slot there holds the parameter's old values until the step is whole
 
     def load_from_model(self):
         """Take the model's values as the master weights."""
@@ -103,6 +105,13 @@ class Slot:
         """Whether watch() copies its gradient during backward."""
         return self.hook is not None
 
+    def can_go_early(self, k):
+        """Whether its gradient slot in buffer k can hold its values (a CUDA parameter of the
+        gradient's dtype), so that its bucket can go back to the GPU before the step is whole."""
+        shard = local(self.param)
+        return shard.device.type == "cuda" and not self.sharded and \
+            self.grads[k].dtype == shard.dtype
+
     def unchanged_since_staged(self, k):
         """The gradient backward gave it, copied into buffer k by the hook, not written since."""
         g, staged = self.param.grad, self.staged
@@ -129,6 +138,10 @@ class Slot:
             if k is None or g is None or g.is_sparse:
                 return
             dst, event = self.grads[k], None
+            if self.early is not None:  # its bucket went back; landing again is an error
+                if landed is not None:  # (step() raises it), and the slot keeps the old values
+                    landed(self)
+                return
             if device == "cuda":
                 event = gpu.grad_out(g, dst)
             elif g.data_ptr() != dst.data_ptr():
@@ -142,8 +155,11 @@ class Slot:
 
     def write_back(self, gpu=None):
         """Bring the updated parameters of a completed step into the model (a CUDA one through
-        gpu's copy stream)."""
+        gpu's copy stream), unless its bucket went back during backward (early)."""
         p = self.param
+        if self.early is not None:
+            self.early, self.seen = None, _identity(p)
+            return
         # a copy-out exists only when the whole group has the parameter's 16-bit dtype
         src = self.copy if self.copy is not None else self.master
         with torch.no_grad():

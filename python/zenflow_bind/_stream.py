@@ -9,6 +9,10 @@ queue is empty, so the buckets step with backward's gradients); step() then step
 and brings the whole update into the model: the updated values stay in
 the worker until every bucket is done, so the model sees the step whole or not at all.
 
+A bucket of CUDA parameters goes back to the GPU as soon as the worker has stepped it
+(_cuda.Gpu.early), its old values kept in its consumed gradient slots until step() has the
+whole step; a failure puts them back (optim.AdamW._restore_early).
+
 The update is element-wise, so the buckets' result is the whole step's to the bit. A decision over
 every gradient (skip_nonfinite, max_grad_norm) cannot be made bucket by bucket: with either, and in
 overlap mode, the hooks only copy, and step() steps everything at once."""
@@ -23,19 +27,22 @@ class Stream:
     """One backward's buckets: which have landed, which went to the worker, what they found.
     The worker handle is the driver thread's from the first bucket queued until close()."""
 
-    def __init__(self, worker, layouts, k, grad_scale, flags, timeout_ms, device=None):
+    def __init__(self, worker, layouts, k, grad_scale, flags, timeout_ms, gpu=None):
         self.worker = worker
         self.k = k
         self.grad_scale = grad_scale
         self.flags = flags
         self.timeout_ms = int(timeout_ms)
-        self.device = device  # the CUDA device of the gradient copies, or None
+        self.gpu = gpu if gpu is not None and gpu.active else None
         self.left = {}       # worker group index -> slots still to land (streamable buckets)
+        self.early = {}      # worker group index -> its slots, to go back once stepped
         self.landed = set()  # ids of the slots that landed
         for layout in layouts:
             for bucket in layout.buckets if layout else ():
                 if all(s.streamable() for s in bucket):
                     self.left[bucket[0].group.index] = len(bucket)
+                    if self.gpu is not None and all(s.can_go_early(k) for s in bucket):
+                        self.early[bucket[0].group.index] = bucket
         self.queue = collections.deque()
         self.stepped = {}  # worker group indices submitted, in order (a dict keeps the order)
         self.events = {}   # worker group index -> CUDA event of its last gradient copy
@@ -88,12 +95,17 @@ class Stream:
                 event = self.events.get(index)
                 if event is not None:  # its gradients are in host memory
                     import torch
-                    with torch.cuda.device(self.device):
+                    with torch.cuda.device(self.gpu.device):
                         event.synchronize()
                 self.worker.submit(0, grad_buffer=self.k, grad_scale=self.grad_scale,
                                    flags=self.flags, groups=range(index, index + 1))
                 self.stepped[index] = None
                 result = self.worker.wait_result(self.timeout_ms)
+                bucket = self.early.get(index)
+                if bucket is not None and event is not None:
+                    self.gpu.early(bucket, self.k, event)
+                    for s in bucket:
+                        s.early = self.k
             except BaseException as e:  # noqa: B036 (this thread's end: close() raises it)
                 with self._cv:
                     self.error = e

@@ -368,7 +368,7 @@ class AdamW(torch.optim.Optimizer):
                 scale = self._set_hypers(grad_scale)
                 stream = Stream(self._worker, self._layouts, self._buffer, scale,
                                 STEP_GRAD_NORM if self._want_norm else 0, self.timeout_ms,
-                                self._gpu.device)
+                                self._gpu)
             self._stream, self._stream_scale = stream, grad_scale
         self._stream_open = True
         failed = True
@@ -386,6 +386,7 @@ class AdamW(torch.optim.Optimizer):
             if failed:  # backward raised: nothing to complete, or a step begun
                 if stream is not None and stream.started():
                     self._torn = True
+                    self._restore_early()
                 else:
                     self._stream = self._stream_scale = None
 
@@ -426,6 +427,7 @@ class AdamW(torch.optim.Optimizer):
                     seconds += result.seconds
                     sum_squares += result.grad_norm ** 2
         except ZenbindError as e:
+            self._restore_early()
             raise ZenbindError(e.code, f"{_detail(e)}; nothing of this step was applied to the "
                                        f"model: {_AFTER_DEATH}") from e
         self._apply(pending, StepResult(nonfinite, math.sqrt(sum_squares), False, seconds))
@@ -443,6 +445,7 @@ class AdamW(torch.optim.Optimizer):
         for what is still in flight (a bucket past its timeout) and refuse to step until a
         state dict is loaded (the buckets before it took the step)."""
         e = stream.error
+        self._restore_early()
         if stream.stranded:
             self._in_flight = []  # _finish() collects it later; nothing to apply
         if stream.stepped:
@@ -564,6 +567,17 @@ class AdamW(torch.optim.Optimizer):
                     slot.write_back(self._gpu)
         self._gpu.publish()
 
+    def _restore_early(self):
+        """A streamed step that cannot complete: the buckets that went back to the GPU get their
+        old values again (their master weights keep the step: refresh_if_changed() takes the
+        model's values, or load_state_dict() rewrites them)."""
+        slots = [s for layout in self._layouts for s in (layout.slots if layout else ())
+                 if s.early is not None]
+        for k in {s.early for s in slots}:
+            self._gpu.restore([s for s in slots if s.early == k], k)
+        for s in slots:
+            s.early = None
+
     def _switch_buffer(self, k):
         """Overlap: backward now fills the other buffer. The gradients keep their values (torch
         leaves .grad alone in step), at the price of one copy of the gradient buffer."""
@@ -661,6 +675,7 @@ class AdamW(torch.optim.Optimizer):
                     stream.close()  # a step begun during backward is dropped with the worker
                 except BaseException:  # noqa: B036 (closing: the worker goes anyway)
                     pass
+                self._restore_early()
             self._finish()
         finally:
             self._snapshot = None

@@ -1,9 +1,14 @@
 """zenflow_bind.optim.AdamW with a model on a CUDA GPU: parity with torch.optim.AdamW over 20
 steps, a bit-identical resume from a state dict, steps during backward equal to one step to the
-bit, the worker's buffers pinned and the model's parameters never staged through a GPU tensor.
+bit with buckets gone back to the GPU during backward, the model untouched when the worker dies
+after some had, the worker's buffers pinned and the model's parameters never staged through a
+GPU tensor.
 Skips without a CUDA device (CI has none); bench/gpu_run.sh runs it on a GPU machine."""
 
 import copy
+import os
+import signal
+import time
 import unittest
 
 import torch
@@ -35,6 +40,18 @@ def loss_of(model, tokens):
 def data(steps, seed=1):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, 256, (4, 33), generator=g).cuda() for _ in range(steps)]
+
+
+def count_calls(obj, name):
+    """Count the calls of obj.name from now on: a one-element list."""
+    calls, method = [0], getattr(obj, name)
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return method(*args, **kwargs)
+
+    setattr(obj, name, counted)
+    return calls
 
 
 def train(model, opt, batches, during=False):
@@ -88,10 +105,41 @@ class Gpu(unittest.TestCase):
         with ours(a.parameters(), lr=1e-3, bucket_elements=50_000) as oa, \
                 ours(b.parameters(), lr=1e-3) as ob:
             self.assertGreater(len(oa._layouts[0].buckets), 2)
+            early = count_calls(oa._gpu, "early")
             train(a, oa, batches, during=True)
             train(b, ob, batches)
             torch.cuda.synchronize()
+            self.assertGreaterEqual(early[0], len(batches))  # buckets went back during backward
             for p, q in zip(a.parameters(), b.parameters()):
+                self.assertTrue(torch.equal(p, q))
+
+    def test_worker_killed_after_buckets_went_back_leaves_the_model(self):
+        model = gpt(dtype=torch.bfloat16)
+        armed, slots = [False], []
+
+        def kill_once_some_went_back(p):  # the embedding's: the last gradient of backward
+            if not armed[0]:
+                return
+            deadline = time.monotonic() + 30
+            while not any(s.early is not None for s in slots) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            os.kill(opt.worker.pid, signal.SIGKILL)  # before its bucket goes (hooks in order)
+
+        model["embed"].weight.register_post_accumulate_grad_hook(kill_once_some_went_back)
+        with ours(model.parameters(), lr=1e-3, bucket_elements=50_000) as opt:
+            slots += opt._layouts[0].slots
+            train(model, opt, data(2), during=True)
+            torch.cuda.synchronize()
+            before = [p.detach().clone() for p in model.parameters()]
+            armed[0] = True
+            opt.zero_grad()
+            with opt.step_during_backward():
+                loss_of(model, data(1, seed=3)[0]).backward()
+            self.assertTrue(any(s.early is not None for s in slots))
+            with self.assertRaisesRegex(Exception, "nothing of this step was applied"):
+                opt.step()
+            self.assertTrue(all(s.early is None for s in slots))
+            for p, q in zip(model.parameters(), before):
                 self.assertTrue(torch.equal(p, q))
 
     def test_copy_back_needs_no_gpu_staging(self):
