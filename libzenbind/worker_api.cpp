@@ -104,14 +104,16 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
             fail(ZB_EINVAL, "zb_worker_group_add: grad must be ZB_DTYPE_FP32, BF16 or FP16");
         if (copy != ZB_DTYPE_NONE && copy != ZB_DTYPE_BF16 && copy != ZB_DTYPE_FP16)
             fail(ZB_EINVAL, "zb_worker_group_add: copy_out must be ZB_DTYPE_NONE, BF16 or FP16");
-        if (attr->stale != 0 && attr->stale != 1)
-            fail(ZB_EINVAL, "zb_worker_group_add: stale must be 0 or 1");
+        if (attr->flags & ~(ZB_GROUP_STALE | ZB_GROUP_ONE_GRAD_BUFFER))
+            fail(ZB_EINVAL, "zb_worker_group_add: unknown flags " + std::to_string(attr->flags));
+        const bool stale = attr->flags & ZB_GROUP_STALE;
+        const unsigned buffers = attr->flags & ZB_GROUP_ONE_GRAD_BUFFER ? 1 : 2;
         check_hyper(attr->hyper, "zb_worker_group_add: hyper");
 
         const auto g = static_cast<uint32_t>(w.groups.size());
         const size_t n = attr->numel;
         proto::GroupDesc d = proto::lay_out_group(n, static_cast<proto::Dtype>(grad),
-                                                  static_cast<proto::Dtype>(copy), attr->stale);
+                                                  static_cast<proto::Dtype>(copy), stale, buffers);
         d.hyper = to_shm(attr->hyper);
         // The worker allocates the group's two moments, page-rounded, when it registers it.
         zb::shm::Segment seg("zenflow parameter group", d.segment_size, w.mems,
@@ -125,7 +127,7 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
         w.groups.push_back(std::move(seg));
         w.numel += n;
         w.param_bytes += 4 * n;
-        w.grad_bytes += 2 * proto::dtype_size(d.grad) * n;
+        w.grad_bytes += buffers * proto::dtype_size(d.grad) * n;
         w.copy_bytes += proto::dtype_size(d.copy) * n;
         w.stale_bytes += d.stale ? 4 * n : 0;
         *group = g;
@@ -144,7 +146,7 @@ zb_status zb_worker_group_buffers(zb_worker_t *worker, unsigned group, zb_group_
         out->numel = d.numel;
         out->params = reinterpret_cast<float *>(base + d.off_params);
         out->grads[0] = base + d.off_grads[0];
-        out->grads[1] = base + d.off_grads[1];
+        out->grads[1] = d.off_grads[1] ? base + d.off_grads[1] : nullptr;
         out->copy_out = d.off_copy ? base + d.off_copy : nullptr;
         out->stale = d.off_stale ? reinterpret_cast<float *>(base + d.off_stale) : nullptr;
         out->grad = static_cast<zb_dtype>(d.grad);
@@ -174,6 +176,11 @@ void submit_groups(zb_worker_t *worker, const zb_worker_step *step, unsigned fir
         fail(ZB_EINVAL, f + ": groups " + std::to_string(first) + " to " +
                             std::to_string(first + count) + " (exclusive) are not registered (" +
                             std::to_string(ngroups) + " are)");
+    for (size_t g = first; g < first + count; ++g)
+        if (w.ctl->groups[g].off_grads[step->grad_buffer] == 0)
+            fail(ZB_EINVAL, f + ": group " + std::to_string(g) +
+                                " has one gradient buffer (ZB_GROUP_ONE_GRAD_BUFFER): grad_buffer "
+                                "must be 0");
     if (step->hypers) {
         if (step->nhypers != count)
             fail(ZB_EINVAL, f + ": nhypers is " + std::to_string(step->nhypers) +

@@ -160,7 +160,7 @@ Work add_group(Team &t) {
     tensor.n = n;
     tensor.hyper = &added.hyper;
     added.grads[0] = g.base + d.off_grads[0];
-    added.grads[1] = g.base + d.off_grads[1];
+    added.grads[1] = d.off_grads[1] ? g.base + d.off_grads[1] : nullptr;
     return Work::zero_moments;
 }
 
@@ -206,6 +206,12 @@ Work prepare_step(Team &t) {
         g.hyper.step = ctl.step ? ctl.step : g.steps + 1;
         g.hyper.grad_scale = ctl.grad_scale;
         g.tensor.grad = g.grads[ctl.grad_buffer & 1];
+        if (!g.tensor.grad) {
+            t.answer(ZB_EINVAL, ("group " + std::to_string(i) + " has no gradient buffer " +
+                                 std::to_string(ctl.grad_buffer & 1))
+                                    .c_str());
+            return Work::answered;
+        }
     }
     t.nonfinite.store(0, std::memory_order_relaxed);
     t.stats = (ctl.flags & (proto::kStepSkipNonfinite | proto::kStepGradNorm)) != 0 ||

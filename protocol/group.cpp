@@ -18,15 +18,15 @@ bool overlap(Range a, Range b) {
 
 } // namespace
 
-GroupDesc lay_out_group(uint64_t numel, Dtype grad, Dtype copy, bool stale) {
+GroupDesc lay_out_group(uint64_t numel, Dtype grad, Dtype copy, bool stale, unsigned grad_buffers) {
     GroupDesc d{};
     d.numel = numel;
     d.grad = grad;
     d.copy = copy;
     d.stale = stale ? 1 : 0;
     uint64_t off = page_round(4 * numel);
-    for (auto &o : d.off_grads) {
-        o = off;
+    for (unsigned k = 0; k < (grad_buffers == 1 ? 1u : 2u); ++k) {
+        d.off_grads[k] = off;
         off += page_round(dtype_size(grad) * numel);
     }
     if (copy != Dtype::none) {
@@ -54,8 +54,8 @@ const char *group_fits(const GroupDesc &d, uint64_t segment_size) {
     Range r[5];
     unsigned count = 0;
     r[count++] = {d.off_params, 4 * n};
-    for (uint64_t o : d.off_grads)
-        r[count++] = {o, dtype_size(d.grad) * n};
+    r[count++] = {d.off_grads[0], dtype_size(d.grad) * n};
+    if (d.off_grads[1] != 0) r[count++] = {d.off_grads[1], dtype_size(d.grad) * n};
     if (d.copy != Dtype::none)
         r[count++] = {d.off_copy, dtype_size(d.copy) * n};
     else if (d.off_copy != 0)

@@ -93,18 +93,29 @@ typedef struct zb_adam_hyper {
 /* torch.optim.AdamW's defaults: lr 1e-3, betas 0.9/0.999, eps 1e-8, weight_decay 1e-2. */
 void zb_adam_hyper_init(zb_adam_hyper *hyper);
 
+/* zb_group_attr.flags */
+/* Keep an fp32 snapshot of the updated parameters (the former `stale = 1`). */
+#define ZB_GROUP_STALE 0x1u
+/* One gradient buffer, not two (since 0.5): a trainer that never fills a buffer while a step
+ * reads the other saves dtype size bytes per parameter; zb_group_buffers.grads[1] is NULL and a
+ * step that reads buffer 1 is refused. A library before 0.5 refuses the flag (ZB_EINVAL). */
+#define ZB_GROUP_ONE_GRAD_BUFFER 0x2u
+
 /* A parameter group to register. */
 typedef struct zb_group_attr {
-    size_t numel;      /* parameters in the group, >= 1 */
-    zb_dtype grad;     /* FP32, BF16 or FP16; two buffers of it are allocated */
+    size_t numel;  /* parameters in the group, >= 1 */
+    zb_dtype grad; /* FP32, BF16 or FP16; two buffers of it, or one (ZB_GROUP_ONE_GRAD_BUFFER) */
     zb_dtype copy_out; /* NONE, BF16 or FP16: the updated parameters, converted */
-    int stale;         /* 1: keep an fp32 snapshot of the updated parameters */
+    union {            /* one int: 0.4's `stale` is flags' ZB_GROUP_STALE bit */
+        int stale;
+        unsigned flags; /* ZB_GROUP_* */
+    };
     zb_adam_hyper hyper;
 } zb_group_attr;
 
-/* Reserve the group's shared memory (params, 2 gradient buffers, copy-out, stale), hand it to the
- * worker, which allocates and zeroes the Adam moments with its pinned threads. The new group's id
- * (0, 1, ... in registration order) goes to *group. Parameters start at 0: fill them through
+/* Reserve the group's shared memory (params, 2 or 1 gradient buffers, copy-out, stale), hand it to
+ * the worker, which allocates and zeroes the Adam moments with its pinned threads. The new group's
+ * id (0, 1, ... in registration order) goes to *group. Parameters start at 0: fill them through
  * zb_worker_group_buffers() before the first step. Not allowed while a step is in flight. */
 zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, unsigned *group);
 
@@ -115,7 +126,7 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
 typedef struct zb_group_buffers {
     size_t numel;
     float *params;
-    void *grads[2];
+    void *grads[2]; /* grads[1] NULL with ZB_GROUP_ONE_GRAD_BUFFER */
     void *copy_out; /* NULL if the group has none */
     float *stale;   /* NULL if the group has none */
     zb_dtype grad;
@@ -150,10 +161,11 @@ typedef struct zb_worker_step {
 } zb_worker_step;
 
 /* Start a step and return without waiting. ZB_EINVAL if a step is already in flight, grad_buffer
- * > 1, step < 0, unknown flags, max_grad_norm negative or not finite, or nhypers does not match.
- * A step with no group registered is allowed: it does no work and measures the control round
- * trip. ZB_EDEAD if the worker has died. A step with step == 0 fails at the wait with ZB_EINVAL,
- * writing nothing, if a group's count is already INT64_MAX. */
+ * > 1 or 1 over a group with ZB_GROUP_ONE_GRAD_BUFFER, step < 0, unknown flags, max_grad_norm
+ * negative or not finite, or nhypers does not match. A step with no group registered is allowed: it
+ * does no work and measures the control round trip. ZB_EDEAD if the worker has died. A step with
+ * step == 0 fails at the wait with ZB_EINVAL, writing nothing, if a group's count is already
+ * INT64_MAX. */
 zb_status zb_worker_submit(zb_worker_t *worker, const zb_worker_step *step);
 
 /* zb_worker_submit over groups first .. first + count - 1 only (count >= 1), e.g. a bucket whose
@@ -209,7 +221,7 @@ zb_status zb_worker_last_step_seconds(const zb_worker_t *worker, double *seconds
 typedef struct zb_worker_memory {
     size_t numel;           /* parameters in all groups */
     size_t params;          /* fp32 master copies, shared: 4 per parameter */
-    size_t grads;           /* both gradient buffers, shared: 2 x dtype size per parameter */
+    size_t grads;           /* the gradient buffers, shared: 1 or 2 x dtype size per parameter */
     size_t copy_out;        /* shared: 0 or 2 per parameter */
     size_t stale;           /* shared: 0 or 4 per parameter */
     size_t moments;         /* exp_avg + exp_avg_sq, private to the worker: 8 per parameter */

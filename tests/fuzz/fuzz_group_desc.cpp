@@ -36,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int count = 0;
     spans[count++] = {d.off_params, 4 * n};
     spans[count++] = {d.off_grads[0], g * n};
-    spans[count++] = {d.off_grads[1], g * n};
+    if (d.off_grads[1] != 0) spans[count++] = {d.off_grads[1], g * n}; // else one buffer
     if (d.copy != Dtype::none)
         spans[count++] = {d.off_copy, 2 * n};
     else
@@ -53,8 +53,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                           spans[j].off + spans[j].bytes <= spans[i].off);
     }
     // What the trainer lays out always fits.
-    const GroupDesc laid = lay_out_group(
-        n % 4096 + 1, d.grad == Dtype::f32 ? Dtype::f32 : Dtype::bf16, d.copy, d.stale != 0);
+    const GroupDesc laid =
+        lay_out_group(n % 4096 + 1, d.grad == Dtype::f32 ? Dtype::f32 : Dtype::bf16, d.copy,
+                      d.stale != 0, d.off_grads[1] != 0 ? 2 : 1);
     ZB_FUZZ_CHECK(group_fits(laid, laid.segment_size) == nullptr);
     return 0;
 }

@@ -52,13 +52,15 @@ static zb_worker_t *spawn_threads(unsigned threads) {
     return w;
 }
 
-static unsigned add_group(zb_worker_t *w, size_t numel, zb_dtype grad, zb_dtype copy, int stale) {
+/* flags: ZB_GROUP_*; 1 is also 0.4's `stale = 1` */
+static unsigned add_group(zb_worker_t *w, size_t numel, zb_dtype grad, zb_dtype copy,
+                          unsigned flags) {
     zb_group_attr g;
     memset(&g, 0, sizeof g);
     g.numel = numel;
     g.grad = grad;
     g.copy_out = copy;
-    g.stale = stale;
+    g.flags = flags;
     zb_adam_hyper_init(&g.hyper);
     unsigned id = 99;
     zb_status st = zb_worker_group_add(w, &g, &id);
@@ -603,7 +605,7 @@ static void test_worker_refuses_other_version(void **state) {
     assert_non_null(strstr(msg, "layout 999"));
     uint32_t echoed = 0;
     assert_int_equal(pread(fd, &echoed, 4, 12), 4);
-    assert_int_equal(echoed, 3); /* the worker's own layout version (zbproto/layout.hpp) */
+    assert_int_equal(echoed, 4); /* the worker's own layout version (zbproto/layout.hpp) */
     close(fd);
 }
 
@@ -660,6 +662,50 @@ static void test_memory_accounting(void **state) {
 
 /* The ZENFLOW_* variables choose CPUs, thread count and nodes when the attributes do not; the
  * attributes override them; bad values name the variable. */
+static void test_one_gradient_buffer(void **state) {
+    (void)state;
+    zb_worker_t *w = spawn_threads(1);
+    const size_t n = 1u << 16;
+    const unsigned one = add_group(w, n, ZB_DTYPE_FP32, ZB_DTYPE_NONE, ZB_GROUP_ONE_GRAD_BUFFER);
+    const unsigned two = add_group(w, n, ZB_DTYPE_BF16, ZB_DTYPE_BF16, 0);
+    zb_group_buffers b;
+    assert_int_equal(zb_worker_group_buffers(w, one, &b), ZB_OK);
+    assert_non_null(b.grads[0]);
+    assert_null(b.grads[1]);
+    zb_worker_memory m;
+    assert_int_equal(zb_worker_memory_usage(w, &m), ZB_OK);
+    assert_int_equal(m.grads, (4 + 2 * 2) * n);
+    assert_true(m.shm_reserved < (4 + 4 + 4 + 4 + 2) * n + (1u << 20));
+
+    /* buffer 1 is refused over a range that holds the group, before the worker sees the step */
+    assert_int_equal(step(w, 0, 1), ZB_EINVAL);
+    assert_non_null(strstr(zb_last_error(), "one gradient buffer"));
+    zb_worker_step s = {0, 1.0f, 1, NULL, 0, 0, 0.0f};
+    assert_int_equal(zb_worker_submit_groups(w, &s, two, 1), ZB_OK); /* the other group has two */
+    assert_int_equal(zb_worker_wait(w, 10000, NULL), ZB_OK);
+
+    /* buffer 0 steps it */
+    float *g = b.grads[0];
+    for (size_t i = 0; i < n; ++i)
+        g[i] = 1.0f;
+    assert_int_equal(
+        zb_worker_submit_groups(w, &(zb_worker_step){0, 1.0f, 0, NULL, 0, 0, 0.0f}, one, 1), ZB_OK);
+    assert_int_equal(zb_worker_wait(w, 10000, NULL), ZB_OK);
+    for (size_t i = 0; i < n; i += 4099)
+        assert_true(b.params[i] < 0.0f); /* lr 1e-3 against a gradient of 1 */
+
+    zb_group_attr bad;
+    memset(&bad, 0, sizeof bad);
+    bad.numel = 16;
+    bad.grad = ZB_DTYPE_FP32;
+    bad.flags = 0x4u;
+    zb_adam_hyper_init(&bad.hyper);
+    unsigned id;
+    assert_int_equal(zb_worker_group_add(w, &bad, &id), ZB_EINVAL);
+    assert_non_null(strstr(zb_last_error(), "unknown flags"));
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
 static void test_environment_defaults(void **state) {
     (void)state;
     cpu_set_t mine;
@@ -970,6 +1016,7 @@ int main(void) {
         cmocka_unit_test(test_worker_refuses_other_version),
         cmocka_unit_test(test_trainer_refuses_other_version),
         cmocka_unit_test(test_memory_accounting),
+        cmocka_unit_test(test_one_gradient_buffer),
         cmocka_unit_test(test_environment_defaults),
         cmocka_unit_test(test_thread_i_on_the_ith_cpu),
         cmocka_unit_test(test_worker_environment_and_sigint),

@@ -37,34 +37,37 @@ void test_every_layout_fits(void **) {
     for (Dtype grad : kGrads)
         for (Dtype copy : kCopies)
             for (int stale = 0; stale < 2; ++stale)
-                for (uint64_t n : kSizes) {
-                    const proto::GroupDesc d = proto::lay_out_group(n, grad, copy, stale);
-                    assert_null(proto::group_fits(d, d.segment_size));
-                    assert_int_equal(d.numel, n);
-                    Buf b[5] = {{d.off_params, 4 * n},
-                                {d.off_grads[0], proto::dtype_size(grad) * n},
-                                {d.off_grads[1], proto::dtype_size(grad) * n},
-                                {d.off_copy, proto::dtype_size(copy) * n},
-                                {d.off_stale, stale ? 4 * n : 0}};
-                    uint64_t total = 0;
-                    for (const Buf &x : b) {
-                        if (x.bytes == 0) {
-                            assert_int_equal(x.off, 0); // absent
-                            continue;
+                for (unsigned buffers = 1; buffers <= 2; ++buffers)
+                    for (uint64_t n : kSizes) {
+                        const proto::GroupDesc d =
+                            proto::lay_out_group(n, grad, copy, stale, buffers);
+                        assert_null(proto::group_fits(d, d.segment_size));
+                        assert_int_equal(d.numel, n);
+                        Buf b[5] = {
+                            {d.off_params, 4 * n},
+                            {d.off_grads[0], proto::dtype_size(grad) * n},
+                            {d.off_grads[1], buffers == 2 ? proto::dtype_size(grad) * n : 0},
+                            {d.off_copy, proto::dtype_size(copy) * n},
+                            {d.off_stale, stale ? 4 * n : 0}};
+                        uint64_t total = 0;
+                        for (const Buf &x : b) {
+                            if (x.bytes == 0) {
+                                assert_int_equal(x.off, 0); // absent
+                                continue;
+                            }
+                            assert_int_equal(x.off % proto::kPage, 0);
+                            assert_true(x.off + x.bytes <= d.segment_size);
+                            total += proto::page_round(x.bytes);
                         }
-                        assert_int_equal(x.off % proto::kPage, 0);
-                        assert_true(x.off + x.bytes <= d.segment_size);
-                        total += proto::page_round(x.bytes);
+                        // Packed: nothing but page rounding between the buffers.
+                        assert_int_equal(d.segment_size, total);
+                        const proto::TransferLayout t = proto::transfer_layout(n);
+                        assert_true(t.exp_avg_sq >= 4 * n && t.exp_avg_sq % proto::kPage == 0);
+                        assert_int_equal(t.size, t.exp_avg_sq + proto::page_round(4 * n));
+                        // The segment must be exactly the descriptor's size.
+                        assert_non_null(proto::group_fits(d, d.segment_size + proto::kPage));
+                        assert_non_null(proto::group_fits(d, d.segment_size - 1));
                     }
-                    // Packed: nothing but page rounding between the buffers.
-                    assert_int_equal(d.segment_size, total);
-                    const proto::TransferLayout t = proto::transfer_layout(n);
-                    assert_true(t.exp_avg_sq >= 4 * n && t.exp_avg_sq % proto::kPage == 0);
-                    assert_int_equal(t.size, t.exp_avg_sq + proto::page_round(4 * n));
-                    // The segment must be exactly the descriptor's size.
-                    assert_non_null(proto::group_fits(d, d.segment_size + proto::kPage));
-                    assert_non_null(proto::group_fits(d, d.segment_size - 1));
-                }
 }
 
 // Each corruption of a valid descriptor, applied alone, is refused with a reason.

@@ -10,10 +10,11 @@
 namespace zb::proto {
 
 // The descriptor of a group of `numel` parameters (hyperparameters left zero): params first, then
-// both gradient buffers, copy-out and stale when present, each starting on a page so that the
-// kernels see aligned vectors; segment_size covers them all. numel is at most 2^40 (the caller's
-// check), so no size overflows.
-GroupDesc lay_out_group(uint64_t numel, Dtype grad, Dtype copy, bool stale);
+// the gradient buffers (2, or 1: off_grads[1] 0), copy-out and stale when present, each starting on
+// a page so that the kernels see aligned vectors; segment_size covers them all. numel is at most
+// 2^40 (the caller's check), so no size overflows.
+GroupDesc lay_out_group(uint64_t numel, Dtype grad, Dtype copy, bool stale,
+                        unsigned grad_buffers = 2);
 
 // Why `d` does not describe a segment of segment_size bytes, or nullptr if it does: known dtypes,
 // a segment of exactly that size, every present buffer inside it, 64-byte aligned, and no two

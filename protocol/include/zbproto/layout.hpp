@@ -15,7 +15,7 @@
 namespace zb::proto {
 
 inline constexpr uint64_t kMagic = 0x314d5357464e455aULL; // "ZENFWSM1" little-endian
-inline constexpr uint32_t kVersion = 3;
+inline constexpr uint32_t kVersion = 4;
 inline constexpr uint32_t kMaxGroups = 256;
 inline constexpr uint32_t kMaxThreads = 1024;
 inline constexpr uint32_t kMaxNodes = 64;
@@ -82,7 +82,8 @@ struct Hyper {
 struct GroupDesc {
     uint64_t numel;
     uint64_t segment_size;
-    uint64_t off_params, off_grads[2], off_copy, off_stale; // off_* 0 when absent (params is 0)
+    uint64_t off_params, off_grads[2], off_copy, off_stale; // off_* 0 when absent (params is 0;
+                                                            // grads[0] always there)
     Dtype grad, copy;
     uint32_t stale, pad;
     Hyper hyper;
