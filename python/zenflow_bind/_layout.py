@@ -241,7 +241,8 @@ def cut_buckets(sizes, elements, limit=MAX_BUCKETS):
 class Layout:
     """One torch param_group in one worker group per bucket."""
 
-    def __init__(self, worker, params, hyper, first_index=0, bucket_elements=1 << 24):
+    def __init__(self, worker, params, hyper, first_index=0, bucket_elements=1 << 24,
+                 grad_buffers=2):
         for p in params:
             if p.dtype not in DTYPE_NAMES:
                 raise TypeError(f"zenflow_bind.optim.AdamW optimizes fp32, bf16 and fp16 "
@@ -256,7 +257,7 @@ class Layout:
         groups = []
         for first, end in cut_buckets(sizes, bucket_elements, bucket_limit(len(worker.groups))):
             group = worker.add_group(sum(sizes[first:end]), grad=grad, copy_out=copy_out,
-                                     **hyper)
+                                     grad_buffers=grad_buffers, **hyper)
             groups.append(group)
             bucket, at = [], 0
             for i in range(first, end):

@@ -17,6 +17,8 @@ DTYPE_NAMES = {1: "fp32", 2: "bf16", 3: "fp16"}
 
 STEP_SKIP_NONFINITE = 0x1  # ZB_STEP_SKIP_NONFINITE
 STEP_GRAD_NORM = 0x2       # ZB_STEP_GRAD_NORM
+GROUP_STALE = 0x1          # ZB_GROUP_STALE
+GROUP_ONE_GRAD_BUFFER = 0x2  # ZB_GROUP_ONE_GRAD_BUFFER
 MAX_GROUPS = 256           # ZB_WORKER_MAX_GROUPS
 
 
@@ -44,7 +46,7 @@ class Hyper(ctypes.Structure):
 
 class GroupAttr(ctypes.Structure):
     _fields_ = [("numel", ctypes.c_size_t), ("grad", ctypes.c_int), ("copy_out", ctypes.c_int),
-                ("stale", ctypes.c_int), ("hyper", Hyper)]
+                ("flags", ctypes.c_uint), ("hyper", Hyper)]
 
 
 class Buffers(ctypes.Structure):

@@ -96,7 +96,8 @@ class AdamW(torch.optim.Optimizer):
     accepted and irrelevant: the worker always runs one fused, threaded pass), DeepSpeedCPUAdam's
     adamw_mode (False: Adam with L2) and bias_correction, and:
       overlap          step() submits and returns; the update lands in the model at the next
-                       step() or synchronize() (gradients are computed one step stale)
+                       step() or synchronize() (gradients are computed one step stale); fixed
+                       at construction (only then does the worker keep two gradient buffers)
       skip_nonfinite   a step whose scaled gradients hold an inf or NaN writes nothing
                        (GradScaler's rule); see last_step_skipped
       max_grad_norm    > 0: clip by the global L2 norm, like clip_grad_norm_, in the worker
@@ -132,7 +133,7 @@ class AdamW(torch.optim.Optimizer):
         max_grad_norm = _number("max_grad_norm", max_grad_norm)
         if not (max_grad_norm >= 0.0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"invalid max_grad_norm {max_grad_norm}: must be >= 0 (0: no clip)")
-        self.overlap = bool(overlap)
+        self._overlap = bool(overlap)
         self.skip_nonfinite = bool(skip_nonfinite)
         self.max_grad_norm = max_grad_norm
         self._want_norm = bool(grad_norm) or self.max_grad_norm > 0
@@ -170,6 +171,19 @@ class AdamW(torch.optim.Optimizer):
         # optimizer itself.
         self._finalizer = weakref.finalize(self, _release, self._layouts, self._worker,
                                            self._gpu)
+
+    @property
+    def overlap(self):
+        """Whether step() returns before the update lands (fixed at construction: without it
+        the worker keeps one gradient buffer, not two)."""
+        return self._overlap
+
+    @overlap.setter
+    def overlap(self, value):
+        if bool(value) != self._overlap:
+            raise AttributeError("overlap is fixed when the optimizer is made (the worker keeps "
+                                 "a second gradient buffer for it only): make a new optimizer "
+                                 "and load_state_dict() this one's state")
 
     # -- optimizer.state ----------------------------------------------------------------------
 
@@ -232,7 +246,8 @@ class AdamW(torch.optim.Optimizer):
             # tensors, which autograd then refuses.
             with torch.inference_mode(False):
                 layout = Layout(self._worker, group["params"], _hyper(group),
-                                first_index=first, bucket_elements=self.bucket_elements) \
+                                first_index=first, bucket_elements=self.bucket_elements,
+                                grad_buffers=2 if self.overlap else 1) \
                     if has_elements else None
             if layout is not None:
                 self._gpu.adopt(layout)  # pinned (CUDA parameters), or a refusal

@@ -19,8 +19,8 @@ scaling, the global L2 norm of the scaled gradients (when asked for), whether th
 class Group:
     """One registered parameter group: numpy views of its shared buffers.
 
-    params (fp32), grads[0] and grads[1] (the group's gradient dtype), copy_out (bf16/fp16 or
-    None) and stale (fp32 or None). bf16 arrays are int16 in numpy: use torch_view() for a
+    params (fp32), grads (the group's gradient dtype: buffers 0 and 1, or 0 alone), copy_out
+    (bf16/fp16 or None) and stale (fp32 or None). bf16 arrays are int16 in numpy: use torch_view() for a
     torch.bfloat16 tensor over the same memory."""
 
     def __init__(self, worker, index, hyper):
@@ -33,7 +33,8 @@ class Group:
         self.grad_dtype = _native.DTYPE_NAMES[b.grad]
         self.copy_dtype = _native.DTYPE_NAMES.get(b.copy)
         self.params = _native.array(b.params, "fp32", b.numel, worker)
-        self.grads = [_native.array(b.grads[k], self.grad_dtype, b.numel, worker) for k in (0, 1)]
+        self.grads = [_native.array(b.grads[k], self.grad_dtype, b.numel, worker)
+                      for k in (0, 1) if b.grads[k]]
         self.copy_out = (_native.array(b.copy_out, self.copy_dtype, b.numel, worker)
                          if b.copy_out else None)
         self.stale = _native.array(b.stale, "fp32", b.numel, worker) if b.stale else None
@@ -127,12 +128,16 @@ class Worker:
 
     def add_group(self, numel, grad="fp32", copy_out=None, stale=False, lr=1e-3,
                   betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, adamw=True,
-                  bias_correction=True):
-        """Register a group of `numel` parameters (zeroed: fill .params before the first step)."""
+                  bias_correction=True, grad_buffers=2):
+        """Register a group of `numel` parameters (zeroed: fill .params before the first step).
+        grad_buffers=1 saves one gradient buffer where no step overlaps the next backward."""
         if grad not in ("fp32", "bf16", "fp16") or copy_out not in (None, "bf16", "fp16"):
             raise ValueError("grad must be fp32, bf16 or fp16; copy_out None, bf16 or fp16")
-        attr = _native.GroupAttr(numel, _native.DTYPES[grad], _native.DTYPES[copy_out],
-                                 int(stale),
+        if grad_buffers not in (1, 2):
+            raise ValueError(f"grad_buffers must be 1 or 2, not {grad_buffers!r}")
+        flags = (_native.GROUP_STALE if stale else 0) | \
+            (_native.GROUP_ONE_GRAD_BUFFER if grad_buffers == 1 else 0)
+        attr = _native.GroupAttr(numel, _native.DTYPES[grad], _native.DTYPES[copy_out], flags,
                                  _native.hyper(lr, betas, eps, weight_decay, adamw,
                                                bias_correction))
         index = ctypes.c_uint()

@@ -58,7 +58,7 @@ class Names(unittest.TestCase):
         for code, name in statuses.items():
             self.assertEqual(_native.STATUS.get(code), name, code)
 
-    def test_dtypes_and_step_flags_are_the_headers(self):
+    def test_dtypes_and_flags_are_the_headers(self):
         worker = header("worker.h")
         dtypes = {k.lower(): int(v) for k, v in re.findall(r"ZB_DTYPE_(\w+) = (\d+)", worker)}
         self.assertEqual(len(dtypes), 4)
@@ -71,6 +71,9 @@ class Names(unittest.TestCase):
         flags = dict(re.findall(r"#define ZB_STEP_(\w+) (0x\w+)u", worker))
         self.assertEqual(int(flags["SKIP_NONFINITE"], 16), _native.STEP_SKIP_NONFINITE)
         self.assertEqual(int(flags["GRAD_NORM"], 16), _native.STEP_GRAD_NORM)
+        flags = dict(re.findall(r"#define ZB_GROUP_(\w+) (0x\w+)u", worker))
+        self.assertEqual(int(flags["STALE"], 16), _native.GROUP_STALE)
+        self.assertEqual(int(flags["ONE_GRAD_BUFFER"], 16), _native.GROUP_ONE_GRAD_BUFFER)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,25 @@ class SharedMemory(unittest.TestCase):
             self.assertFalse(shared(s.param.grad, s.grads))
             self.assertTrue(torch.equal(s.param.grad, g))
 
+    def test_one_gradient_buffer_unless_overlap(self):
+        # blocking steps never fill a buffer while the worker reads the other: one is kept, and
+        # the shared memory is 16 bytes per fp32 parameter (master 4, gradient 4, moments 8)
+        for overlap, buffers in ((False, 1), (True, 2)):
+            model = mlp()
+            n = sum(p.numel() for p in model.parameters())
+            with ours(model.parameters(), overlap=overlap) as opt:
+                self.assertEqual({len(s.grads) for l in opt._layouts for s in l.slots}, {buffers})
+                m = opt.worker.memory()
+                self.assertEqual(m["grads"], 4 * buffers * n)
+                self.assertEqual(m["bytes_per_param"], 12 + 4 * buffers)
+                x, y = batches(1)[0]
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.synchronize()
+                opt.overlap = overlap  # the same value is fine; another is refused
+                with self.assertRaisesRegex(AttributeError, "fixed when the optimizer is made"):
+                    opt.overlap = not overlap
+
     def test_user_writes_reach_the_master(self):
         # model.load_state_dict after the optimizer was built, for fp32 and bf16
         for dtype in (torch.float32, torch.bfloat16):
