@@ -1,7 +1,7 @@
 """zenflow_bind.optim.AdamW with a model on a CUDA GPU: parity with torch.optim.AdamW over 20
 steps, a bit-identical resume from a state dict, steps during backward equal to one step to the
 bit with buckets gone back to the GPU during backward, the model untouched when the worker dies
-after some had, the worker's buffers pinned and the model's parameters never staged through a
+after some had, overlap's update one step later, the worker's buffers pinned and the model's parameters never staged through a
 GPU tensor.
 Skips without a CUDA device (CI has none); bench/gpu_run.sh runs it on a GPU machine."""
 
@@ -140,6 +140,32 @@ class Gpu(unittest.TestCase):
                 opt.step()
             self.assertTrue(all(s.early is None for s in slots))
             for p, q in zip(model.parameters(), before):
+                self.assertTrue(torch.equal(p, q))
+
+    def test_overlap_lands_one_step_later(self):
+        # the same gradients in both modes: after step() k the overlapped model holds the
+        # blocking one's weights after k - 1 steps, after synchronize() those after k
+        gen = torch.Generator().manual_seed(9)
+        blocking = gpt(dtype=torch.bfloat16)
+        overlapped = copy.deepcopy(blocking)
+        grads = [[torch.randn(p.shape, generator=gen).to("cuda", p.dtype)
+                  for p in blocking.parameters()] for _ in range(5)]
+        history = [[p.detach().clone() for p in blocking.parameters()]]
+        with ours(blocking.parameters(), lr=1e-3) as opt:
+            for gs in grads:
+                for p, g in zip(blocking.parameters(), gs):
+                    p.grad = g.clone()
+                opt.step()
+                history.append([p.detach().clone() for p in blocking.parameters()])
+        with ours(overlapped.parameters(), lr=1e-3, overlap=True) as opt:
+            for k, gs in enumerate(grads, 1):
+                for p, g in zip(overlapped.parameters(), gs):
+                    p.grad = g.clone()
+                opt.step()
+                for p, q in zip(overlapped.parameters(), history[k - 1]):
+                    self.assertTrue(torch.equal(p, q))
+            opt.synchronize()
+            for p, q in zip(overlapped.parameters(), history[-1]):
                 self.assertTrue(torch.equal(p, q))
 
     def test_copy_back_needs_no_gpu_staging(self):
