@@ -236,58 +236,55 @@ static void test_atomic_on_error(void **state) {
 
 static void test_messages(void **state) {
     (void)state;
-    assert_string_equal(rejected("trian=2", ZB_SCOPE_USER),
-                        "unknown key 'trian' (accepted keys: on, off, train=, opt=, smt=, numa=, "
-                        "profile=, verbose, batch, mode=, gpu=)");
-    assert_string_equal(rejected("trian", ZB_SCOPE_ADMIN),
-                        "unknown key 'trian' (accepted keys: on, off, train=, opt=, smt=, numa=, "
-                        "profile=, verbose, batch, mode=, gpu=, default=, override=, onerror=, "
-                        "gpumap=)");
-    assert_string_equal(rejected("mode=inproc", ZB_SCOPE_USER),
-                        "bad value 'inproc' for mode= (accepted: split, offload)");
-    assert_string_equal(rejected("smt=x", ZB_SCOPE_USER),
-                        "bad value 'x' for smt= (accepted: idle, train, opt)");
-    assert_string_equal(rejected("numa=loose", ZB_SCOPE_USER),
-                        "bad value 'loose' for numa= (accepted: prefer, strict, ignore)");
-    assert_string_equal(rejected("train=0", ZB_SCOPE_USER),
-                        "bad value '0' for train= (accepted: cores 1..4096 such as train=8, or a "
-                        "fraction 0 < F < 1 such as train=0.5)");
-    assert_string_equal(rejected("opt=0", ZB_SCOPE_USER),
-                        "bad value '0' for opt= (accepted: cores 1..4096)");
-    assert_string_equal(rejected("profile=rel/x", ZB_SCOPE_USER),
-                        "bad value 'rel/x' for profile= (accepted: an absolute path of at most "
-                        "4095 bytes without control characters)");
-    assert_string_equal(rejected("default=on", ZB_SCOPE_USER),
-                        "key 'default' is admin-only (set it in plugstack.conf)");
-    assert_string_equal(rejected("override=allow", ZB_SCOPE_USER),
-                        "key 'override' is admin-only (set it in plugstack.conf)");
-    assert_string_equal(rejected("onerror=warn", ZB_SCOPE_USER),
-                        "key 'onerror' is admin-only (set it in plugstack.conf)");
-    assert_string_equal(rejected("default=yes", ZB_SCOPE_ADMIN),
-                        "bad value 'yes' for default= (accepted: on, off)");
-    assert_string_equal(rejected("override=no", ZB_SCOPE_ADMIN),
-                        "bad value 'no' for override= (accepted: allow, deny)");
-    assert_string_equal(rejected("onerror=abort", ZB_SCOPE_ADMIN),
-                        "bad value 'abort' for onerror= (accepted: fail, warn)");
-    assert_string_equal(rejected("verbose=1", ZB_SCOPE_USER),
-                        "key 'verbose' takes no value, got 'verbose=1' (accepted: verbose)");
-    assert_string_equal(rejected("off=", ZB_SCOPE_USER),
-                        "key 'off' takes no value, got 'off=' (accepted: off)");
-    assert_string_equal(rejected("smt", ZB_SCOPE_USER),
-                        "missing value for smt= (accepted: idle, train, opt)");
-    assert_string_equal(rejected("opt=", ZB_SCOPE_USER),
-                        "missing value for opt= (accepted: cores 1..4096)");
-    assert_string_equal(rejected("train=2,,opt=1", ZB_SCOPE_USER),
-                        "empty item in options 'train=2,,opt=1' at character 9 (remove the extra "
-                        "comma)");
-    assert_string_equal(rejected("verbose,", ZB_SCOPE_USER),
-                        "empty item in options 'verbose,' at character 9 (remove the extra comma)");
-    assert_string_equal(rejected("train=2, opt=1", ZB_SCOPE_USER),
-                        "whitespace in options 'train=2, opt=1' at character 9 (not allowed: write "
-                        "key[=value] items separated by commas only)");
-    /* hostile bytes are escaped in messages */
-    assert_string_equal(rejected("smt=\x1b[2J", ZB_SCOPE_USER),
-                        "bad value '\\x1b[2J' for smt= (accepted: idle, train, opt)");
+    /* what a user sees for each kind of mistake; hostile bytes are escaped */
+    static const struct {
+        const char *text;
+        zb_scope scope;
+        const char *message;
+    } cases[] = {
+        {"trian=2", ZB_SCOPE_USER,
+         "unknown key 'trian' (accepted keys: on, off, train=, opt=, smt=, numa=, "
+         "profile=, verbose, batch, mode=, gpu=)"},
+        {"trian", ZB_SCOPE_ADMIN,
+         "unknown key 'trian' (accepted keys: on, off, train=, opt=, smt=, numa=, "
+         "profile=, verbose, batch, mode=, gpu=, default=, override=, onerror=, "
+         "gpumap=)"},
+        {"mode=inproc", ZB_SCOPE_USER, "bad value 'inproc' for mode= (accepted: split, offload)"},
+        {"smt=x", ZB_SCOPE_USER, "bad value 'x' for smt= (accepted: idle, train, opt)"},
+        {"numa=loose", ZB_SCOPE_USER,
+         "bad value 'loose' for numa= (accepted: prefer, strict, ignore)"},
+        {"train=0", ZB_SCOPE_USER,
+         "bad value '0' for train= (accepted: cores 1..4096 such as train=8, or a "
+         "fraction 0 < F < 1 such as train=0.5)"},
+        {"opt=0", ZB_SCOPE_USER, "bad value '0' for opt= (accepted: cores 1..4096)"},
+        {"profile=rel/x", ZB_SCOPE_USER,
+         "bad value 'rel/x' for profile= (accepted: an absolute path of at most "
+         "4095 bytes without control characters)"},
+        {"default=on", ZB_SCOPE_USER, "key 'default' is admin-only (set it in plugstack.conf)"},
+        {"override=allow", ZB_SCOPE_USER,
+         "key 'override' is admin-only (set it in plugstack.conf)"},
+        {"onerror=warn", ZB_SCOPE_USER, "key 'onerror' is admin-only (set it in plugstack.conf)"},
+        {"default=yes", ZB_SCOPE_ADMIN, "bad value 'yes' for default= (accepted: on, off)"},
+        {"override=no", ZB_SCOPE_ADMIN, "bad value 'no' for override= (accepted: allow, deny)"},
+        {"onerror=abort", ZB_SCOPE_ADMIN, "bad value 'abort' for onerror= (accepted: fail, warn)"},
+        {"verbose=1", ZB_SCOPE_USER,
+         "key 'verbose' takes no value, got 'verbose=1' (accepted: verbose)"},
+        {"off=", ZB_SCOPE_USER, "key 'off' takes no value, got 'off=' (accepted: off)"},
+        {"smt", ZB_SCOPE_USER, "missing value for smt= (accepted: idle, train, opt)"},
+        {"opt=", ZB_SCOPE_USER, "missing value for opt= (accepted: cores 1..4096)"},
+        {"train=2,,opt=1", ZB_SCOPE_USER,
+         "empty item in options 'train=2,,opt=1' at character 9 (remove the extra "
+         "comma)"},
+        {"verbose,", ZB_SCOPE_USER,
+         "empty item in options 'verbose,' at character 9 (remove the extra comma)"},
+        {"train=2, opt=1", ZB_SCOPE_USER,
+         "whitespace in options 'train=2, opt=1' at character 9 (not allowed: write "
+         "key[=value] items separated by commas only)"},
+        {"smt=\x1b[2J", ZB_SCOPE_USER,
+         "bad value '\\x1b[2J' for smt= (accepted: idle, train, opt)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
+        assert_string_equal(rejected(cases[i].text, cases[i].scope), cases[i].message);
 }
 
 static void test_rejects(void **state) {

@@ -34,6 +34,8 @@
 
 #include <cmocka.h>
 
+#include "worker_case.h"
+
 #include "skip.h"
 
 static double now_s(void) {
@@ -42,26 +44,10 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static zb_worker_t *spawn_threads(unsigned threads) {
-    zb_worker_attr attr;
-    zb_worker_attr_init(&attr);
-    attr.threads = threads;
-    zb_worker_t *w = NULL;
-    zb_status st = zb_worker_spawn(&attr, &w);
-    if (st != ZB_OK) fail_msg("spawn: %s: %s", zb_status_name(st), zb_last_error());
-    return w;
-}
-
 /* flags: ZB_GROUP_*; 1 is also 0.4's `stale = 1` */
 static unsigned add_group(zb_worker_t *w, size_t numel, zb_dtype grad, zb_dtype copy,
                           unsigned flags) {
-    zb_group_attr g;
-    memset(&g, 0, sizeof g);
-    g.numel = numel;
-    g.grad = grad;
-    g.copy_out = copy;
-    g.flags = flags;
-    zb_adam_hyper_init(&g.hyper);
+    zb_group_attr g = group_attr(numel, grad, copy, flags);
     unsigned id = 99;
     zb_status st = zb_worker_group_add(w, &g, &id);
     if (st != ZB_OK) fail_msg("group_add: %s: %s", zb_status_name(st), zb_last_error());
@@ -86,14 +72,6 @@ static int count_fds(pid_t pid) {
         if (e->d_name[0] != '.') ++n;
     closedir(d);
     return n;
-}
-
-static void expect_status(zb_status got, zb_status want, const char *needle) {
-    if (got != want)
-        fail_msg("got %s (%s), want %s", zb_status_name(got), zb_last_error(),
-                 zb_status_name(want));
-    if (needle && !strstr(zb_last_error(), needle))
-        fail_msg("message \"%s\" lacks \"%s\"", zb_last_error(), needle);
 }
 
 static void test_bad_arguments(void **state) {
@@ -430,11 +408,7 @@ static void test_registration_timeout_stops_worker(void **state) {
     pid_t pid;
     zb_worker_pid(w, &pid);
     assert_int_equal(kill(pid, SIGSTOP), 0);
-    zb_group_attr g;
-    memset(&g, 0, sizeof g);
-    g.numel = 1000;
-    g.grad = ZB_DTYPE_FP32;
-    zb_adam_hyper_init(&g.hyper);
+    zb_group_attr g = group_attr(1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
     unsigned id;
     expect_status(zb_worker_group_add(w, &g, &id), ZB_ETIMEDOUT, "was stopped");
     assert_int_equal(kill(pid, 0), -1); /* reaped: no such process */
@@ -552,11 +526,7 @@ static void test_reservation_failure(void **state) {
             fprintf(stderr, "spawn: %s\n", zb_last_error());
             _exit(11);
         }
-        zb_group_attr g;
-        memset(&g, 0, sizeof g);
-        g.numel = 1 << 20;
-        g.grad = ZB_DTYPE_FP32;
-        zb_adam_hyper_init(&g.hyper);
+        zb_group_attr g = group_attr(1 << 20, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
         unsigned id;
         st = zb_worker_group_add(w, &g, &id);
         if (st != ZB_ENOMEM || !strstr(zb_last_error(), "parameter group")) _exit(12);
@@ -694,15 +664,9 @@ static void test_one_gradient_buffer(void **state) {
     for (size_t i = 0; i < n; i += 4099)
         assert_true(b.params[i] < 0.0f); /* lr 1e-3 against a gradient of 1 */
 
-    zb_group_attr bad;
-    memset(&bad, 0, sizeof bad);
-    bad.numel = 16;
-    bad.grad = ZB_DTYPE_FP32;
-    bad.flags = 0x4u;
-    zb_adam_hyper_init(&bad.hyper);
+    zb_group_attr bad = group_attr(16, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0x4u);
     unsigned id;
-    assert_int_equal(zb_worker_group_add(w, &bad, &id), ZB_EINVAL);
-    assert_non_null(strstr(zb_last_error(), "unknown flags"));
+    expect_status(zb_worker_group_add(w, &bad, &id), ZB_EINVAL, "unknown flags");
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 

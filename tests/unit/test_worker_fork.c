@@ -24,6 +24,8 @@
 
 #include <cmocka.h>
 
+#include "worker_case.h"
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -43,12 +45,7 @@ static zb_worker_t *spawn_one(void) {
 /* lr 0.5, no weight decay: Adam's first step moves each parameter by 0.5 against its gradient's
  * sign, and leaves exp_avg at (1 - beta1) * grad. */
 static unsigned add_group(zb_worker_t *w, size_t numel, zb_group_buffers *b) {
-    zb_group_attr g;
-    memset(&g, 0, sizeof g);
-    g.numel = numel;
-    g.grad = ZB_DTYPE_FP32;
-    g.copy_out = ZB_DTYPE_NONE;
-    zb_adam_hyper_init(&g.hyper);
+    zb_group_attr g = group_attr(numel, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
     g.hyper.lr = 0.5f;
     g.hyper.weight_decay = 0.0f;
     unsigned id = 99;
@@ -137,11 +134,7 @@ static void child_body(zb_worker_t *w, const zb_group_buffers *b, pid_t parent) 
     zb_worker_step s = {2, 1.0f, 0, NULL, 0, 0, 0.0f};
     expect_refused(zb_worker_submit(w, &s), parent, 11);
     expect_refused(zb_worker_wait(w, 100, NULL), parent, 12);
-    zb_group_attr g;
-    memset(&g, 0, sizeof g);
-    g.numel = 16;
-    g.grad = ZB_DTYPE_FP32;
-    zb_adam_hyper_init(&g.hyper);
+    zb_group_attr g = group_attr(16, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
     unsigned id;
     expect_refused(zb_worker_group_add(w, &g, &id), parent, 13);
     static float m[kNumel], v[kNumel];

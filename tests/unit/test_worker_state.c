@@ -17,15 +17,7 @@
 
 #include <cmocka.h>
 
-static zb_worker_t *spawn(unsigned threads) {
-    zb_worker_attr attr;
-    zb_worker_attr_init(&attr);
-    attr.threads = threads;
-    zb_worker_t *w = NULL;
-    zb_status st = zb_worker_spawn(&attr, &w);
-    if (st != ZB_OK) fail_msg("spawn: %s: %s", zb_status_name(st), zb_last_error());
-    return w;
-}
+#include "worker_case.h"
 
 typedef struct spec {
     size_t numel;
@@ -39,7 +31,7 @@ static unsigned add(zb_worker_t *w, const spec *s, zb_group_buffers *b) {
     g.numel = s->numel;
     g.grad = s->grad;
     g.copy_out = s->copy;
-    g.stale = s->stale;
+    g.stale = s->stale; /* 0.4's name for ZB_GROUP_STALE, kept working */
     zb_adam_hyper_init(&g.hyper);
     g.hyper.lr = 1e-2f;
     unsigned id = 0;
@@ -154,7 +146,7 @@ static void test_checkpoint_resume(void **state) {
     combos(s);
     zb_group_buffers a[kCombos], b[kCombos], c[kCombos];
     unsigned ia[kCombos], ib[kCombos], ic[kCombos];
-    zb_worker_t *straight = spawn(2), *first = spawn(2);
+    zb_worker_t *straight = spawn_threads(2), *first = spawn_threads(2);
     for (int g = 0; g < kCombos; ++g) {
         ia[g] = add(straight, &s[g], &a[g]);
         ib[g] = add(first, &s[g], &b[g]);
@@ -170,7 +162,7 @@ static void test_checkpoint_resume(void **state) {
     }
     assert_int_equal(zb_worker_destroy(first), ZB_OK);
 
-    zb_worker_t *resumed = spawn(3);
+    zb_worker_t *resumed = spawn_threads(3);
     for (int g = 0; g < kCombos; ++g) {
         ic[g] = add(resumed, &s[g], &c[g]);
         memcpy(c[g].params, saved[g].params, 4 * s[g].numel);
@@ -198,7 +190,7 @@ static void test_per_group_counts(void **state) {
     (void)state;
     const spec s = {5000, ZB_DTYPE_FP32, ZB_DTYPE_BF16, 1};
     zb_group_buffers b[2], fresh;
-    zb_worker_t *w = spawn(2), *f = spawn(2);
+    zb_worker_t *w = spawn_threads(2), *f = spawn_threads(2);
     unsigned first = add(w, &s, &b[0]);
     for (int i = 1; i <= 10; ++i)
         replay(w, b, 1, i);
@@ -228,7 +220,7 @@ static void test_explicit_step(void **state) {
     (void)state;
     const spec s = {3000, ZB_DTYPE_BF16, ZB_DTYPE_NONE, 0};
     zb_group_buffers a, b;
-    zb_worker_t *x = spawn(1), *y = spawn(2);
+    zb_worker_t *x = spawn_threads(1), *y = spawn_threads(2);
     unsigned ia = add(x, &s, &a), ib = add(y, &s, &b);
     fill(&a, 0, 5);
     fill(&b, 0, 5);
@@ -264,7 +256,7 @@ static void test_skip_nonfinite(void **state) {
                        {4099, ZB_DTYPE_FP32, ZB_DTYPE_BF16, 1}};
     zb_group_buffers b[2], r[2];
     unsigned id[2];
-    zb_worker_t *w = spawn(2), *ref = spawn(2);
+    zb_worker_t *w = spawn_threads(2), *ref = spawn_threads(2);
     for (int g = 0; g < 2; ++g) {
         id[g] = add(w, &s[g], &b[g]);
         add(ref, &s[g], &r[g]);
@@ -337,7 +329,7 @@ static void test_grad_norm(void **state) {
                        {5, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0}};
     double norms[3];
     for (unsigned threads = 1; threads <= 3; ++threads) {
-        zb_worker_t *w = spawn(threads);
+        zb_worker_t *w = spawn_threads(threads);
         zb_group_buffers b[3];
         double ref = 0;
         for (int g = 0; g < 3; ++g) {
@@ -368,7 +360,8 @@ static void test_clipping(void **state) {
     (void)state;
     const spec s[2] = {{100000, ZB_DTYPE_FP32, ZB_DTYPE_BF16, 0},
                        {333, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 1}};
-    zb_worker_t *clip = spawn(2), *pre = spawn(1), *loose = spawn(2), *plain = spawn(2);
+    zb_worker_t *clip = spawn_threads(2), *pre = spawn_threads(1), *loose = spawn_threads(2),
+                *plain = spawn_threads(2);
     zb_group_buffers c[2], p[2], l[2], q[2];
     for (int g = 0; g < 2; ++g) {
         add(clip, &s[g], &c[g]);
@@ -404,19 +397,11 @@ static void test_clipping(void **state) {
     zb_worker_destroy(plain);
 }
 
-static void expect_status(zb_status got, zb_status want, const char *needle) {
-    if (got != want)
-        fail_msg("got %s (%s), want %s", zb_status_name(got), zb_last_error(),
-                 zb_status_name(want));
-    if (needle && !strstr(zb_last_error(), needle))
-        fail_msg("message \"%s\" lacks \"%s\"", zb_last_error(), needle);
-}
-
 static void test_state_arguments(void **state) {
     (void)state;
     const spec s = {1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0};
     zb_group_buffers b;
-    zb_worker_t *w = spawn(1);
+    zb_worker_t *w = spawn_threads(1);
     unsigned id = add(w, &s, &b);
     float m[1000], v[1000];
     int64_t n = -1;

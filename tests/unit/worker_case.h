@@ -1,0 +1,43 @@
+/* What the worker's C tests share: a worker of some threads, a group's attributes with torch's
+ * AdamW defaults, and a check of a call's status and message. */
+#ifndef ZB_TESTS_WORKER_CASE_H
+#define ZB_TESTS_WORKER_CASE_H
+
+#include <zenbind/worker.h>
+
+#include <string.h>
+
+/* cmocka.h comes first in each test (it needs stdarg.h, stddef.h and setjmp.h before it). */
+
+/* A worker with `threads` threads on the default CPUs (ZENFLOW_OPTIMIZER names the executable). */
+static inline zb_worker_t *spawn_threads(unsigned threads) {
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = threads;
+    zb_worker_t *w = NULL;
+    zb_status st = zb_worker_spawn(&attr, &w);
+    if (st != ZB_OK) fail_msg("spawn: %s: %s", zb_status_name(st), zb_last_error());
+    return w;
+}
+
+static inline zb_group_attr group_attr(size_t numel, zb_dtype grad, zb_dtype copy, unsigned flags) {
+    zb_group_attr g;
+    memset(&g, 0, sizeof g);
+    g.numel = numel;
+    g.grad = grad;
+    g.copy_out = copy;
+    g.flags = flags;
+    zb_adam_hyper_init(&g.hyper);
+    return g;
+}
+
+/* The call gave `want`, and its message holds `needle` (NULL: any message). */
+static inline void expect_status(zb_status got, zb_status want, const char *needle) {
+    if (got != want)
+        fail_msg("got %s (%s), want %s", zb_status_name(got), zb_last_error(),
+                 zb_status_name(want));
+    if (needle && !strstr(zb_last_error(), needle))
+        fail_msg("message \"%s\" lacks \"%s\"", zb_last_error(), needle);
+}
+
+#endif
