@@ -92,6 +92,11 @@ typedef struct zb_adam_hyper {
 
 /* torch.optim.AdamW's defaults: lr 1e-3, betas 0.9/0.999, eps 1e-8, weight_decay 1e-2. */
 void zb_adam_hyper_init(zb_adam_hyper *hyper);
+/* ZB_OK if every call that takes a zb_adam_hyper accepts it (torch.optim.AdamW's ranges: lr, eps
+ * and weight_decay finite and >= 0, betas in [0, 1), adamw and bias_correction 0 or 1), else
+ * ZB_EINVAL naming the first value out of range. The one check: bindings call it instead of
+ * restating it. Since ZENBIND_0.5. */
+zb_status zb_adam_hyper_check(const zb_adam_hyper *hyper);
 
 /* zb_group_attr.flags */
 /* Keep an fp32 snapshot of the updated parameters (the former `stale = 1`). */

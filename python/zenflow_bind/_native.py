@@ -200,6 +200,18 @@ def hyper(lr, betas, eps, weight_decay, adamw, bias_correction=True):
     return Hyper(lr, betas[0], betas[1], eps, weight_decay, int(adamw), int(bias_correction))
 
 
+# What torch.optim calls the field that zb_adam_hyper_check's message begins with.
+_TORCH_NAMES = {"lr": "learning rate (lr)", "beta1": "betas", "eps": "eps",
+                "weight_decay": "weight_decay", "adamw": "adamw_mode or bias_correction"}
+
+
+def check_hyper(h):
+    """ValueError unless libzenbind accepts the Hyper h: the ranges have one definition, there."""
+    if function("zb_adam_hyper_check")(ctypes.byref(h)) != 0:
+        rule = library().zb_last_error().decode(errors="replace").split(": ", 1)[-1]
+        raise ValueError(f"invalid {_TORCH_NAMES.get(rule.split()[0], 'hyperparameter')}: {rule}")
+
+
 def array(address, dtype, count, owner):
     """A numpy array over shared memory (no copy); bf16 has no numpy type and shows as int16.
     The array keeps `owner` (the Worker) alive through its base buffer, so the memory stays

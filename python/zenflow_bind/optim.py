@@ -23,7 +23,7 @@ import torch
 from ._cuda import Gpu
 from ._layout import Layout, local
 from .functional import _number
-from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
+from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError, check_hyper, hyper
 from ._signals import deferred_interrupts
 from ._state import Snapshot, prepare_group_state
 from ._stream import Stream
@@ -52,14 +52,9 @@ def _check_group(group):
         raise TypeError(f"betas must be a pair of numbers, not {betas!r}")
     lr, eps, wd = (_number(k, group[k]) for k in ("lr", "eps", "weight_decay"))
     beta1, beta2 = (_number("betas", b) for b in betas)
-    if not 0.0 <= lr < math.inf:
-        raise ValueError(f"invalid learning rate {lr}: must be >= 0 and finite")
-    if not 0.0 <= eps < math.inf:
-        raise ValueError(f"invalid eps {eps}: must be >= 0 and finite")
-    if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
-        raise ValueError(f"invalid betas {group['betas']}: each must be in [0, 1)")
-    if not 0.0 <= wd < math.inf:
-        raise ValueError(f"invalid weight_decay {wd}: must be >= 0 and finite")
+    # the ranges are libzenbind's (zb_adam_hyper_check), on the float32 values the kernel uses
+    check_hyper(hyper(lr, (beta1, beta2), eps, wd, group.get("adamw_mode", True),
+                      group.get("bias_correction", True)))
 
 
 def _saved_groups(param_groups, state_dict):

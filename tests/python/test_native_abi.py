@@ -71,6 +71,14 @@ class Names(unittest.TestCase):
         flags = dict(re.findall(r"#define ZB_STEP_(\w+) (0x\w+)u", worker))
         self.assertEqual(int(flags["SKIP_NONFINITE"], 16), _native.STEP_SKIP_NONFINITE)
         self.assertEqual(int(flags["GRAD_NORM"], 16), _native.STEP_GRAD_NORM)
+        # each rule zb_adam_hyper_check can state begins with a name the binding translates
+        for h, name in ((_native.hyper(-1.0, (0.9, 0.999), 1e-8, 0.0, True), "learning rate"),
+                        (_native.hyper(1e-3, (1.0, 0.999), 1e-8, 0.0, True), "betas"),
+                        (_native.hyper(1e-3, (0.9, 0.999), -1.0, 0.0, True), "eps"),
+                        (_native.hyper(1e-3, (0.9, 0.999), 1e-8, -1.0, True), "weight_decay"),
+                        (_native.hyper(1e-3, (0.9, 0.999), 1e-8, 0.0, 2), "adamw_mode")):
+            with self.assertRaisesRegex(ValueError, f"^invalid {name}"):
+                _native.check_hyper(h)
         flags = dict(re.findall(r"#define ZB_GROUP_(\w+) (0x\w+)u", worker))
         self.assertEqual(int(flags["STALE"], 16), _native.GROUP_STALE)
         self.assertEqual(int(flags["ONE_GRAD_BUFFER"], 16), _native.GROUP_ONE_GRAD_BUFFER)

@@ -233,6 +233,43 @@ static void expect_refused(const zb_adam_tensor *t, size_t count, const zb_adam_
     assert_memory_equal(&got, &before, sizeof got);
 }
 
+/* zb_adam_hyper_check: torch's ranges, the first value out of range named with what it was. */
+static void test_the_hyperparameters_one_check(void **state) {
+    (void)state;
+    zb_adam_hyper h;
+    zb_adam_hyper_init(&h);
+    assert_int_equal(zb_adam_hyper_check(&h), ZB_OK);
+    h.lr = 0.0f; /* lr 0, eps 0, weight_decay 0 and beta 0 are allowed, as in torch */
+    h.eps = 0.0f;
+    h.weight_decay = 0.0f;
+    h.beta1 = 0.0f;
+    assert_int_equal(zb_adam_hyper_check(&h), ZB_OK);
+    static const struct {
+        int field;
+        float value;
+        const char *message;
+    } bad[] = {
+        {0, -1.0f, "lr must be finite and >= 0 (got -1)"},
+        {0, INFINITY, "lr must be finite and >= 0 (got inf)"},
+        {1, 1.0f, "beta1 and beta2 must be in [0, 1) (got 1, 0.999)"},
+        {2, NAN, "beta1 and beta2 must be in [0, 1) (got 0.9, nan)"},
+        {3, -1e-8f, "eps must be finite and >= 0 (got -1e-08)"},
+        {4, -0.5f, "weight_decay must be finite and >= 0 (got -0.5)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        zb_adam_hyper_init(&h);
+        float *field[] = {&h.lr, &h.beta1, &h.beta2, &h.eps, &h.weight_decay};
+        *field[bad[i].field] = bad[i].value;
+        assert_int_equal(zb_adam_hyper_check(&h), ZB_EINVAL);
+        assert_non_null(strstr(zb_last_error(), bad[i].message));
+    }
+    zb_adam_hyper_init(&h);
+    h.adamw = 2;
+    assert_int_equal(zb_adam_hyper_check(&h), ZB_EINVAL);
+    assert_non_null(strstr(zb_last_error(), "adamw and bias_correction must be 0 or 1 (got 2, 1)"));
+    assert_int_equal(zb_adam_hyper_check(NULL), ZB_EINVAL);
+}
+
 static void test_bad_arguments_change_nothing(void **state) {
     (void)state;
     static float grad[N];
@@ -284,6 +321,7 @@ int main(void) {
         cmocka_unit_test(test_clipping_and_the_norm_as_a_worker),
         cmocka_unit_test(test_a_nonfinite_gradient_skips_and_writes_nothing),
         cmocka_unit_test(test_bad_arguments_change_nothing),
+        cmocka_unit_test(test_the_hyperparameters_one_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
