@@ -17,6 +17,7 @@
 Nothing here touches torch.cuda before a group with a CUDA parameter is adopted."""
 
 import os
+import threading
 
 import torch
 
@@ -39,6 +40,7 @@ class Gpu:
         self.back = None       # stream: parameters to the GPU
         self.back_done = None  # True while copies are queued, then their event, until settle()
         self.after_use = False  # the back stream waited for the caller's since the last publish
+        self.lock = threading.Lock()  # a hook's gradient copy against a bucket going back
         self.pid = os.getpid()  # a forked child neither waits for nor unpins its parent's
 
     @property
@@ -71,15 +73,20 @@ class Gpu:
                                        f"worker's shared memory failed (cudaError {err})")
                 self.pinned.append(address)
 
-    def grad_out(self, grad, dst):
-        """Queue grad's copy into pinned dst after the work that produced it; its event."""
-        self.out.wait_stream(torch.cuda.current_stream(grad.device))
-        with torch.cuda.stream(self.out):
-            dst.copy_(grad, non_blocking=True)
-        grad.record_stream(self.out)  # freed early (zero_grad), its memory waits for the copy
-        event = torch.cuda.Event()
-        event.record(self.out)
-        return event
+    def grad_out(self, grad, dst, unless_early=None):
+        """Queue grad's copy into pinned dst after the work that produced it; its event. None,
+        and no copy, if the slot unless_early went back early (checked under the lock early()
+        marks it under, so no copy can slip in after its old values were saved)."""
+        with self.lock:
+            if unless_early is not None and unless_early.early is not None:
+                return None
+            self.out.wait_stream(torch.cuda.current_stream(grad.device))
+            with torch.cuda.stream(self.out):
+                dst.copy_(grad, non_blocking=True)
+            grad.record_stream(self.out)  # freed early (zero_grad): the memory waits the copy
+            event = torch.cuda.Event()
+            event.record(self.out)
+            return event
 
     def grads_landed(self):
         """Every gradient copy queued so far is in host memory."""
@@ -100,7 +107,10 @@ class Gpu:
         """A bucket stepped during backward: queue its old values into its gradient slots in
         buffer k, then its new ones into the parameters, after the event `after` of its last
         gradient copy (which followed backward's last use of them). From the driver thread."""
-        with torch.cuda.device(self.device), torch.cuda.stream(self.back), torch.no_grad():
+        with self.lock, torch.cuda.device(self.device), torch.cuda.stream(self.back), \
+                torch.no_grad():
+            for s in slots:
+                s.early = k  # from now on a hook copies nothing into its slot
             self.back.wait_event(after)
             for s in slots:
                 s.grads[k].copy_(local(s.param), non_blocking=True)
@@ -110,8 +120,10 @@ class Gpu:
         self.back_done = True
 
     def restore(self, slots, k):
-        """Put back the old values early() saved, and have the caller's stream wait for them."""
+        """Put back the old values early() saved, after whatever the caller's stream has queued,
+        and have it wait for them."""
         with torch.cuda.device(self.device), torch.cuda.stream(self.back), torch.no_grad():
+            self.back.wait_stream(torch.cuda.current_stream(self.device))
             for s in slots:
                 local(s.param).copy_(s.grads[k], non_blocking=True)
         self.back_done = True
@@ -130,6 +142,7 @@ class Gpu:
         """Before the worker or this process writes the shared buffers again: the copies that
         read them are done."""
         done, self.back_done = self.back_done, None
+        self.after_use = False
         if done is True:
             self.back.synchronize()
         elif done is not None:

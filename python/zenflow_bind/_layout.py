@@ -138,12 +138,14 @@ class Slot:
             if k is None or g is None or g.is_sparse:
                 return
             dst, event = self.grads[k], None
-            if self.early is not None:  # its bucket went back; landing again is an error
-                if landed is not None:  # (step() raises it), and the slot keeps the old values
-                    landed(self)
-                return
             if device == "cuda":
-                event = gpu.grad_out(g, dst)
+                # None once its bucket went back (landing again is an error step() raises, and
+                # the slot keeps the old values)
+                event = gpu.grad_out(g, dst, unless_early=self)
+                if event is None:
+                    if landed is not None:
+                        landed(self)
+                    return
             elif g.data_ptr() != dst.data_ptr():
                 self._copy_grad(g, dst)
             g = p.grad

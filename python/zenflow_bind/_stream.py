@@ -103,9 +103,7 @@ class Stream:
                 result = self.worker.wait_result(self.timeout_ms)
                 bucket = self.early.get(index)
                 if bucket is not None and event is not None:
-                    self.gpu.early(bucket, self.k, event)
-                    for s in bucket:
-                        s.early = self.k
+                    self.gpu.early(bucket, self.k, event)  # marks the slots early
             except BaseException as e:  # noqa: B036 (this thread's end: close() raises it)
                 with self._cv:
                     self.error = e

@@ -404,43 +404,53 @@ class AdamW(torch.optim.Optimizer):
         """step() after buckets were stepped during backward: step the others, then bring the
         update into the model, or nothing of it if the worker failed."""
         k = stream.k
-        self._gpu.grads_landed()  # a hook's copy in flight lands before any copy of ours
-        changed, pending, rest = list(stream.again), [], []
-        for layout in self._layouts:
-            if layout is None:
-                continue
-            has = []
-            for slot in layout.slots:
-                if slot.group.index in stream.stepped:
-                    if not slot.unchanged_since_staged(k) and slot.index not in changed:
-                        changed.append(slot.index)
-                    slot.staged = None
-                    has.append(True)
-                else:
-                    has.append(slot.stage_grad(k))
-            pending.append((layout, has, self._save_missing(layout, has)))
-            rest += [b[0].group.index for b in layout.buckets
-                     if b[0].group.index not in stream.stepped]
-        nonfinite, seconds, sum_squares = stream.nonfinite, stream.seconds, stream.sum_squares
+        applied = False
         try:
-            with deferred_interrupts():
-                for first, end in _runs(rest):
-                    self._worker.submit(0, grad_buffer=k, grad_scale=stream.grad_scale,
-                                        flags=stream.flags, groups=range(first, end))
-                    try:
-                        result = self._worker.wait_result(int(self.timeout_ms))
-                    except ZenbindError as e:
-                        if e.status == "ETIMEDOUT":  # still in flight: collected, not applied
-                            self._in_flight, self._torn = [], True
-                        raise
-                    nonfinite += result.nonfinite
-                    seconds += result.seconds
-                    sum_squares += result.grad_norm ** 2
-        except ZenbindError as e:
-            self._restore_early()
-            raise ZenbindError(e.code, f"{_detail(e)}; nothing of this step was applied to the "
-                                       f"model: {_AFTER_DEATH}") from e
-        self._apply(pending, StepResult(nonfinite, math.sqrt(sum_squares), False, seconds))
+            self._gpu.grads_landed()  # a hook's copy in flight lands before any copy of ours
+            changed, pending, rest = list(stream.again), [], []
+            for layout in self._layouts:
+                if layout is None:
+                    continue
+                has = []
+                for slot in layout.slots:
+                    if slot.group.index in stream.stepped:
+                        if not slot.unchanged_since_staged(k) and slot.index not in changed:
+                            changed.append(slot.index)
+                        slot.staged = None
+                        has.append(True)
+                    else:
+                        has.append(slot.stage_grad(k))
+                pending.append((layout, has, self._save_missing(layout, has)))
+                rest += [b[0].group.index for b in layout.buckets
+                         if b[0].group.index not in stream.stepped]
+            nonfinite, seconds = stream.nonfinite, stream.seconds
+            sum_squares = stream.sum_squares
+            with deferred_interrupts():  # Ctrl-C waits until the step is applied, or not
+                try:
+                    for first, end in _runs(rest):
+                        self._worker.submit(0, grad_buffer=k, grad_scale=stream.grad_scale,
+                                            flags=stream.flags, groups=range(first, end))
+                        try:
+                            result = self._worker.wait_result(int(self.timeout_ms))
+                        except ZenbindError as e:
+                            if e.status == "ETIMEDOUT":  # in flight: collected, not applied
+                                self._in_flight, self._torn = [], True
+                            raise
+                        nonfinite += result.nonfinite
+                        seconds += result.seconds
+                        sum_squares += result.grad_norm ** 2
+                except ZenbindError as e:
+                    raise ZenbindError(e.code, f"{_detail(e)}; nothing of this step was applied "
+                                               f"to the model: {_AFTER_DEATH}") from e
+                self._apply(pending, StepResult(nonfinite, math.sqrt(sum_squares), False,
+                                                seconds))
+                applied = True
+        except BaseException as e:
+            if not applied:  # the model keeps its parameters; the worker has some buckets'
+                self._restore_early()  # step: a state dict must be loaded (unless it died)
+                if stream.stepped and not isinstance(e, ZenbindError):
+                    self._torn = True
+            raise
         if changed:
             raise RuntimeError(f"the gradients of parameters {changed[:8]} changed after their "
                                "buckets had been stepped during backward (an edit after "
@@ -586,7 +596,7 @@ class AdamW(torch.optim.Optimizer):
         for k in {s.early for s in slots}:
             self._gpu.restore([s for s in slots if s.early == k], k)
         for s in slots:
-            s.early = None
+            s.early = s.staged = None  # its gradient slot held the old values, not a gradient
 
     def _switch_buffer(self, k):
         """Overlap: backward now fills the other buffer. The gradients keep their values (torch
@@ -681,11 +691,12 @@ class AdamW(torch.optim.Optimizer):
         stream, self._stream, self._stream_scale = self._stream, None, None
         try:
             if stream is not None:
-                try:
-                    stream.close()  # a step begun during backward is dropped with the worker
-                except BaseException:  # noqa: B036 (closing: the worker goes anyway)
-                    pass
-                self._restore_early()
+                with deferred_interrupts():  # the driver queues nothing after the restore
+                    try:
+                        stream.close()  # a step begun during backward goes with the worker
+                    except BaseException:  # noqa: B036 (closing: the worker goes anyway)
+                        pass
+                    self._restore_early()
             self._finish()
         finally:
             self._snapshot = None

@@ -20,8 +20,8 @@ class Group:
     """One registered parameter group: numpy views of its shared buffers.
 
     params (fp32), grads (the group's gradient dtype: buffers 0 and 1, or 0 alone), copy_out
-    (bf16/fp16 or None) and stale (fp32 or None). bf16 arrays are int16 in numpy: use torch_view() for a
-    torch.bfloat16 tensor over the same memory."""
+    (bf16/fp16 or None) and stale (fp32 or None). bf16 arrays are int16 in numpy: use
+    torch_view() for a torch.bfloat16 tensor over the same memory."""
 
     def __init__(self, worker, index, hyper):
         self.worker = worker

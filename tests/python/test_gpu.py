@@ -1,8 +1,8 @@
 """zenflow_bind.optim.AdamW with a model on a CUDA GPU: parity with torch.optim.AdamW over 20
 steps, a bit-identical resume from a state dict, steps during backward equal to one step to the
 bit with buckets gone back to the GPU during backward, the model untouched when the worker dies
-after some had, overlap's update one step later, the worker's buffers pinned and the model's parameters never staged through a
-GPU tensor.
+after some had, overlap's update one step later, the worker's buffers pinned and the model's
+parameters never staged through a GPU tensor.
 Skips without a CUDA device (CI has none); bench/gpu_run.sh runs it on a GPU machine."""
 
 import copy
