@@ -70,13 +70,21 @@ class Slot:
 
     def refresh_if_changed(self):
         """A parameter the user wrote (load_state_dict, copy_) or re-seated (.data =) since our
-        last write becomes the master again."""
+        last write becomes the master again, unless it holds exactly what the master rounds to
+        (a checkpoint of the model and of the optimizer with its fp32 master, loaded in either
+        order): then the master keeps the bits a 16-bit parameter lacks."""
         p = self.param
-        if local(p).shape != self.master.shape:
+        shard = local(p)
+        if shard.shape != self.master.shape:
             raise ValueError(f"parameter {self.index} was {list(self.master.shape)} and is now "
-                             f"{list(local(p).shape)}: an optimizer's parameters keep their "
+                             f"{list(shard.shape)}: an optimizer's parameters keep their "
                              "shape (make a new optimizer for a resized model)")
-        if _identity(p) != self.seen:
+        if _identity(p) == self.seen:
+            return
+        if shard.dtype != torch.float32 and \
+                torch.equal(self.master.to(shard.dtype), shard.detach().to("cpu")):
+            self.seen = _identity(p)
+        else:
             self.load_from_model()
 
     def stage_grad(self, k):

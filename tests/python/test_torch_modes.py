@@ -1,6 +1,7 @@
 """zenflow_bind.optim.AdamW's modes: gradients in shared memory and parameters the worker never
 writes, bf16 parameters with fp32 master weights, ZenFlow's overlap, and its errors."""
 
+import copy
 import os
 import signal
 import threading
@@ -140,6 +141,35 @@ class MixedPrecision(unittest.TestCase):
             self.assertFalse(torch.equal(state["master_param"].bfloat16().float(),
                                          state["master_param"]))  # more than bf16 holds
             self.assertTrue(torch.equal(got[i]["master_param"], state["master_param"]))
+
+
+    def test_resume_keeps_the_master_whatever_is_loaded_first(self):
+        # A checkpoint of a bf16 model and its optimizer, loaded into a new pair in either
+        # order: the run goes on bit for bit, so the fp32 master came back with its extra bits
+        # (the model's own writes made it stale, and its values agree with the master's).
+        def train(model, opt, data):
+            for x, y in data:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x).float(), y).backward()
+                opt.step()
+
+        data = [(x.bfloat16(), y) for x, y in batches(6)]
+        model = mlp(dtype=torch.bfloat16)
+        with ours(model.parameters(), lr=1e-4) as opt:
+            train(model, opt, data[:3])
+            saved = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+            train(model, opt, data[3:])
+        for model_first in (True, False):
+            twin = mlp(dtype=torch.bfloat16, seed=11)
+            with ours(twin.parameters(), lr=1e-4) as opt:
+                if model_first:
+                    twin.load_state_dict(saved[0])
+                opt.load_state_dict(saved[1])
+                if not model_first:
+                    twin.load_state_dict(saved[0])
+                train(twin, opt, data[3:])
+            for p, q in zip(model.parameters(), twin.parameters()):
+                self.assertTrue(torch.equal(p, q), f"model loaded first: {model_first}")
 
 
 class Overlap(unittest.TestCase):
