@@ -151,25 +151,29 @@ class DistributedCheckpoint(unittest.TestCase):
             assert_close(self, a.parameters(), b.parameters())
 
     def test_save_and_load_resume_bit_identical(self):
-        straight, first, data = mlp(), mlp(), batches(10)
-        with ours(groups_of(straight), lr=1e-2) as opt:
-            train(straight, opt, data)
-        with tempfile.TemporaryDirectory() as where:
-            with ours(groups_of(first), lr=1e-2) as opt:
-                train(first, opt, data[:5])
-                dcp.save({"model": get_model_state_dict(first),
-                          "optim": get_optimizer_state_dict(first, opt)}, checkpoint_id=where)
-            resumed = mlp(seed=9)  # other weights: everything must come from the checkpoint
-            with ours(groups_of(resumed), lr=0.5) as opt:
-                sd = {"model": get_model_state_dict(resumed),
-                      "optim": get_optimizer_state_dict(resumed, opt)}
-                dcp.load(sd, checkpoint_id=where)
-                set_model_state_dict(resumed, sd["model"])
-                set_optimizer_state_dict(resumed, opt, sd["optim"])
-                self.assertEqual(opt.param_groups[0]["lr"], 1e-2)
-                self.assertEqual(float(opt.state[resumed[0].weight]["step"]), 5.0)
-                train(resumed, opt, data[5:])
-        assert_equal(self, resumed.parameters(), straight.parameters())
+        # bf16 too: the fp32 master comes back from the checkpoint with its extra bits
+        for dtype in (torch.float32, torch.bfloat16):
+            data = [(x.to(dtype), y.to(dtype)) for x, y in batches(10)]
+            straight, first = mlp(dtype=dtype), mlp(dtype=dtype)
+            with ours(groups_of(straight), lr=1e-2) as opt:
+                train(straight, opt, data)
+            with tempfile.TemporaryDirectory() as where:
+                with ours(groups_of(first), lr=1e-2) as opt:
+                    train(first, opt, data[:5])
+                    dcp.save({"model": get_model_state_dict(first),
+                              "optim": get_optimizer_state_dict(first, opt)},
+                             checkpoint_id=where)
+                resumed = mlp(seed=9, dtype=dtype)  # everything must come from the checkpoint
+                with ours(groups_of(resumed), lr=0.5) as opt:
+                    sd = {"model": get_model_state_dict(resumed),
+                          "optim": get_optimizer_state_dict(resumed, opt)}
+                    dcp.load(sd, checkpoint_id=where)
+                    set_model_state_dict(resumed, sd["model"])
+                    set_optimizer_state_dict(resumed, opt, sd["optim"])
+                    self.assertEqual(opt.param_groups[0]["lr"], 1e-2)
+                    self.assertEqual(float(opt.state[resumed[0].weight]["step"]), 5.0)
+                    train(resumed, opt, data[5:])
+            assert_equal(self, resumed.parameters(), straight.parameters())
 
 
 if __name__ == "__main__":
