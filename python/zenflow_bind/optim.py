@@ -313,13 +313,11 @@ class AdamW(torch.optim.Optimizer):
             flags = (STEP_SKIP_NONFINITE if self.skip_nonfinite else 0) | \
                 (STEP_GRAD_NORM if self._want_norm else 0)
             with deferred_interrupts():  # submitted and recorded as in flight, or neither
-                try:
-                    self._gpu.settle()
+                try:  # (_finish() settled the copies to the GPU)
                     self._worker.submit(0, grad_buffer=k, grad_scale=scale, flags=flags,
                                         max_grad_norm=self.max_grad_norm)
                 except ZenbindError as e:
-                    raise ZenbindError(e.code, f"{_detail(e)}; nothing of this step was "
-                                               f"applied: {_AFTER_DEATH}") from e
+                    raise _not_applied(e) from e
                 self._in_flight = pending
             if self.overlap:
                 self._switch_buffer(k)
@@ -367,9 +365,8 @@ class AdamW(torch.optim.Optimizer):
         if not math.isfinite(grad_scale):
             raise ValueError(f"invalid grad_scale {grad_scale}: must be finite")
         with self._exclusive("step_during_backward"):
-            self._finish()
+            self._finish()  # and the copies to the GPU are done: the buckets may write
             self._push_state_edits()
-            self._gpu.settle()  # the buckets may write what a copy to the GPU still reads
             for layout in self._layouts:
                 for slot in layout.slots if layout else ():
                     slot.refresh_if_changed()  # before any bucket takes its master
@@ -440,8 +437,7 @@ class AdamW(torch.optim.Optimizer):
                         seconds += result.seconds
                         sum_squares += result.grad_norm ** 2
                 except ZenbindError as e:
-                    raise ZenbindError(e.code, f"{_detail(e)}; nothing of this step was applied "
-                                               f"to the model: {_AFTER_DEATH}") from e
+                    raise _not_applied(e) from e
                 self._apply(pending, StepResult(nonfinite, math.sqrt(sum_squares), False,
                                                 seconds))
                 applied = True
@@ -471,8 +467,7 @@ class AdamW(torch.optim.Optimizer):
         if stream.stepped:
             self._torn = True
         if isinstance(e, ZenbindError):
-            raise ZenbindError(e.code, f"{_detail(e)}; nothing of this step was applied to the "
-                                       f"model: {_AFTER_DEATH}") from e
+            raise _not_applied(e) from e
         raise RuntimeError(f"a bucket's step failed during backward ({e!r}); nothing of this "
                            "step was applied to the model") from e
 
@@ -737,6 +732,12 @@ _AFTER_DEATH = ("the model holds its parameters from before this step; the Adam 
 
 def _detail(error):
     return error.args[0].split(": ", 1)[-1]
+
+
+def _not_applied(error):
+    """The worker's error for a step of which the model took nothing."""
+    return ZenbindError(error.code, f"{_detail(error)}; nothing of this step was applied to the "
+                                    f"model: {_AFTER_DEATH}")
 
 
 def _filling(optimizer_ref):
