@@ -3,7 +3,7 @@
 // refusal or deferral only for types that choose CPUs.
 #include "check.hpp"
 
-#include "cpu_bind.hpp"
+#include "srun_cpu_bind.hpp"
 
 #include <cstdint>
 #include <string>

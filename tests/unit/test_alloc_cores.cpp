@@ -1,7 +1,7 @@
 // The plugin's fallback when no cpuset cgroup confines the step (task/affinity alone): Slurm's
 // S_STEP_ALLOC_CORES core ids to the CPUs of those cores, on synthetic machines whose CPU numbers
 // are not their core numbers (SMT siblings numbered far apart, as on most x86 servers).
-#include "alloc_cores.hpp"
+#include "stepd_alloc_cores.hpp"
 
 #include <cstdarg>
 #include <cstddef>

@@ -1,6 +1,6 @@
-// The plugin's decision when srun --cpu-bind meets --zenflow-bind (spank_plugin/cpu_bind.cpp),
+// The plugin's decision when srun --cpu-bind meets --zenflow-bind (spank_plugin/srun_cpu_bind.cpp),
 // over the SLURM_CPU_BIND_TYPE values srun 22.05 writes. No Slurm needed.
-#include "cpu_bind.hpp"
+#include "srun_cpu_bind.hpp"
 
 #include <cstdarg>
 #include <cstddef>

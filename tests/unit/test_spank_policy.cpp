@@ -1,6 +1,6 @@
-// The plugin's admin/user policy (spank_plugin/policy.cpp) over the real options parser: what a
-// step runs with, and which user values override=deny refuses. No Slurm needed.
-#include "policy.hpp"
+// The plugin's admin/user policy (spank_plugin/spank_options.cpp) over the real options parser:
+// what a step runs with, and which user values override=deny refuses. No Slurm needed.
+#include "spank_options.hpp"
 
 #include <cstdarg>
 #include <cstddef>

@@ -1,10 +1,11 @@
-// Which source holds a step's CPUs (spank_plugin/step_source.cpp), for what zb_cgroup_cpuset()
-// reports under each TaskPlugin, cgroup version and naming of the job's cgroup: first the decision
-// alone, then on fake cgroup trees of each layout Slurm makes (v1; v2 with job ids; v2 with
-// SLUIDs, Slurm 26.05's default), read by libzenbind as the plugin reads them. No Slurm needed.
-#include "step_source.hpp"
+// Which source holds a step's CPUs (spank_plugin/stepd_step_source.cpp), for what
+// zb_cgroup_cpuset() reports under each TaskPlugin, cgroup version and naming of the job's cgroup:
+// first the decision alone, then on fake cgroup trees of each layout Slurm makes (v1; v2 with job
+// ids; v2 with SLUIDs, Slurm 26.05's default), read by libzenbind as the plugin reads them. No
+// Slurm needed.
+#include "stepd_step_source.hpp"
 
-#include "slurm_api.hpp"
+#include "spank_api.hpp"
 
 #include <cstdarg>
 #include <cstddef>

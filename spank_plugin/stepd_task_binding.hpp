@@ -3,9 +3,9 @@
 // after Slurm bound it (slurm_spank_task_init), before exec.
 #pragma once
 
-#include "slurm_api.hpp"
-#include "task_env.hpp"
-#include "tell.hpp"
+#include "spank_api.hpp"
+#include "spank_env.hpp"
+#include "spank_tell.hpp"
 #include <zenbind/zenbind.h>
 
 #include <cstdint>

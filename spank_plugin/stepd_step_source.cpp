@@ -1,6 +1,6 @@
-#include "step_source.hpp"
+#include "stepd_step_source.hpp"
 
-#include "slurm_api.hpp"
+#include "spank_api.hpp"
 
 #include <vector>
 

@@ -1,4 +1,4 @@
-#include "binder_loader.hpp"
+#include "stepd_binder_loader.hpp"
 
 #include <dlfcn.h>
 

@@ -4,7 +4,7 @@
 // Jobs that do not ask for binding load neither library.
 #pragma once
 
-#include "slurm_api.hpp"
+#include "spank_api.hpp"
 
 #include <zenbind/zenbind.h>
 

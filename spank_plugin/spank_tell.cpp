@@ -1,4 +1,4 @@
-#include "tell.hpp"
+#include "spank_tell.hpp"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "alloc_cores.hpp"
+#include "stepd_alloc_cores.hpp"
 
 #include <memory>
 

@@ -1,14 +1,14 @@
 // zenflow_bind.so: the Slurm glue. Options come in from plugstack.conf and --zenflow-bind; a
-// step that binds hands its tasks to zenflow_bind_binder.so (binder.h), loaded only then. This
-// object carries the options parser and nothing else of libzenbind, and no hwloc: every srun,
+// step that binds hands its tasks to zenflow_bind_binder.so (stepd_binder.h), loaded only then.
+// This object carries the options parser and nothing else of libzenbind, and no hwloc: every srun,
 // sbatch, salloc and slurmstepd loads it. No exception leaves a callback and nothing here blocks.
-#include "binder_loader.hpp"
-#include "cpu_bind.hpp"
-#include "policy.hpp"
-#include "task_env.hpp"
-#include "tell.hpp"
+#include "spank_env.hpp"
+#include "spank_options.hpp"
+#include "spank_tell.hpp"
+#include "srun_cpu_bind.hpp"
+#include "stepd_binder_loader.hpp"
 
-#include "slurm_api.hpp"
+#include "spank_api.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -69,7 +69,7 @@ template <class F> int guarded(const char *where, F &&body) noexcept {
 int on_option(int, const char *optarg, int remote) noexcept {
     return guarded("--zenflow-bind", [&] {
         State &s = state();
-        // Slurm (22.05 and 24.11 alike, slurm_api.hpp) exports a bare sbatch/salloc
+        // Slurm (22.05 and 24.11 alike, spank_api.hpp) exports a bare sbatch/salloc
         // --zenflow-bind to the job's srun steps as the literal text "(null)" (a NULL printed
         // with %s): that, too, is the bare option.
         const char *text = optarg && std::strcmp(optarg, "(null)") != 0 ? optarg : "";
@@ -138,8 +138,9 @@ ZB_SPANK_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av) {
     });
 }
 
-// In srun, after its options and before any task starts: --cpu-bind is decided here (cpu_bind.hpp),
-// since srun sets SLURM_CPU_BIND_TYPE in its environment only when the user gave one.
+// In srun, after its options and before any task starts: --cpu-bind is decided here
+// (srun_cpu_bind.hpp), since srun sets SLURM_CPU_BIND_TYPE in its environment only when the user
+// gave one.
 ZB_SPANK_EXPORT int slurm_spank_local_user_init(spank_t, int, char **) {
     return guarded("local_user_init", [&] {
         State &s = state();

@@ -1,7 +1,7 @@
-#include "step_cpus.hpp"
+#include "stepd_step_cpus.hpp"
 
-#include "alloc_cores.hpp"
-#include "step_source.hpp"
+#include "stepd_alloc_cores.hpp"
+#include "stepd_step_source.hpp"
 
 #include <fstream>
 #include <sstream>

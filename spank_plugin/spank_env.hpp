@@ -3,7 +3,7 @@
 // into the binder.
 #pragma once
 
-#include "slurm_api.hpp"
+#include "spank_api.hpp"
 
 #include <zenbind/zenbind.h>
 

@@ -1,4 +1,4 @@
-#include "task_env.hpp"
+#include "spank_env.hpp"
 
 #include <cstring>
 

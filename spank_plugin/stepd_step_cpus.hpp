@@ -3,7 +3,7 @@
 // task/affinity alone leaves the task in a cgroup Slurm did not make for it.
 #pragma once
 
-#include "slurm_api.hpp"
+#include "spank_api.hpp"
 #include <zenbind/zenbind.h>
 
 #include <cstdint>

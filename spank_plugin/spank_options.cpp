@@ -1,4 +1,4 @@
-#include "policy.hpp"
+#include "spank_options.hpp"
 
 namespace zb::spank {
 namespace {

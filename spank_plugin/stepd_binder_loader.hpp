@@ -1,7 +1,7 @@
-// Finds and loads zenflow_bind_binder.so (binder.h) the first time a step binds.
+// Finds and loads zenflow_bind_binder.so (stepd_binder.h) the first time a step binds.
 #pragma once
 
-#include "binder.h"
+#include "stepd_binder.h"
 
 #include <string>
 

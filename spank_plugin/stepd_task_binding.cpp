@@ -1,4 +1,4 @@
-#include "task_binding.hpp"
+#include "stepd_task_binding.hpp"
 
 #include <sched.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "cpu_bind.hpp"
+#include "srun_cpu_bind.hpp"
 
 #include <string_view>
 

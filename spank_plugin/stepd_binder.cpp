@@ -1,9 +1,9 @@
-// zenflow_bind_binder.so: what a step that binds needs in slurmstepd (binder.h), loaded by
+// zenflow_bind_binder.so: what a step that binds needs in slurmstepd (stepd_binder.h), loaded by
 // zenflow_bind.so only then. Topology and profile once per step, then each task's plan,
 // environment and affinity. No exception leaves an entry point.
-#include "binder.h"
-#include "step_cpus.hpp"
-#include "task_binding.hpp"
+#include "stepd_binder.h"
+#include "stepd_step_cpus.hpp"
+#include "stepd_task_binding.hpp"
 
 #include <unistd.h>
 
