@@ -14,7 +14,7 @@ medians over --rounds rounds and the median of the per-round ratios. Both use --
 With --fsdp2, the same pair steps a model under FSDP2's fully_shard(CPUOffloadPolicy()) on one
 gloo rank (unpinned where there is no GPU to pin for): what a CPUOffloadPolicy user times.
 
-    PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.1 \\
+    PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.2 \\
         python3 bench/fused_bench.py --threads 1
 """
 

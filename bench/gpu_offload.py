@@ -21,7 +21,7 @@ what the GPU still had to do after it (the copies back); peak GPU memory, the GP
 adds above what was allocated when it began (the copy-back spike), and host bytes per parameter
 (RSS growth of this process plus the worker's private memory).
 
-    PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.1 \\
+    PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.2 \\
     ZENFLOW_OPTIMIZER=build/default/optimizer/zenflow-optimizer python3 bench/gpu_offload.py
 """
 

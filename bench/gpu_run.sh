@@ -18,7 +18,7 @@ prepare() {
     cmake --preset default >/dev/null
     cmake --build build/default -j"$(nproc)" --target zenbind zenflow-optimizer zenflow-bench
     rm -rf "$out" && mkdir -p "$out/debs"
-    cp -L build/default/libzenbind/libzenbind.so.1 build/default/optimizer/zenflow-optimizer \
+    cp -L build/default/libzenbind/libzenbind.so.2 build/default/optimizer/zenflow-optimizer \
         build/default/bench/zenflow-bench "$out/"
     (cd "$out/debs" && apt-get download libhwloc15 libnuma1 libgomp1 libudev1 2>/dev/null)
     for deb in "$out"/debs/*.deb; do dpkg -x "$deb" "$out/root"; done
@@ -29,7 +29,7 @@ prepare() {
 run() {
     [ -x "$out/zenflow-optimizer" ] || { echo "no $out: run '$0 prepare' where the project builds" >&2; exit 1; }
     export LD_LIBRARY_PATH="$PWD/$out:$PWD/$out/root/usr/lib/x86_64-linux-gnu:$PWD/$out/root/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    export PYTHONPATH="$PWD/python" ZENFLOW_BIND_LIB="$PWD/$out/libzenbind.so.1" \
+    export PYTHONPATH="$PWD/python" ZENFLOW_BIND_LIB="$PWD/$out/libzenbind.so.2" \
         ZENFLOW_OPTIMIZER="$PWD/$out/zenflow-optimizer"
     local what=$1
     shift

@@ -22,14 +22,15 @@ struct Stats {
 };
 
 Stats measure(int worker_cpu, unsigned spin_us, long iterations) {
+    const std::string cpus = std::to_string(worker_cpu); // read by zb_worker_spawn() only
     zb_worker_attr attr;
     zb_worker_attr_init(&attr);
-    std::snprintf(attr.cpus, sizeof attr.cpus, "%d", worker_cpu);
+    attr.cpus = cpus.c_str();
     attr.threads = 1;
     attr.worker_spin_us = spin_us;
     attr.wait_spin_us = spin_us;
     zb_worker_t *w = nullptr;
-    if (zb_worker_spawn(&attr, &w) != ZB_OK) {
+    if (zb_worker_spawn(&attr, 0, &w) != ZB_OK) {
         std::fprintf(stderr, "zenflow-bench ipc: %s\n", zb_last_error());
         std::exit(1);
     }
@@ -39,7 +40,8 @@ Stats measure(int worker_cpu, unsigned spin_us, long iterations) {
     for (long i = 0; i < warmup + iterations; ++i) {
         const zb_worker_step step{i + 1, 1.0f, 0, nullptr, 0, 0, 0.0f};
         const double t0 = zb::bench::now();
-        if (zb_worker_submit(w, &step) != ZB_OK || zb_worker_wait(w, 10000, nullptr) != ZB_OK) {
+        if (zb_worker_submit(w, &step) != ZB_OK ||
+            zb_worker_wait_result(w, 10000, nullptr) != ZB_OK) {
             std::fprintf(stderr, "zenflow-bench ipc: %s\n", zb_last_error());
             std::exit(1);
         }

@@ -9,7 +9,7 @@ square Linear layers of --width (bucket_elements: about one layer per bucket), f
 step_during_backward() the worker starts when backward has ended; with it, each bucket starts as
 soon as backward has produced its gradients. torch >= 2.1 (post-accumulate-grad hooks).
 
-    PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.1 \\
+    PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.2 \\
     ZENFLOW_OPTIMIZER=build/default/optimizer/zenflow-optimizer python3 bench/stream_bench.py
 """
 

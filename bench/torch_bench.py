@@ -15,7 +15,7 @@ Bytes/param count what the run adds to the processes' memory beyond the model's 
 malloc_trim: torch's RssAnon growth; for the worker, this process's private growth, the worker's
 private memory and the shared memory reserved (each shared page counted once).
 
-    PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.1 \\
+    PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.2 \\
     ZENFLOW_OPTIMIZER=build/default/optimizer/zenflow-optimizer /usr/bin/python3 bench/torch_bench.py
 """
 

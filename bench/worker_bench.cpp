@@ -192,10 +192,10 @@ int bench_worker(int argc, char **argv) {
 
     zb_worker_attr attr;
     zb_worker_attr_init(&attr);
-    std::snprintf(attr.cpus, sizeof attr.cpus, "%s", list.c_str());
+    attr.cpus = list.c_str(); // read by zb_worker_spawn() only
     attr.threads = static_cast<unsigned>(threads);
     zb_worker_t *w = nullptr;
-    if (zb_worker_spawn(&attr, &w) != ZB_OK) die("spawn");
+    if (zb_worker_spawn(&attr, 0, &w) != ZB_OK) die("spawn");
     pid_t pid;
     zb_worker_pid(w, &pid);
     const size_t base_rss = both_rss(pid);

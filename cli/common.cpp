@@ -13,7 +13,7 @@ int zb_error(int status, const std::string &what) {
     return error(status, what + ": " + zb_last_error());
 }
 
-std::string cpulist(hwloc_const_bitmap_t set) {
+std::string cpulist(const zb_cpuset_t *set) {
     const int n = zb_cpulist_format(set, nullptr, 0);
     if (n < 0) return "infinite";
     std::string out(static_cast<size_t>(n) + 1, '\0');

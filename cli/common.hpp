@@ -15,7 +15,7 @@ int error(int status, const std::string &message);
 // The same with zb_last_error() appended after ": ".
 int zb_error(int status, const std::string &what);
 
-std::string cpulist(hwloc_const_bitmap_t set);
+std::string cpulist(const zb_cpuset_t *set);
 std::string json_string(const std::string &text);
 
 // Reads the value of flag argv[i] into `value`, advancing i; false if it is missing.

@@ -2,6 +2,8 @@
 
 #include "common.hpp"
 
+#include <zenbind/hwloc.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -29,14 +31,11 @@ constexpr Colours kPalette[] = {
 };
 
 // lstopo reads an object's colours from its "lstopoStyle" info.
-void colour(hwloc_topology_t topo, hwloc_const_cpuset_t cpus, const char *background) {
+void colour(hwloc_topology_t topo, const zb_cpuset_t *cpus, const char *background) {
     const std::string style = std::string("Background=") + background;
-    int cpu;
-    hwloc_bitmap_foreach_begin(cpu, cpus) {
+    for (int cpu = zb_cpuset_next(cpus, -1); cpu >= 0; cpu = zb_cpuset_next(cpus, cpu))
         if (hwloc_obj_t pu = hwloc_get_pu_obj_by_os_index(topo, static_cast<unsigned>(cpu)))
             hwloc_obj_add_info(pu, "lstopoStyle", style.c_str());
-    }
-    hwloc_bitmap_foreach_end();
 }
 
 int run_lstopo(const std::vector<std::string> &args) {
@@ -82,7 +81,7 @@ bool draw_plan(zb_topology_t *topology, const zb_plan_t *plan, const std::string
         colour(topo, t.opt_cpus, c.dark);
         std::string line = "task " + std::to_string(i) + ": training " + cpulist(t.train_cpus) +
                            " (light " + c.name + ")";
-        if (!hwloc_bitmap_iszero(t.opt_cpus))
+        if (zb_cpuset_weight(t.opt_cpus) != 0)
             line += ", optimizer " + cpulist(t.opt_cpus) + " (dark " + c.name + ")";
         args.insert(args.end(), {"--append-legend", line});
     }

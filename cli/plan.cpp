@@ -3,6 +3,8 @@
 #include "common.hpp"
 #include "picture.hpp"
 
+#include <zenbind/hwloc.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -146,13 +148,13 @@ std::string json_int(int value) {
 
 struct Owned {
     zb_topology_t *topology = nullptr;
-    hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
+    zb_cpuset_t *allowed = zb_cpuset_alloc();
     zb_profile_t *profile = nullptr;
     zb_plan_t *plan = nullptr;
     ~Owned() {
         zb_plan_free(plan);
         zb_profile_free(profile);
-        hwloc_bitmap_free(allowed);
+        zb_cpuset_free(allowed);
         zb_topology_free(topology);
     }
 };
@@ -231,7 +233,8 @@ int cmd_plan(int argc, char **argv) {
             return zb_error(kRuntime, "cannot read this process's allowed CPUs");
         source = std::string("this process: ") + file + " and its affinity";
     } else {
-        hwloc_bitmap_copy(o.allowed, zb_topology_cpuset(o.topology));
+        hwloc_bitmap_copy(zb_cpuset_hwloc(o.allowed),
+                          zb_cpuset_hwloc_const(zb_topology_cpuset(o.topology)));
         source = "every CPU of the topology";
     }
 
@@ -251,8 +254,8 @@ int cmd_plan(int argc, char **argv) {
     } else if (!a.gpus.empty()) {
         if (int rc = resolve_gpus(a, gpus, notes)) return rc;
     }
-    if (zb_plan_compute_gpus(o.topology, o.allowed, a.tasks, &options,
-                             gpus.node.empty() ? nullptr : gpus.node.data(), &o.plan) != ZB_OK)
+    if (zb_plan_compute(o.topology, o.allowed, a.tasks, &options,
+                        gpus.node.empty() ? nullptr : gpus.node.data(), 0, &o.plan) != ZB_OK)
         return zb_error(kRuntime, "no plan");
     for (const std::string &note : notes)
         std::fprintf(stderr, "zenbind: warning: %s: share taken in order\n", note.c_str());

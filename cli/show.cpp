@@ -3,6 +3,8 @@
 #include "commands.hpp"
 #include "common.hpp"
 
+#include <zenbind/hwloc.h>
+
 #include <cstdio>
 #include <string>
 #include <unistd.h>
@@ -18,7 +20,7 @@ struct Node {
     double memory_gib;
 };
 
-std::vector<Node> nodes_of(const zb_topology_t *topology, hwloc_const_bitmap_t allowed) {
+std::vector<Node> nodes_of(const zb_topology_t *topology, const zb_cpuset_t *allowed) {
     hwloc_topology_t topo = zb_topology_hwloc(topology);
     const int core_depth = hwloc_get_type_or_below_depth(topo, HWLOC_OBJ_CORE);
     std::vector<Node> nodes;
@@ -26,10 +28,10 @@ std::vector<Node> nodes_of(const zb_topology_t *topology, hwloc_const_bitmap_t a
          n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n)) {
         const int cores = hwloc_get_nbobjs_inside_cpuset_by_depth(topo, n->cpuset, core_depth);
         hwloc_bitmap_t mine = hwloc_bitmap_alloc();
-        hwloc_bitmap_and(mine, n->cpuset, allowed);
-        nodes.push_back({n->os_index, cpulist(n->cpuset), cpulist(mine),
-                         n->subtype ? n->subtype : "DRAM", cores,
-                         cores > 0 ? hwloc_bitmap_weight(n->cpuset) / cores : 0,
+        hwloc_bitmap_and(mine, n->cpuset, zb_cpuset_hwloc_const(allowed));
+        nodes.push_back({n->os_index, cpulist(zb_cpuset_from_hwloc_const(n->cpuset)),
+                         cpulist(zb_cpuset_from_hwloc(mine)), n->subtype ? n->subtype : "DRAM",
+                         cores, cores > 0 ? hwloc_bitmap_weight(n->cpuset) / cores : 0,
                          static_cast<double>(n->attr->numanode.local_memory) / (1u << 30)});
         hwloc_bitmap_free(mine);
     }
@@ -82,10 +84,10 @@ int cmd_show(int argc, char **argv) {
     }
     zb_topology_t *topology = nullptr;
     if (zb_topology_load(&topology) != ZB_OK) return zb_error(kRuntime, "cannot load the topology");
-    hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
+    zb_cpuset_t *allowed = zb_cpuset_alloc();
     char source[4096];
     if (zb_allowed_cpus(nullptr, 0, allowed, source, sizeof source) != ZB_OK) {
-        hwloc_bitmap_free(allowed);
+        zb_cpuset_free(allowed);
         zb_topology_free(topology);
         return zb_error(kRuntime, "cannot read this process's allowed CPUs");
     }
@@ -95,7 +97,7 @@ int cmd_show(int argc, char **argv) {
         print_json(mine, source, machine, nodes);
     else
         print_table(mine, source, machine, nodes);
-    hwloc_bitmap_free(allowed);
+    zb_cpuset_free(allowed);
     zb_topology_free(topology);
     return kOk;
 }

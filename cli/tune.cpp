@@ -7,6 +7,7 @@
 // past it, more optimizer threads only add synchronisation (zb_profile_add_node applies the rule).
 #include "tune.hpp"
 
+#include <zenbind/hwloc.h>
 #include <zenbind/zenbind.h>
 
 #include <zbadam/adam.hpp>
@@ -281,7 +282,7 @@ int run(const TuneArgs &a) {
     if (numa_available() < 0) {
         std::fprintf(stderr, "zenbind: tune: libnuma reports no NUMA support on this machine\n");
     } else if (zb_topology_load(&topology) != ZB_OK ||
-               zb_allowed_cpus(nullptr, 0, allowed, nullptr, 0) != ZB_OK ||
+               zb_allowed_cpus(nullptr, 0, zb_cpuset_from_hwloc(allowed), nullptr, 0) != ZB_OK ||
                zb_profile_create(&profile) != ZB_OK) {
         std::fprintf(stderr, "zenbind: tune: %s\n", zb_last_error());
     } else {

@@ -55,7 +55,7 @@ set(CPACK_DEBIAN_DEV_PACKAGE_NAME libzenbind-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libzenbind${ZB_SOVERSION} ${zb_same}, libhwloc-dev")
 set(CPACK_DEBIAN_DEV_DESCRIPTION "development files of libzenbind
-The C headers (zenbind/zenbind.h, worker.h, adam.h), the libzenbind.so link,
+The C headers (zenbind/zenbind.h, worker.h, adam.h, hwloc.h), the libzenbind.so link,
 the CMake package (find_package(zenbind)) and the pkg-config file, and the
 libzenbind(3) manual page, for programs that plan CPUs, drive the
 zenflow-optimizer worker or step Adam in their own process.")

@@ -25,9 +25,6 @@ namespace {
 using zb::fail;
 namespace opt = zb::opt;
 
-// The fields of the first zb_adam_args; a caller's size below it is refused.
-constexpr size_t kArgsV1 = offsetof(zb_adam_args, threads) + sizeof(int);
-
 int raw(const zb_dtype &field) {
     int v;
     std::memcpy(&v, &field, sizeof v);
@@ -39,9 +36,7 @@ int raw(const zb_dtype &field) {
 void check(const zb_adam_tensor *tensors, size_t count, const zb_adam_args *a) {
     const std::string fn = "zb_adam_step: ";
     if (!a) fail(ZB_EINVAL, fn + "args is NULL");
-    if (a->size < kArgsV1)
-        fail(ZB_EINVAL, fn + "args->size is " + std::to_string(a->size) +
-                            ": fill the arguments with zb_adam_args_init()");
+    zb::check_size(a->size, sizeof *a, "zb_adam_step", "args", "zb_adam_args_init");
     if (count && !tensors) fail(ZB_EINVAL, fn + "tensors is NULL");
     const int grad = raw(a->grad), copy = raw(a->copy_out);
     if (grad != ZB_DTYPE_FP32 && grad != ZB_DTYPE_BF16 && grad != ZB_DTYPE_FP16)
@@ -215,10 +210,8 @@ zb_status run_in_callers_team(const zb_adam_tensor *tensors, size_t count, const
 
 } // namespace
 
-extern "C" void zb_adam_args_init(zb_adam_args *args) {
-    if (!args) return;
-    *args = zb_adam_args{};
-    args->size = sizeof(zb_adam_args);
+extern "C" void zb_adam_args_init_size(zb_adam_args *args, size_t size) {
+    if (!zb::init_sized(args, size)) return;
     args->grad = ZB_DTYPE_FP32;
     args->copy_out = ZB_DTYPE_NONE;
     zb_adam_hyper_init(&args->hyper);

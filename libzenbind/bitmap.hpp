@@ -1,7 +1,7 @@
 // Owning handle for an hwloc bitmap (cpuset or nodeset).
 #pragma once
 
-#include <hwloc.h>
+#include <zenbind/hwloc.h>
 
 #include <new>
 #include <utility>

@@ -374,7 +374,7 @@ std::optional<Room> memory_room(const std::string &root, pid_t pid, std::string 
 
 extern "C" {
 
-zb_status zb_cgroup_cpuset(const char *fsroot, pid_t pid, unsigned levels_up, hwloc_cpuset_t out,
+zb_status zb_cgroup_cpuset(const char *fsroot, pid_t pid, unsigned levels_up, zb_cpuset_t *out,
                            char *source, size_t source_len) {
     return zb::guard([&] {
         if (!out) zb::fail(ZB_EINVAL, "zb_cgroup_cpuset: out is NULL");
@@ -385,12 +385,12 @@ zb_status zb_cgroup_cpuset(const char *fsroot, pid_t pid, unsigned levels_up, hw
                      "no cpuset controller for " +
                          (pid == 0 ? std::string("this process") : "pid " + std::to_string(pid)) +
                          ": " + reader.why_none());
-        if (hwloc_bitmap_copy(out, found->set) != 0) throw std::bad_alloc();
+        if (hwloc_bitmap_copy(zb_cpuset_hwloc(out), found->set) != 0) throw std::bad_alloc();
         zb::copy_to_buffer(found->source, source, source_len);
     });
 }
 
-zb_status zb_allowed_cpus(const char *fsroot, pid_t pid, hwloc_cpuset_t out, char *source,
+zb_status zb_allowed_cpus(const char *fsroot, pid_t pid, zb_cpuset_t *out, char *source,
                           size_t source_len) {
     return zb::guard([&] {
         if (!out) zb::fail(ZB_EINVAL, "zb_allowed_cpus: out is NULL");
@@ -399,7 +399,7 @@ zb_status zb_allowed_cpus(const char *fsroot, pid_t pid, hwloc_cpuset_t out, cha
         zb::Bitmap allowed;
         zb::process_affinity(pid, allowed);
         if (found) hwloc_bitmap_and(allowed, allowed, found->set);
-        if (hwloc_bitmap_copy(out, allowed) != 0) throw std::bad_alloc();
+        if (hwloc_bitmap_copy(zb_cpuset_hwloc(out), allowed) != 0) throw std::bad_alloc();
         zb::copy_to_buffer(found ? found->source : "sched_getaffinity", source, source_len);
     });
 }

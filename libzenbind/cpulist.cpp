@@ -5,6 +5,8 @@
 #include "cbuf.hpp"
 #include "error.hpp"
 
+#include <zenbind/hwloc.h>
+
 #include <cstdio>
 #include <cstring>
 
@@ -104,19 +106,20 @@ std::string format_cpulist(hwloc_const_bitmap_t set) {
 
 extern "C" {
 
-zb_status zb_cpulist_parse(const char *list, hwloc_bitmap_t out) {
+zb_status zb_cpulist_parse(const char *list, zb_cpuset_t *out) {
     return zb::guard([&] {
         if (!list) zb::fail(ZB_EINVAL, "zb_cpulist_parse: list is NULL");
         if (!out) zb::fail(ZB_EINVAL, "zb_cpulist_parse: out is NULL");
-        zb::parse_cpulist(list, out);
+        zb::parse_cpulist(list, zb_cpuset_hwloc(out));
     });
 }
 
-int zb_cpulist_format(hwloc_const_bitmap_t set, char *buf, size_t len) {
+int zb_cpulist_format(const zb_cpuset_t *set, char *buf, size_t len) {
     int result = -1;
     const zb_status status = zb::guard([&] {
         if (!set) zb::fail(ZB_EINVAL, "zb_cpulist_format: set is NULL");
-        result = static_cast<int>(zb::copy_to_buffer(zb::format_cpulist(set), buf, len));
+        result = static_cast<int>(
+            zb::copy_to_buffer(zb::format_cpulist(zb_cpuset_hwloc_const(set)), buf, len));
     });
     if (status != ZB_OK && buf && len > 0) buf[0] = '\0';
     return result;

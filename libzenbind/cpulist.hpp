@@ -2,7 +2,7 @@
 // (the C entry points zb_cpulist_parse/format wrap these).
 #pragma once
 
-#include <hwloc.h>
+#include <zenbind/hwloc.h>
 
 #include <string>
 #include <string_view>

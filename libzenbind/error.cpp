@@ -1,6 +1,7 @@
 #include "error.hpp"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 namespace {
@@ -19,6 +20,22 @@ void set_last_error(const char *message) noexcept {
         last_error = message;
     } catch (...) {
         last_error.clear(); // the message did not fit in memory; the status still tells
+    }
+}
+
+void check_size(size_t size, size_t first, const char *fn, const char *what, const char *init) {
+    if (size < first)
+        fail(ZB_EINVAL, std::string(fn) + ": " + what + "->size is " + std::to_string(size) +
+                            ", less than the " + std::to_string(first) + " bytes of its first " +
+                            "layout in this ABI: fill it with " + init + "()");
+}
+
+void check_flags(unsigned long flags, unsigned long known, const char *fn) {
+    if (flags & ~known) {
+        char hex[32];
+        std::snprintf(hex, sizeof hex, "%#lx", flags & ~known);
+        fail(ZB_EINVAL, std::string(fn) + ": flags " + hex + ": this release defines " +
+                            (known ? "other bits" : "none (pass 0)"));
     }
 }
 
@@ -63,6 +80,6 @@ const char *zb_version(void) {
 }
 
 unsigned zb_api_version(void) {
-    return ZB_VERSION_NUMBER;
+    return ZB_API_VERSION;
 }
 }

@@ -30,6 +30,21 @@ class Error : public std::runtime_error {
 
 void set_last_error(const char *message) noexcept;
 
+// The checks of what lets the ABI grow (zenbind.h, "How the ABI grows"). A size-prefixed
+// configuration is refused when its `size` is below `first`, the bytes of this ABI's first layout
+// of it: "fn: what->size is N, less than ...: fill it with init()".
+void check_size(size_t size, size_t first, const char *fn, const char *what, const char *init);
+// Zeroes a size-prefixed configuration and records the caller's `size`; false, writing nothing,
+// for a struct smaller than this ABI's layout of it (the _init_size calls, which cannot fail).
+template <class T> bool init_sized(T *config, size_t size) noexcept {
+    if (!config || size < sizeof *config) return false;
+    *config = T{};
+    config->size = size;
+    return true;
+}
+// A flags argument with a bit this release does not define.
+void check_flags(unsigned long flags, unsigned long known, const char *fn);
+
 template <class F> zb_status guard(F &&body) noexcept {
     try {
         body();

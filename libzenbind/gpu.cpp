@@ -176,7 +176,7 @@ std::unique_ptr<zb_gpus> load(const char *fsroot, const char *map) {
 }
 
 void fill(const zb_gpus::Gpu &g, zb_gpu *out) {
-    *out = {g.index, g.node, g.bus.c_str(), g.cpus};
+    *out = {g.index, g.node, g.bus.c_str(), zb_cpuset_from_hwloc_const(g.cpus)};
 }
 
 } // namespace

@@ -1,5 +1,5 @@
-// Which task takes which share when tasks drive GPUs (zb_plan_compute_gpus): the shares are the
-// planner's, only their order among the tasks changes, so the CPUs used stay the same.
+// Which task takes which share when tasks drive GPUs (zb_plan_compute with gpu_nodes): the shares
+// are the planner's, only their order among the tasks changes, so the CPUs used stay the same.
 #pragma once
 
 #include <hwloc.h>

@@ -357,9 +357,8 @@ std::string format_options(const zb_options &o) {
 
 extern "C" {
 
-void zb_options_init(zb_options *options) {
-    if (!options) return;
-    std::memset(options, 0, sizeof *options);
+void zb_options_init_size(zb_options *options, size_t size) {
+    if (!zb::init_sized(options, size)) return;
     options->enabled = 1;
     options->smt = ZB_SMT_IDLE;
     options->numa = ZB_NUMA_PREFER;
@@ -370,6 +369,8 @@ void zb_options_init(zb_options *options) {
 zb_status zb_options_parse(zb_options *options, const char *text, zb_scope scope) {
     return zb::guard([&] {
         if (!options) zb::fail(ZB_EINVAL, "zb_options_parse: options is NULL");
+        zb::check_size(options->size, sizeof *options, "zb_options_parse", "options",
+                       "zb_options_init");
         if (const int s = enum_bits(scope); s != ZB_SCOPE_USER && s != ZB_SCOPE_ADMIN)
             zb::fail(ZB_EINVAL, "zb_options_parse: scope is neither ZB_SCOPE_USER nor "
                                 "ZB_SCOPE_ADMIN");
@@ -386,6 +387,8 @@ int zb_options_format(const zb_options *options, char *buf, size_t len) {
     int result = -1;
     const zb_status status = zb::guard([&] {
         if (!options) zb::fail(ZB_EINVAL, "zb_options_format: options is NULL");
+        zb::check_size(options->size, sizeof *options, "zb_options_format", "options",
+                       "zb_options_init");
         result = static_cast<int>(zb::copy_to_buffer(format_options(*options), buf, len));
     });
     if (status != ZB_OK && buf && len > 0) buf[0] = '\0';
@@ -406,7 +409,8 @@ int zb_options_usage(zb_scope scope, char *buf, size_t len) {
 
 const char *zb_options_overridden(const zb_options *admin, const zb_options *merged,
                                   unsigned user_set) {
-    if (!admin || !merged) return nullptr;
+    if (!admin || !merged || admin->size < sizeof *admin || merged->size < sizeof *merged)
+        return nullptr;
     for (const Key &k : keys)
         if (!k.admin && (user_set & k.bit) && (admin->set & k.bit) && !k.same(*admin, *merged))
             return k.name;

@@ -15,7 +15,8 @@
 //    the last ones in sequence order; training gets the rest with all their PUs.
 // 5. mode=offload: no split; the training process gets every PU of its share and one thread per
 //    core, for optimizers that run inside it (rules 1-3 unchanged).
-// 6. GPUs (zb_plan_compute_gpus): the shares of rule 3 are dealt to the tasks by their GPU's
+// 6. GPUs (zb_plan_compute with gpu_nodes): the shares of rule 3 are dealt to the tasks by their
+// GPU's
 //    NUMA node (gpu_place.hpp) instead of in order; the CPUs used stay the same.
 #include "bitmap.hpp"
 #include "cpulist.hpp"
@@ -385,23 +386,22 @@ std::unique_ptr<zb_plan> compute(const zb_topology_t *topology, hwloc_const_cpus
 
 extern "C" {
 
-zb_status zb_plan_compute_gpus(const zb_topology_t *topology, hwloc_const_cpuset_t allowed,
-                               unsigned ntasks, const zb_options *options, const int *gpu_nodes,
-                               zb_plan_t **out) {
+zb_status zb_plan_compute(const zb_topology_t *topology, const zb_cpuset_t *allowed,
+                          unsigned ntasks, const zb_options *options, const int *gpu_nodes,
+                          unsigned long flags, zb_plan_t **out) {
     return zb::guard([&] {
         if (!topology || !allowed || !out) zb::fail(ZB_EINVAL, "zb_plan_compute: NULL argument");
+        zb::check_flags(flags, 0, "zb_plan_compute");
         zb_options defaults;
         if (!options) {
             zb_options_init(&defaults);
             options = &defaults;
         }
-        *out = compute(topology, allowed, ntasks, *options, gpu_nodes).release();
+        zb::check_size(options->size, sizeof *options, "zb_plan_compute", "options",
+                       "zb_options_init");
+        *out = compute(topology, zb_cpuset_hwloc_const(allowed), ntasks, *options, gpu_nodes)
+                   .release();
     });
-}
-
-zb_status zb_plan_compute(const zb_topology_t *topology, hwloc_const_cpuset_t allowed,
-                          unsigned ntasks, const zb_options *options, zb_plan_t **out) {
-    return zb_plan_compute_gpus(topology, allowed, ntasks, options, nullptr, out);
 }
 
 int zb_plan_task_gpu_node(const zb_plan_t *plan, unsigned index) {
@@ -423,7 +423,14 @@ zb_status zb_plan_task(const zb_plan_t *plan, unsigned index, zb_task_plan *out)
             zb::fail(ZB_EINVAL, "task " + std::to_string(index) + " is not in the plan (" +
                                     std::to_string(plan->tasks.size()) + " tasks)");
         const zb_plan::Task &t = plan->tasks[index];
-        *out = {t.cpus, t.train, t.opt, t.nodes, t.mems, t.train_threads, t.opt_threads, t.cores};
+        *out = {zb_cpuset_from_hwloc_const(t.cpus),
+                zb_cpuset_from_hwloc_const(t.train),
+                zb_cpuset_from_hwloc_const(t.opt),
+                zb_cpuset_from_hwloc_const(t.nodes),
+                zb_cpuset_from_hwloc_const(t.mems),
+                t.train_threads,
+                t.opt_threads,
+                t.cores};
     });
 }
 

@@ -222,11 +222,14 @@ unsigned zb_profile_saturation(const zb_profile_t *profile, unsigned node) {
 }
 
 zb_status zb_profile_apply(const zb_profile_t *profile, const zb_topology_t *topology,
-                           hwloc_const_cpuset_t allowed, unsigned ntasks, zb_options *options) {
+                           const zb_cpuset_t *allowed, unsigned ntasks, zb_options *options) {
     return zb::guard([&] {
         if (!profile || !topology || !allowed || !options)
             zb::fail(ZB_EINVAL, "zb_profile_apply: NULL argument");
-        apply(*profile, zb_topology_hwloc(topology), allowed, ntasks, *options);
+        zb::check_size(options->size, sizeof *options, "zb_profile_apply", "options",
+                       "zb_options_init");
+        apply(*profile, zb_topology_hwloc(topology), zb_cpuset_hwloc_const(allowed), ntasks,
+              *options);
     });
 }
 }

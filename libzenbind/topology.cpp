@@ -62,7 +62,8 @@ hwloc_topology_t zb_topology_hwloc(const zb_topology_t *topology) {
     return topology ? topology->topo : nullptr;
 }
 
-hwloc_const_cpuset_t zb_topology_cpuset(const zb_topology_t *topology) {
-    return topology ? hwloc_topology_get_topology_cpuset(topology->topo) : nullptr;
+const zb_cpuset_t *zb_topology_cpuset(const zb_topology_t *topology) {
+    return topology ? zb_cpuset_from_hwloc_const(hwloc_topology_get_topology_cpuset(topology->topo))
+                    : nullptr;
 }
 }

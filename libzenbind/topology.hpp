@@ -2,7 +2,7 @@
 // use, because the allowed set is an input of its own (a Slurm step's cgroup, --cpuset).
 #pragma once
 
-#include <zenbind/zenbind.h>
+#include <zenbind/hwloc.h>
 
 struct zb_topology {
     hwloc_topology_t topo = nullptr;

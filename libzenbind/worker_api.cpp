@@ -163,7 +163,8 @@ void submit_groups(zb_worker_t *worker, const zb_worker_step *step, unsigned fir
     zb_worker &w = handle(worker, fn);
     if (!step) fail(ZB_EINVAL, f + ": step is NULL");
     w.check_alive();
-    if (w.in_flight) fail(ZB_EINVAL, f + ": a step is already in flight; call zb_worker_wait");
+    if (w.in_flight)
+        fail(ZB_EINVAL, f + ": a step is already in flight; call zb_worker_wait_result");
     if (step->step < 0) fail(ZB_EINVAL, f + ": step must be >= 0");
     if (step->flags & ~(ZB_STEP_SKIP_NONFINITE | ZB_STEP_GRAD_NORM))
         fail(ZB_EINVAL, f + ": unknown flags " + std::to_string(step->flags));
@@ -223,11 +224,11 @@ zb_status zb_worker_submit_groups(zb_worker_t *worker, const zb_worker_step *ste
 
 zb_status zb_worker_wait_result(zb_worker_t *worker, int timeout_ms, zb_worker_result *out) {
     return zb::guard([&] {
-        zb_worker &w = handle(worker, "zb_worker_wait");
-        if (timeout_ms < 0) fail(ZB_EINVAL, "zb_worker_wait: timeout_ms must be >= 0");
+        zb_worker &w = handle(worker, "zb_worker_wait_result");
+        if (timeout_ms < 0) fail(ZB_EINVAL, "zb_worker_wait_result: timeout_ms must be >= 0");
         if (!w.in_flight) {
             w.check_alive(); // a dead worker is ZB_EDEAD, not "nothing to wait for"
-            fail(ZB_EINVAL, "zb_worker_wait: no step in flight");
+            fail(ZB_EINVAL, "zb_worker_wait_result: no step in flight");
         }
         try {
             w.wait_response(int64_t(timeout_ms) * 1'000'000);
@@ -236,18 +237,10 @@ zb_status zb_worker_wait_result(zb_worker_t *worker, int timeout_ms, zb_worker_r
             throw;
         }
         w.in_flight = false;
-        w.last_step_ns = w.ctl->step_ns;
         if (out)
             *out = zb_worker_result{w.ctl->nonfinite, w.ctl->grad_norm, w.ctl->skipped ? 1 : 0,
                                     static_cast<double>(w.ctl->step_ns) * 1e-9};
     });
-}
-
-zb_status zb_worker_wait(zb_worker_t *worker, int timeout_ms, uint64_t *nonfinite) {
-    zb_worker_result r{};
-    const zb_status st = zb_worker_wait_result(worker, timeout_ms, &r);
-    if (st == ZB_OK && nonfinite) *nonfinite = r.nonfinite;
-    return st;
 }
 
 zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *exp_avg,
@@ -293,13 +286,6 @@ zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const f
         w.ctl->step = step;
         w.ctl->transfer = seg ? 1 : 0;
         w.run_state_command("set the optimizer state of group " + std::to_string(group));
-    });
-}
-
-zb_status zb_worker_last_step_seconds(const zb_worker_t *worker, double *seconds) {
-    return zb::guard([&] {
-        if (!worker || !seconds) fail(ZB_EINVAL, "zb_worker_last_step_seconds: NULL argument");
-        *seconds = static_cast<double>(worker->last_step_ns) * 1e-9;
     });
 }
 

@@ -28,7 +28,6 @@ struct zb_worker {
     std::string death;
     int exit_code = -1; // the worker's exit code once reaped, -1 if a signal or unknown
     int64_t wait_spin_ns = 0;
-    uint64_t last_step_ns = 0; // the worker's time for the last step waited for
     unsigned control_timeout_ms = 0;
     size_t numel = 0, param_bytes = 0, grad_bytes = 0, copy_bytes = 0, stale_bytes = 0;
 

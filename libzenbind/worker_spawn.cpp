@@ -18,7 +18,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
-#include <hwloc.h>
 #include <memory>
 #include <numa.h>
 #include <poll.h>
@@ -29,6 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
+#include <zenbind/hwloc.h>
 
 extern char **environ;
 
@@ -49,7 +49,7 @@ std::vector<int> parse_list(const char *text, const char *what, unsigned max_id)
     std::unique_ptr<hwloc_bitmap_s, void (*)(hwloc_bitmap_t)> set(hwloc_bitmap_alloc(),
                                                                   hwloc_bitmap_free);
     if (!set) throw std::bad_alloc();
-    if (zb_cpulist_parse(text, set.get()) != ZB_OK)
+    if (zb_cpulist_parse(text, zb_cpuset_from_hwloc(set.get())) != ZB_OK)
         fail(ZB_EINVAL, std::string(what) + " \"" + text + "\": " + zb_last_error());
     std::vector<int> ids;
     for (int i = hwloc_bitmap_first(set.get()); i >= 0; i = hwloc_bitmap_next(set.get(), i)) {
@@ -64,7 +64,8 @@ std::vector<int> parse_list(const char *text, const char *what, unsigned max_id)
 
 std::vector<int> resolve_cpus(const zb_worker_attr &a) {
     if (const char *list = env_or(a.cpus, ZB_ENV_OPT_CPUS))
-        return parse_list(list, a.cpus[0] ? "attr.cpus" : ZB_ENV_OPT_CPUS, CPU_SETSIZE - 1);
+        return parse_list(list, a.cpus && a.cpus[0] ? "attr.cpus" : ZB_ENV_OPT_CPUS,
+                          CPU_SETSIZE - 1);
     zb::Bitmap set;
     zb::process_affinity(0, set);
     std::vector<int> cpus;
@@ -96,7 +97,7 @@ unsigned resolve_threads(const zb_worker_attr &a, size_t ncpus) {
 std::vector<int> resolve_mems(const zb_worker_attr &a, const std::vector<int> &cpus) {
     const int max_node = numa_available() >= 0 ? numa_max_node() : 0;
     if (const char *list = env_or(a.mems, ZB_ENV_OPT_MEMS)) {
-        auto nodes = parse_list(list, a.mems[0] ? "attr.mems" : ZB_ENV_OPT_MEMS,
+        auto nodes = parse_list(list, a.mems && a.mems[0] ? "attr.mems" : ZB_ENV_OPT_MEMS,
                                 static_cast<unsigned>(max_node));
         if (nodes.size() > proto::kMaxNodes)
             fail(ZB_EINVAL, "too many NUMA nodes in the mems list");
@@ -234,25 +235,24 @@ zb_worker::~zb_worker() {
 
 extern "C" {
 
-void zb_worker_attr_init(zb_worker_attr *attr) {
-    if (!attr) return;
-    std::memset(attr, 0, sizeof *attr);
+void zb_worker_attr_init_size(zb_worker_attr *attr, size_t size) {
+    if (!zb::init_sized(attr, size)) return;
     attr->worker_spin_us = 50;
     attr->wait_spin_us = 50;
     attr->control_timeout_ms = 60000;
 }
 
-zb_status zb_worker_spawn(const zb_worker_attr *attr, zb_worker_t **out) {
+zb_status zb_worker_spawn(const zb_worker_attr *attr, unsigned long flags, zb_worker_t **out) {
     return zb::guard([&] {
         if (!out) fail(ZB_EINVAL, "zb_worker_spawn: out is NULL");
         *out = nullptr;
+        zb::check_flags(flags, 0, "zb_worker_spawn");
         zb_worker_attr a;
         zb_worker_attr_init(&a);
         if (attr) {
+            zb::check_size(attr->size, sizeof *attr, "zb_worker_spawn", "attr",
+                           "zb_worker_attr_init");
             a = *attr;
-            if (!memchr(a.path, 0, sizeof a.path) || !memchr(a.cpus, 0, sizeof a.cpus) ||
-                !memchr(a.mems, 0, sizeof a.mems))
-                fail(ZB_EINVAL, "zb_worker_spawn: attr.path, cpus or mems is not NUL-terminated");
             if (!a.control_timeout_ms) a.control_timeout_ms = 60000;
             // The worker checks that its trainer lives only between spins.
             if (a.worker_spin_us > kMaxSpinUs || a.wait_spin_us > kMaxSpinUs)

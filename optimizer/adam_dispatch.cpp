@@ -223,10 +223,6 @@ void force_stores(Stores s) {
     stores().store(s, std::memory_order_relaxed);
 }
 
-Stores active_stores() {
-    return stores().load(std::memory_order_relaxed);
-}
-
 void force_prefetch(Prefetch p) {
     prefetch().store(p, std::memory_order_relaxed);
 }
@@ -266,7 +262,7 @@ size_t last_level_cache() {
 }
 
 Stores stores_for(size_t bytes) {
-    const Stores s = active_stores();
+    const Stores s = stores().load(std::memory_order_relaxed);
     if (s != Stores::automatic) return s;
     return bytes > last_level_cache() ? Stores::streaming : Stores::cached;
 }

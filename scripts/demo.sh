@@ -23,7 +23,7 @@ out=${ZB_DEMO_OUT:-$build/demo}
 mkdir -p "$out"
 rm -f "$out"/*.jsonl "$out"/*.pt
 export PYTHONPATH=$root/python
-export ZENFLOW_BIND_LIB=$build/libzenbind/libzenbind.so.1
+export ZENFLOW_BIND_LIB=$build/libzenbind/libzenbind.so.2
 export ZENFLOW_OPTIMIZER=$build/optimizer/zenflow-optimizer
 cluster=$(mktemp -d /tmp/zenflow-demo.XXXXXX)
 stop() { bash scripts/cluster.sh stop "$cluster" >/dev/null 2>&1 || true; rm -rf "$cluster"; }

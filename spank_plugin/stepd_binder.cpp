@@ -102,8 +102,8 @@ int task_init(spank_t sp, const zb_options *options) noexcept {
             return failed(sp, *options, task, "out of memory loading the topology");
         if (!s.setup_error.empty()) return failed(sp, *options, task, s.setup_error);
 
-        std::unique_ptr<hwloc_bitmap_s, void (*)(hwloc_bitmap_t)> cpus(hwloc_bitmap_alloc(),
-                                                                       hwloc_bitmap_free);
+        std::unique_ptr<zb_cpuset_t, void (*)(zb_cpuset_t *)> cpus(zb_cpuset_alloc(),
+                                                                   zb_cpuset_free);
         std::string error;
         if (!cpus) return failed(sp, *options, task, "out of memory");
         if (!step_cpus(sp, s.topology, step_id, cpus.get(), task.step_cpus_source, error))

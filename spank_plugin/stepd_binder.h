@@ -8,8 +8,9 @@
 
 #include <zenbind/zenbind.h>
 
-// Bumped whenever the table below changes: a plugin refuses a binder of another version.
-#define ZB_BINDER_ABI 2
+// Bumped whenever the table below or a struct it passes (zb_options) changes: a plugin refuses a
+// binder of another version. 3: zb_options starts with its size (libzenbind.so.2).
+#define ZB_BINDER_ABI 3
 
 extern "C" {
 

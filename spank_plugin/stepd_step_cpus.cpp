@@ -9,8 +9,7 @@
 namespace zb::spank {
 namespace {
 
-bool alloc_cores(spank_t sp, const zb_topology_t *topology, hwloc_bitmap_t out,
-                 std::string &error) {
+bool alloc_cores(spank_t sp, const zb_topology_t *topology, zb_cpuset_t *out, std::string &error) {
     char *cores = nullptr;
     if (spank_get_item(sp, S_STEP_ALLOC_CORES, &cores) != ESPANK_SUCCESS) cores = nullptr;
     return alloc_cores_to_cpus(cores, topology, out, error);
@@ -27,7 +26,7 @@ std::string own_cgroup() {
 
 } // namespace
 
-bool step_cpus(spank_t sp, const zb_topology_t *topology, uint32_t step_id, hwloc_bitmap_t out,
+bool step_cpus(spank_t sp, const zb_topology_t *topology, uint32_t step_id, zb_cpuset_t *out,
                std::string &source, std::string &error) {
     // The cgroup that confines the task, as libzenbind finds it (on v2, the nearest level that
     // configures cpuset.cpus); step_source() says whether it is the step's, from the task's own
@@ -54,7 +53,7 @@ bool step_cpus(spank_t sp, const zb_topology_t *topology, uint32_t step_id, hwlo
         source = "S_STEP_ALLOC_CORES";
         break;
     }
-    if (hwloc_bitmap_iszero(out)) {
+    if (zb_cpuset_weight(out) == 0) {
         error = "the step owns no CPUs on this node according to " + source;
         return false;
     }

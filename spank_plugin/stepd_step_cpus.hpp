@@ -12,7 +12,7 @@
 namespace zb::spank {
 
 // Fills `out`; `source` says where the set came from (a cgroup file, or S_STEP_ALLOC_CORES).
-bool step_cpus(spank_t sp, const zb_topology_t *topology, uint32_t step_id, hwloc_bitmap_t out,
+bool step_cpus(spank_t sp, const zb_topology_t *topology, uint32_t step_id, zb_cpuset_t *out,
                std::string &source, std::string &error);
 
 } // namespace zb::spank

@@ -1,5 +1,7 @@
 #include "stepd_task_binding.hpp"
 
+#include <zenbind/hwloc.h>
+
 #include <sched.h>
 #include <unistd.h>
 
@@ -36,8 +38,11 @@ class SavedThreads {
     char value_[64] = {};
 };
 
-bool set_affinity(hwloc_const_bitmap_t cpus, std::string &error) {
-    const int last = hwloc_bitmap_last(cpus);
+bool set_affinity(const zb_cpuset_t *cpus, std::string &error) {
+    int last = -1;
+    if (zb_cpuset_weight(cpus) > 0)
+        for (int cpu = zb_cpuset_next(cpus, -1); cpu >= 0; cpu = zb_cpuset_next(cpus, cpu))
+            last = cpu;
     if (last < 0 || last > ZB_CPULIST_MAX_ID) {
         error = "planned CPU set '" + cpulist(cpus) + "' is not a finite set of CPUs";
         return false;
@@ -50,11 +55,8 @@ bool set_affinity(hwloc_const_bitmap_t cpus, std::string &error) {
         return false;
     }
     CPU_ZERO_S(size, mask.get());
-    int cpu;
-    hwloc_bitmap_foreach_begin(cpu, cpus) {
+    for (int cpu = zb_cpuset_next(cpus, -1); cpu >= 0; cpu = zb_cpuset_next(cpus, cpu))
         CPU_SET_S(cpu, size, mask.get());
-    }
-    hwloc_bitmap_foreach_end();
     if (sched_setaffinity(0, size, mask.get()) != 0) {
         error = "sched_setaffinity(" + cpulist(cpus) + "): " + std::strerror(errno);
         return false;
@@ -158,7 +160,7 @@ void load_step_gpus(spank_t sp, const zb_options &options, const char *fsroot, S
                       "=" + out.list + ") are on: " + zb_last_error();
 }
 
-std::string cpulist(hwloc_const_bitmap_t set) {
+std::string cpulist(const zb_cpuset_t *set) {
     char small[256];
     const int n = zb_cpulist_format(set, small, sizeof small);
     if (n < 0) return "infinite";
@@ -170,7 +172,7 @@ std::string cpulist(hwloc_const_bitmap_t set) {
 }
 
 bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *profile,
-               const StepGpus *step_gpus, hwloc_const_bitmap_t step_cpus, const zb_options &given,
+               const StepGpus *step_gpus, const zb_cpuset_t *step_cpus, const zb_options &given,
                const TaskInfo &task, std::string &error) {
     zb_options options = given;
     // A profile sizes the optimizer worker's share; offload has none.
@@ -184,8 +186,8 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
     if (hwloc_get_nbobjs_by_type(zb_topology_hwloc(topology), HWLOC_OBJ_NUMANODE) < 2)
         gpus.notes.clear();
     zb_plan_t *raw = nullptr;
-    if (zb_plan_compute_gpus(topology, step_cpus, task.ntasks, &options,
-                             gpus.node.empty() ? nullptr : gpus.node.data(), &raw) != ZB_OK) {
+    if (zb_plan_compute(topology, step_cpus, task.ntasks, &options,
+                        gpus.node.empty() ? nullptr : gpus.node.data(), 0, &raw) != ZB_OK) {
         error = std::string("no plan for ") + std::to_string(task.ntasks) + " task(s) on CPUs " +
                 cpulist(step_cpus) + ": " + zb_last_error();
         return false;

@@ -38,7 +38,7 @@ void load_step_gpus(spank_t sp, const zb_options &options, const char *fsroot, S
 // `profile` (may be null) sets the optimizer core count unless the options fix the split; `gpus`
 // (may be null) places each task's share by its GPU's NUMA node.
 bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *profile,
-               const StepGpus *gpus, hwloc_const_bitmap_t step_cpus, const zb_options &options,
+               const StepGpus *gpus, const zb_cpuset_t *step_cpus, const zb_options &options,
                const TaskInfo &task, std::string &error);
 
 // Removes every ZENFLOW_* variable bind_task() sets, including ones the task inherited (from a
@@ -46,7 +46,7 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
 // OMP_NUM_THREADS is left alone: it may be the user's own.
 
 // One line to the user's stderr (the task's, in remote context), written at once.
-// A bitmap as a Linux cpu-list ("0-3,8").
-std::string cpulist(hwloc_const_bitmap_t set);
+// A set as a Linux cpu-list ("0-3,8").
+std::string cpulist(const zb_cpuset_t *set);
 
 } // namespace zb::spank

@@ -15,7 +15,7 @@ worker first); --stop-at-save ends the run there and --resume continues from the
 By hand, from the source tree after `cmake --build --preset default`, on a Slurm cluster whose
 plugstack.conf loads zenflow_bind.so (scripts/cluster.sh makes one on loopback):
 
-    export PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.1 \\
+    export PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.2 \\
            ZENFLOW_OPTIMIZER=build/default/optimizer/zenflow-optimizer
     srun -n1 -c2 --zenflow-bind=verbose /usr/bin/python3 contrib/demo/train_transformer.py \\
          --optimizer zenflow --steps 100 --save-at 50 --checkpoint /tmp/ck.pt --stop-at-save

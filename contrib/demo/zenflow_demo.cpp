@@ -164,7 +164,7 @@ int main(int argc, char **argv) {
     if (!parse_args(argc, argv, a)) return 2;
 
     zb_worker_t *worker = nullptr;
-    if (zb_worker_spawn(nullptr, &worker) != ZB_OK) die("cannot start the optimizer worker");
+    if (zb_worker_spawn(nullptr, 0, &worker) != ZB_OK) die("cannot start the optimizer worker");
     zb_group_attr group{};
     group.numel = a.params;
     group.grad = ZB_DTYPE_FP32;
@@ -196,14 +196,13 @@ int main(int argc, char **argv) {
         loss_last = loss;
 
         const auto w0 = Clock::now();
-        if (in_flight && zb_worker_wait(worker, kWaitMs, nullptr) != ZB_OK)
+        zb_worker_result result{};
+        if (in_flight && zb_worker_wait_result(worker, kWaitMs, &result) != ZB_OK)
             die("optimizer step failed");
         wait_ms.push_back(ms_since(w0));
         if (in_flight) { // "upload" the updated weights, as after a GPU rank's H2D copy
             std::memcpy(weights.data(), buf.copy_out, a.params * sizeof(uint16_t));
-            double seconds = 0;
-            zb_worker_last_step_seconds(worker, &seconds);
-            opt_ms.push_back(seconds * 1e3);
+            opt_ms.push_back(result.seconds * 1e3); // the worker's own time for the step
         }
 
         zb_worker_step step{};
@@ -214,7 +213,7 @@ int main(int argc, char **argv) {
         in_flight = true;
         step_ms.push_back(ms_since(t0));
     }
-    if (zb_worker_wait(worker, kWaitMs, nullptr) != ZB_OK) die("optimizer step failed");
+    if (zb_worker_wait_result(worker, kWaitMs, nullptr) != ZB_OK) die("optimizer step failed");
     const double total_s = ms_since(run0) / 1e3;
 
     unsigned nthreads = 0;

@@ -41,7 +41,7 @@ typedef struct zb_adam_tensor {
 /* A step's arguments. Fill it with zb_adam_args_init(), which sets size; fields a later release
  * adds go at the end, and a caller built against this header keeps working. */
 typedef struct zb_adam_args {
-    size_t size;         /* sizeof(zb_adam_args) as the caller was built */
+    size_t size;         /* sizeof(zb_adam_args) as the caller was compiled: zb_adam_args_init() */
     zb_dtype grad;       /* FP32, BF16 or FP16 */
     zb_dtype copy_out;   /* NONE, BF16 or FP16: the updated parameters, converted */
     zb_adam_hyper hyper; /* for tensors whose hyper is NULL */
@@ -53,8 +53,11 @@ typedef struct zb_adam_args {
 } zb_adam_args;
 
 /* Defaults: grad FP32, copy_out NONE, hyper from zb_adam_hyper_init(), step 1, grad_scale 1,
- * flags 0, max_grad_norm 0, threads 0. */
-void zb_adam_args_init(zb_adam_args *args);
+ * flags 0, max_grad_norm 0, threads 0; `size` to `size`. */
+void zb_adam_args_init_size(zb_adam_args *args, size_t size);
+static inline void zb_adam_args_init(zb_adam_args *args) {
+    zb_adam_args_init_size(args, sizeof *args);
+}
 
 /* One Adam/AdamW step over count tensors, as a zb_worker_step with the same arguments does. With
  * ZB_STEP_SKIP_NONFINITE and a non-finite scaled gradient anywhere, nothing is written and

@@ -41,23 +41,26 @@ typedef enum zb_dtype {
 #define ZB_WORKER_MAX_NODES 64
 
 /* How to spawn the worker. zb_worker_attr_init() fills the defaults; fields left at 0 / NULL /
- * "" keep them, except the spins, where 0 means no spinning. */
+ * "" keep them, except the spins, where 0 means no spinning. The strings are the caller's, read
+ * during zb_worker_spawn() only. */
 typedef struct zb_worker_attr {
-    /* Executable; "" means $ZENFLOW_OPTIMIZER, else <libexecdir>/zenflow-bind/zenflow-optimizer. */
-    char path[4096];
-    /* Optimizer CPUs, a cpu-list; "" means $ZENFLOW_OPT_CPUS, else every CPU the caller may run on
-     * (its affinity). One thread is pinned per CPU, in increasing order, cycling if there are more
-     * threads than CPUs. */
-    char cpus[1024];
+    size_t size; /* sizeof(zb_worker_attr) as the caller was compiled: zb_worker_attr_init() */
+    /* Executable; NULL or "" means $ZENFLOW_OPTIMIZER, else
+     * <libexecdir>/zenflow-bind/zenflow-optimizer. */
+    const char *path;
+    /* Optimizer CPUs, a cpu-list; NULL or "" means $ZENFLOW_OPT_CPUS, else every CPU the caller may
+     * run on (its affinity). One thread is pinned per CPU, in increasing order, cycling if there
+     * are more threads than CPUs. */
+    const char *cpus;
     /* Thread count; 0 means $ZENFLOW_OPT_THREADS, else one per optimizer CPU. */
     unsigned threads;
-    /* NUMA nodes for the worker's memory (Adam moments and the shared buffers), a node list; ""
-     * means $ZENFLOW_OPT_MEMS, else the nodes of the optimizer CPUs. Preferred, not strict: a full
-     * node spills to others instead of killing the job. */
-    char mems[256];
+    /* NUMA nodes for the worker's memory (Adam moments and the shared buffers), a node list; NULL
+     * or "" means $ZENFLOW_OPT_MEMS, else the nodes of the optimizer CPUs. Preferred, not strict: a
+     * full node spills to others instead of killing the job. */
+    const char *mems;
     /* Busy-wait before sleeping on a futex, in microseconds: the worker's wait for a command and
-     * zb_worker_wait's wait for a result. Default 50 each, 0 for none, at most 50000 (the worker
-     * checks that its trainer lives between spins); longer trades CPU for latency. */
+     * zb_worker_wait_result's wait for a result. Default 50 each, 0 for none, at most 50000 (the
+     * worker checks that its trainer lives between spins); longer trades CPU for latency. */
     unsigned worker_spin_us;
     unsigned wait_spin_us;
     /* Bound on spawn and group registration (which allocates and zeroes the moments), in ms.
@@ -65,13 +68,18 @@ typedef struct zb_worker_attr {
     unsigned control_timeout_ms;
 } zb_worker_attr;
 
-void zb_worker_attr_init(zb_worker_attr *attr);
+/* Every field to its default, `size` to `size`. */
+void zb_worker_attr_init_size(zb_worker_attr *attr, size_t size);
+static inline void zb_worker_attr_init(zb_worker_attr *attr) {
+    zb_worker_attr_init_size(attr, sizeof *attr);
+}
 
 /* Start a worker and wait (bounded by control_timeout_ms) until its threads are pinned and it
  * has checked the shared-memory header. attr NULL means all defaults. ZB_ENOMEM if the shared
  * memory cannot be reserved (memory limit, file size limit); ZB_EVERSION if the executable speaks
- * another layout version; ZB_EDEAD if it died while starting; ZB_EINVAL for a bad cpu/node list. */
-zb_status zb_worker_spawn(const zb_worker_attr *attr, zb_worker_t **out);
+ * another layout version; ZB_EDEAD if it died while starting; ZB_EINVAL for a bad cpu/node list, an
+ * attr not filled by zb_worker_attr_init() or flags other than 0. */
+zb_status zb_worker_spawn(const zb_worker_attr *attr, unsigned long flags, zb_worker_t **out);
 
 /* Ask the worker to exit, wait for it (bounded by control_timeout_ms, then SIGKILL), unmap and
  * free everything. NULL is a no-op. Returns ZB_OK even if the worker had died; the handle is freed
@@ -126,7 +134,7 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
 
 /* Pointers into the shared memory of a group, valid until zb_worker_destroy(). The trainer writes
  * params (before the first step) and grads[k]; it reads params, copy_out and stale after
- * zb_worker_wait(). While a step that reads grads[k] is in flight, the trainer may fill
+ * zb_worker_wait_result(). While a step that reads grads[k] is in flight, the trainer may fill
  * grads[1-k] but must not touch params, copy_out, stale or grads[k]. */
 typedef struct zb_group_buffers {
     size_t numel;
@@ -192,12 +200,9 @@ typedef struct zb_worker_result {
 } zb_worker_result;
 
 /* Wait up to timeout_ms (>= 0; 0 polls) for the step in flight. ZB_ETIMEDOUT leaves it in flight
- * (wait again); ZB_EDEAD says how the worker died. *out (may be NULL) receives the result. */
+ * (wait again); ZB_EDEAD says how the worker died. *out (may be NULL) receives the result of a
+ * step that ended; a failed wait leaves it unwritten. */
 zb_status zb_worker_wait_result(zb_worker_t *worker, int timeout_ms, zb_worker_result *out);
-
-/* zb_worker_wait_result with only the count of non-finite gradient elements (may be NULL). Without
- * ZB_STEP_SKIP_NONFINITE they were applied, as torch does. */
-zb_status zb_worker_wait(zb_worker_t *worker, int timeout_ms, uint64_t *nonfinite);
 
 /* A group's optimizer state between steps, for checkpoints. Not allowed while a step is in flight
  * (ZB_EINVAL); an unknown group is ZB_EINVAL. The moments live only in the worker: they travel
@@ -214,11 +219,6 @@ zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *
  * ZB_EINVAL. */
 zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const float *exp_avg,
                                     const float *exp_avg_sq, int64_t step);
-
-/* The worker's own time for the last step waited for, in seconds: from taking the request to
- * answering it, so the optimizer step time apart from any time the trainer spent elsewhere
- * (0 before the first step, and for a step with no group). */
-zb_status zb_worker_last_step_seconds(const zb_worker_t *worker, double *seconds);
 
 /* Memory in bytes. Per buffer kind, what the layout needs (shared buffers are counted once);
  * per process, what /proc/PID/status says now (VmRSS = RssAnon + RssFile + RssShmem; the shared

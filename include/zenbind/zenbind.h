@@ -8,28 +8,29 @@
  *  - Every call that can fail returns a zb_status; ZB_OK is 0 and failures are negative. The
  *    message of the last failure in the calling thread is zb_last_error(). No call aborts the
  *    caller, throws, or blocks without a bound.
- *  - Cpusets and nodesets are hwloc bitmaps, indexed by OS (physical) number, as in
- *    /sys/devices/system/cpu. Objects returned by a zb_*_new/load/compute call are freed by the
- *    matching zb_*_free; pointers into an object live as long as the object.
+ *  - Cpusets and nodesets are zb_cpuset_t objects, indexed by OS (physical) number, as in
+ *    /sys/devices/system/cpu. Objects returned by a zb_*_alloc/create/load/compute call are freed
+ *    by the matching zb_*_free; pointers into an object live as long as the object. No hwloc type
+ *    is part of this ABI; <zenbind/hwloc.h> converts for programs that use hwloc themselves.
  *
- * How the ABI grows:
- *  - Every exported symbol carries the version node of the release that added it (ZENBIND_0.1
- *    for everything in 0.1, ZENBIND_0.2 for the GPU calls of 0.2); a new release adds a node for
- *    its new symbols, and programs linked against an older library keep running.
- *  - Structs a caller fills have an _init() function that sets every field to its default; a
- *    new field is only ever appended, and its default keeps the old behaviour.
- *  - Until 1.0 a struct that a caller allocates may still grow: the SONAME is bumped when one
- *    does, so a program built against another layout is refused at load time instead of passing
- *    a struct of the wrong size (libzenbind.so.1 since 0.2, whose zb_options grew).
- *    zb_struct_size() lets a binding in another language check the layouts it mirrors (the
+ * How the ABI grows (libzenbind.so.2):
+ *  - Every exported symbol carries the version node of the release that added it (ZENBIND_2 for
+ *    everything in libzenbind.so.2); a new release adds a node for its new symbols, and programs
+ *    linked against an older library keep running.
+ *  - A configuration a caller fills (zb_options, zb_worker_attr, zb_adam_args) starts with its
+ *    size: its _init() call, an inline function here, passes sizeof as the caller was compiled,
+ *    sets every field to its default and records that size. A later release appends fields and
+ *    reads them only from a caller whose size holds them; the default keeps the old behaviour.
+ *  - The calls that compute or spawn take a `flags` argument, 0 in this release (any other bit
+ *    is refused with ZB_EINVAL): new behaviour comes as a flag, not as a new entry point.
+ *  - zb_struct_size() lets a binding in another language check the layouts it mirrors (the
  *    Python package does, at import).
- *  - zb_api_version() is the version the library was built as, to compare with
- *    ZB_VERSION_NUMBER from the header a program was compiled against.
+ *  - zb_api_version() is the ABI's version, ZB_API_VERSION (the SONAME's number); zb_version()
+ *    is the package's.
  */
 #ifndef ZENBIND_ZENBIND_H
 #define ZENBIND_ZENBIND_H
 
-#include <hwloc.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -38,7 +39,7 @@
 extern "C" {
 #endif
 
-/* ZB_VERSION_MAJOR, _MINOR, _PATCH and ZB_VERSION_NUMBER, generated from the build. */
+/* ZB_VERSION_MAJOR, _MINOR, _PATCH, ZB_VERSION_NUMBER and ZB_API_VERSION, from the build. */
 #include <zenbind/version.h>
 
 /* The environment the SPANK plugin exports into each task and the worker reads by default
@@ -74,14 +75,31 @@ typedef enum zb_status {
 const char *zb_last_error(void);
 /* Stable short name of a status, e.g. "EINVAL". */
 const char *zb_status_name(zb_status status);
-/* Library version as "MAJOR.MINOR.PATCH". */
+/* The package's version as "MAJOR.MINOR.PATCH". */
 const char *zb_version(void);
-/* The library's version as ZB_VERSION_NUMBER (0x00MMmmpp): a program compares it with the
- * ZB_VERSION_NUMBER it was compiled against. */
+/* The ABI's version, ZB_API_VERSION as the library was built (the N of libzenbind.so.N): a
+ * program compares it with the ZB_API_VERSION it was compiled against. */
 unsigned zb_api_version(void);
 /* sizeof of a public struct, by its name ("zb_worker_step", ...), as this library was built; 0
  * for a name it does not know. For bindings that mirror the layouts. */
 size_t zb_struct_size(const char *name);
+
+/* ---- cpusets ------------------------------------------------------------------------------ */
+
+/* A set of CPU or NUMA node numbers (OS numbers), possibly infinite (hwloc's full set). */
+typedef struct zb_cpuset zb_cpuset_t;
+
+/* A new empty set; NULL when out of memory (zb_last_error() says so). */
+zb_cpuset_t *zb_cpuset_alloc(void);
+void zb_cpuset_free(zb_cpuset_t *set);
+/* How many numbers `set` holds; -1 for an infinite set. */
+int zb_cpuset_weight(const zb_cpuset_t *set);
+/* 1 if `id` is in `set`, else 0. */
+int zb_cpuset_isset(const zb_cpuset_t *set, unsigned id);
+/* The smallest number in `set` above `prev` (-1: the first); -1 when there is none. */
+int zb_cpuset_next(const zb_cpuset_t *set, int prev);
+/* 1 if both sets hold the same numbers, else 0. */
+int zb_cpuset_isequal(const zb_cpuset_t *a, const zb_cpuset_t *b);
 
 /* ---- cpu lists ---------------------------------------------------------------------------- */
 
@@ -91,10 +109,10 @@ size_t zb_struct_size(const char *name);
 /* Parse a Linux cpu-list ("0,4-11,21-26", also "0-63:2" is NOT accepted) strictly into `out`
  * (cleared first). Accepts decimal ids and ascending ranges separated by commas, no spaces except
  * one trailing newline (as read from sysfs). "" is the empty set. */
-zb_status zb_cpulist_parse(const char *list, hwloc_bitmap_t out);
+zb_status zb_cpulist_parse(const char *list, zb_cpuset_t *out);
 /* Print `set` as a canonical cpu-list into buf (always NUL-terminated when len > 0). Returns the
  * length the full list needs, excluding the NUL, like snprintf; -1 for an infinite set. */
-int zb_cpulist_format(hwloc_const_bitmap_t set, char *buf, size_t len);
+int zb_cpulist_format(const zb_cpuset_t *set, char *buf, size_t len);
 
 /* ---- topology ----------------------------------------------------------------------------- */
 
@@ -107,10 +125,8 @@ zb_status zb_topology_load_xml(const char *path, zb_topology_t **out);
 /* An hwloc synthetic description, e.g. "pack:2 [numa] core:16 pu:2(indexes=core:pack)". */
 zb_status zb_topology_load_synthetic(const char *description, zb_topology_t **out);
 void zb_topology_free(zb_topology_t *topology);
-/* The underlying hwloc topology (owned by `topology`). */
-hwloc_topology_t zb_topology_hwloc(const zb_topology_t *topology);
-/* All CPUs of the topology. */
-hwloc_const_cpuset_t zb_topology_cpuset(const zb_topology_t *topology);
+/* All CPUs of the topology. (Its hwloc topology: zb_topology_hwloc(), <zenbind/hwloc.h>.) */
+const zb_cpuset_t *zb_topology_cpuset(const zb_topology_t *topology);
 
 /* ---- allowed CPUs ------------------------------------------------------------------------- */
 
@@ -121,7 +137,7 @@ hwloc_const_cpuset_t zb_topology_cpuset(const zb_topology_t *topology);
  * nearest that configures cpuset.cpus, else the mount's root. `fsroot` NULL or "" means "/". The
  * file read is written to `source` (may be NULL). ZB_ENOENT when there is no cpuset controller;
  * ZB_ESYS when a file that should be there cannot be read. */
-zb_status zb_cgroup_cpuset(const char *fsroot, pid_t pid, unsigned levels_up, hwloc_cpuset_t out,
+zb_status zb_cgroup_cpuset(const char *fsroot, pid_t pid, unsigned levels_up, zb_cpuset_t *out,
                            char *source, size_t source_len);
 
 /* How many more bytes process `pid` (0: the caller) may use before its memory cgroup's limit (v1
@@ -135,7 +151,7 @@ zb_status zb_cgroup_memory_headroom(const char *fsroot, pid_t pid, uint64_t *hea
 
 /* The CPUs process `pid` (0: the caller) may run on: its cgroup cpuset intersected with its
  * affinity. Without a cpuset controller, its affinity alone (`source` says "sched_getaffinity"). */
-zb_status zb_allowed_cpus(const char *fsroot, pid_t pid, hwloc_cpuset_t out, char *source,
+zb_status zb_allowed_cpus(const char *fsroot, pid_t pid, zb_cpuset_t *out, char *source,
                           size_t source_len);
 
 /* ---- options ------------------------------------------------------------------------------ */
@@ -189,7 +205,6 @@ typedef enum zb_gpu_place {
 
 /* The longest path an option takes (profile=, gpumap=), its NUL included. */
 #define ZB_OPTION_PATH_MAX 4096
-#define ZB_PROFILE_PATH_MAX ZB_OPTION_PATH_MAX /* its former name, for one release */
 
 /* Options, filled by zb_options_init() then by one or more zb_options_parse() calls (later
  * strings override earlier ones, key by key). The grammar is comma-separated key[=value]:
@@ -212,6 +227,7 @@ typedef enum zb_gpu_place {
  *     gpumap=PATH       a GPU map file (zb_gpus_load) instead of discovering the node's GPUs
  */
 typedef struct zb_options {
+    size_t size;           /* sizeof(zb_options) as the caller was compiled: zb_options_init() */
     int enabled;           /* 1 on, 0 off */
     unsigned train_cores;  /* 0: not given */
     double train_fraction; /* 0: not given; otherwise 0 < F < 1 */
@@ -230,7 +246,11 @@ typedef struct zb_options {
     char gpumap[ZB_OPTION_PATH_MAX]; /* admin; "" when not given */
 } zb_options;
 
-void zb_options_init(zb_options *options);
+/* Every field to its default (binding off, nothing set), `size` to `size`. */
+void zb_options_init_size(zb_options *options, size_t size);
+static inline void zb_options_init(zb_options *options) {
+    zb_options_init_size(options, sizeof *options);
+}
 /* Apply the keys of `text` (NULL or "" applies nothing) onto `options`. On error `options` is
  * unchanged and zb_last_error() names the offending key and the accepted values. */
 zb_status zb_options_parse(zb_options *options, const char *text, zb_scope scope);
@@ -250,22 +270,31 @@ typedef struct zb_plan zb_plan_t;
 
 /* One task's share. Pointers are owned by the plan. */
 typedef struct zb_task_plan {
-    hwloc_const_cpuset_t cpus;       /* everything the task got (train_cpus | opt_cpus) */
-    hwloc_const_cpuset_t train_cpus; /* affinity of the training process */
-    hwloc_const_cpuset_t opt_cpus;   /* one entry per optimizer thread */
-    hwloc_const_nodeset_t nodes;     /* NUMA nodes (OS numbers) the task's CPUs are in */
-    hwloc_const_nodeset_t opt_mems;  /* NUMA nodes for optimizer memory */
-    unsigned train_threads;          /* OMP_NUM_THREADS for training */
-    unsigned opt_threads;            /* optimizer worker threads */
-    unsigned cores;                  /* whole cores in the share */
+    const zb_cpuset_t *cpus;       /* everything the task got (train_cpus | opt_cpus) */
+    const zb_cpuset_t *train_cpus; /* affinity of the training process */
+    const zb_cpuset_t *opt_cpus;   /* one entry per optimizer thread */
+    const zb_cpuset_t *nodes;      /* NUMA nodes (OS numbers) the task's CPUs are in */
+    const zb_cpuset_t *opt_mems;   /* NUMA nodes for optimizer memory */
+    unsigned train_threads;        /* OMP_NUM_THREADS for training */
+    unsigned opt_threads;          /* optimizer worker threads */
+    unsigned cores;                /* whole cores in the share */
 } zb_task_plan;
 
 /* Plan `ntasks` local tasks on `allowed` CPUs of `topology` (a pure function: same inputs, same
- * plan). ZB_EINVAL if allowed is empty, has CPUs outside the topology, or ntasks is 0;
- * ZB_EIMPOSSIBLE if the options cannot be met (e.g. numa=strict across nodes). Degenerate but
- * workable cases (a single core per task, more tasks than cores) succeed with warnings. */
-zb_status zb_plan_compute(const zb_topology_t *topology, hwloc_const_cpuset_t allowed,
-                          unsigned ntasks, const zb_options *options, zb_plan_t **out);
+ * plan). ZB_EINVAL if allowed is empty, has CPUs outside the topology, ntasks is 0 or flags is
+ * not 0; ZB_EIMPOSSIBLE if the options cannot be met (e.g. numa=strict across nodes). Degenerate
+ * but workable cases (a single core per task, more tasks than cores) succeed with warnings.
+ *
+ * `gpu_nodes` (may be NULL: no task has a GPU) is the NUMA node (OS number) of each task's GPU:
+ * gpu_nodes[i] for local task i, -1 for a task without one. The shares are the same with or
+ * without it; which task gets which changes. In task order, each task whose GPU's node holds
+ * cores of a free share takes the one with most cores there; then each other task with a GPU
+ * takes the free share nearest its node (hwloc distances, else the topology tree); tasks without
+ * a GPU take the shares left, in order. A task not placed on its GPU's node, or whose node is not
+ * in the topology, is named in a warning. options->gpu == ZB_GPU_IGNORE ignores gpu_nodes. */
+zb_status zb_plan_compute(const zb_topology_t *topology, const zb_cpuset_t *allowed,
+                          unsigned ntasks, const zb_options *options, const int *gpu_nodes,
+                          unsigned long flags, zb_plan_t **out);
 void zb_plan_free(zb_plan_t *plan);
 unsigned zb_plan_ntasks(const zb_plan_t *plan);
 /* Task `index`'s share; ZB_EINVAL if index >= ntasks. */
@@ -273,17 +302,6 @@ zb_status zb_plan_task(const zb_plan_t *plan, unsigned index, zb_task_plan *out)
 unsigned zb_plan_nwarnings(const zb_plan_t *plan);
 /* Warning `index` (NULL if out of range), a full sentence naming the task(s) concerned. */
 const char *zb_plan_warning(const zb_plan_t *plan, unsigned index);
-/* zb_plan_compute, with the NUMA node (OS number) of each task's GPU: gpu_nodes[i] for local task
- * i, -1 for a task without one; gpu_nodes NULL is zb_plan_compute. The shares are exactly those
- * zb_plan_compute gives; which task gets which changes. In task order, each task whose GPU's node
- * holds cores of a free share takes the one with most cores there; then each other task with a
- * GPU takes the free share nearest its node (hwloc distances, else the topology tree); tasks
- * without a GPU take the shares left, in order. A task not placed on its GPU's node, or whose
- * node is not in the topology, is named in a warning. options->gpu == ZB_GPU_IGNORE ignores
- * gpu_nodes. */
-zb_status zb_plan_compute_gpus(const zb_topology_t *topology, hwloc_const_cpuset_t allowed,
-                               unsigned ntasks, const zb_options *options, const int *gpu_nodes,
-                               zb_plan_t **out);
 /* The GPU node task `index` was planned with (-1: none, or out of range). */
 int zb_plan_task_gpu_node(const zb_plan_t *plan, unsigned index);
 
@@ -296,10 +314,10 @@ typedef struct zb_gpus zb_gpus_t;
 
 /* One GPU of the node. Pointers are owned by the zb_gpus_t. */
 typedef struct zb_gpu {
-    unsigned index;                  /* the GPU's index on the node, as Slurm numbers it */
-    int numa_node;                   /* OS number of its NUMA node; -1 when unknown */
-    const char *bus_id;              /* PCI address "0000:07:00.0"; "" when a map gives none */
-    hwloc_const_cpuset_t local_cpus; /* CPUs the kernel calls local to it; empty if unknown */
+    unsigned index;                /* the GPU's index on the node, as Slurm numbers it */
+    int numa_node;                 /* OS number of its NUMA node; -1 when unknown */
+    const char *bus_id;            /* PCI address "0000:07:00.0"; "" when a map gives none */
+    const zb_cpuset_t *local_cpus; /* CPUs the kernel calls local to it; empty if unknown */
 } zb_gpu;
 
 /* The node's GPUs. With `map` (not NULL or ""), exactly those a GPU map file lists (format in
@@ -349,7 +367,7 @@ unsigned zb_profile_saturation(const zb_profile_t *profile, unsigned node);
  * ceil(saturation / tasks on that node), at least 1, the largest over the nodes the tasks use.
  * Leaves options unchanged when the profile knows none of those nodes. */
 zb_status zb_profile_apply(const zb_profile_t *profile, const zb_topology_t *topology,
-                           hwloc_const_cpuset_t allowed, unsigned ntasks, zb_options *options);
+                           const zb_cpuset_t *allowed, unsigned ntasks, zb_options *options);
 
 #ifdef __cplusplus
 }

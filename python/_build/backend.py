@@ -2,8 +2,9 @@
 sees (pyproject.toml's [project] table states the same for people and tools that read it).
 
 A wheel holds the pure-Python package plus the native parts it drives, built by the project's own
-CMake from the source tree this directory sits in (python/..): libzenbind.so.1 and the
-zenflow-optimizer executable, both in zenflow_bind/_lib/. Only the standard library is used, so
+CMake from the source tree this directory sits in (python/..): libzenbind.so.N (N: ZB_SOVERSION,
+the ABI zenflow_bind/_native.py loads) and the zenflow-optimizer executable, both in
+zenflow_bind/_lib/. Only the standard library is used, so
 pip's isolated build environment needs no download.
 
 config_settings: build-dir (default <project>/build/wheel, reused between builds), cmake-args
@@ -26,12 +27,22 @@ PROJECT = os.path.dirname(PACKAGE_DIR)
 NAME = "zenflow_bind"
 
 
-def _version():
+def _cmake_value(pattern, what):
     with open(os.path.join(PROJECT, "CMakeLists.txt"), encoding="utf-8") as f:
-        m = re.search(r"project\(\s*zenflow-bind\s+VERSION\s+([0-9.]+)", f.read())
+        m = re.search(pattern, f.read())
     if not m:
-        raise RuntimeError(f"no project(zenflow-bind VERSION ...) in {PROJECT}/CMakeLists.txt")
+        raise RuntimeError(f"no {what} in {PROJECT}/CMakeLists.txt")
     return m.group(1)
+
+
+def _version():
+    return _cmake_value(r"project\(\s*zenflow-bind\s+VERSION\s+([0-9.]+)",
+                        "project(zenflow-bind VERSION ...)")
+
+
+def _soname():
+    return "libzenbind.so." + _cmake_value(r"set\(\s*ZB_SOVERSION\s+([0-9]+)\s*\)",
+                                           "set(ZB_SOVERSION N)")
 
 
 def _metadata(version):
@@ -56,7 +67,8 @@ def _build_native(config_settings):
                    stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", build, "--target", "zenbind", "zenflow-optimizer",
                     "--parallel"], check=True)
-    return {"libzenbind.so.1": os.path.join(build, "libzenbind", "libzenbind.so.1"),
+    soname = _soname()
+    return {soname: os.path.join(build, "libzenbind", soname),
             "zenflow-optimizer": os.path.join(build, "optimizer", "zenflow-optimizer")}
 
 

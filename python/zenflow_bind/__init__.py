@@ -15,7 +15,7 @@ exposed as numpy arrays that alias it. Every libzenbind error raises ZenbindErro
         w.wait(timeout_ms=10_000)
 
 The library is found through $ZENFLOW_BIND_LIB, else the copy `pip install ./python`
-bundled in zenflow_bind/_lib, else the system's libzenbind.so.1 (_native.library_path); the
+bundled in zenflow_bind/_lib, else the system's libzenbind.so.2 (_native.library_path); the
 worker executable through the path argument, else $ZENFLOW_OPTIMIZER, else the bundled copy,
 else libzenbind's default (_native.optimizer_path).
 """

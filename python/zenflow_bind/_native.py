@@ -1,10 +1,9 @@
 """libzenbind through ctypes: where the library and the worker executable are found, the mirrors
-of zenbind/worker.h's structures, and errors as ZenbindError.
+of zenbind/worker.h's and zenbind/adam.h's structures, and errors as ZenbindError.
 
 Only this module knows the C ABI; worker.py builds the Python objects on it."""
 
 import ctypes
-import ctypes.util
 import os
 
 import numpy as np
@@ -20,6 +19,7 @@ STEP_GRAD_NORM = 0x2       # ZB_STEP_GRAD_NORM
 GROUP_STALE = 0x1          # ZB_GROUP_STALE
 GROUP_ONE_GRAD_BUFFER = 0x2  # ZB_GROUP_ONE_GRAD_BUFFER
 MAX_GROUPS = 256           # ZB_WORKER_MAX_GROUPS
+API_VERSION = 2            # ZB_API_VERSION: the ABI this module mirrors, libzenbind.so.2
 
 
 class ZenbindError(RuntimeError):
@@ -32,8 +32,10 @@ class ZenbindError(RuntimeError):
 
 
 class Attr(ctypes.Structure):
-    _fields_ = [("path", ctypes.c_char * 4096), ("cpus", ctypes.c_char * 1024),
-                ("threads", ctypes.c_uint), ("mems", ctypes.c_char * 256),
+    """zb_worker_attr. Fill it with zb_worker_attr_init_size(attr, ctypes.sizeof(attr)); path,
+    cpus and mems point to bytes the caller keeps alive until zb_worker_spawn returns."""
+    _fields_ = [("size", ctypes.c_size_t), ("path", ctypes.c_char_p), ("cpus", ctypes.c_char_p),
+                ("threads", ctypes.c_uint), ("mems", ctypes.c_char_p),
                 ("worker_spin_us", ctypes.c_uint), ("wait_spin_us", ctypes.c_uint),
                 ("control_timeout_ms", ctypes.c_uint)]
 
@@ -75,6 +77,7 @@ class AdamTensor(ctypes.Structure):
 
 
 class AdamArgs(ctypes.Structure):
+    """zb_adam_args. Fill it with zb_adam_args_init_size(args, ctypes.sizeof(args))."""
     _fields_ = [("size", ctypes.c_size_t), ("grad", ctypes.c_int), ("copy_out", ctypes.c_int),
                 ("hyper", Hyper), ("step", ctypes.c_int64), ("grad_scale", ctypes.c_float),
                 ("flags", ctypes.c_uint), ("max_grad_norm", ctypes.c_float),
@@ -93,15 +96,16 @@ class Memory(ctypes.Structure):
 # A wheel built by `pip install ./python` carries both native parts here
 # (python/_build/backend.py); the Debian and RPM packages install them system-wide.
 _BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib")
+SONAME = f"libzenbind.so.{API_VERSION}"
 
 
 def library_path():
     """Where libzenbind is loaded from: $ZENFLOW_BIND_LIB, else the one pip bundled with this
-    package, else the system's libzenbind.so.1."""
-    bundled = os.path.join(_BUNDLED, "libzenbind.so.1")
+    package, else the system's libzenbind.so.2 (the ABI this module mirrors: not whatever
+    libzenbind.so points to, which only the -dev package installs)."""
+    bundled = os.path.join(_BUNDLED, SONAME)
     return os.environ.get("ZENFLOW_BIND_LIB") or \
-        (bundled if os.path.exists(bundled) else None) or \
-        ctypes.util.find_library("zenbind") or "libzenbind.so.1"
+        (bundled if os.path.exists(bundled) else None) or SONAME
 
 
 def optimizer_path(path=None):
@@ -116,17 +120,16 @@ def optimizer_path(path=None):
 _P = ctypes.POINTER
 _PROTOS = {
     "zb_last_error": (ctypes.c_char_p, []),
-    "zb_worker_attr_init": (None, [_P(Attr)]),
-    "zb_worker_spawn": (ctypes.c_int, [_P(Attr), _P(ctypes.c_void_p)]),
+    "zb_worker_attr_init_size": (None, [_P(Attr), ctypes.c_size_t]),
+    "zb_worker_spawn": (ctypes.c_int, [_P(Attr), ctypes.c_ulong, _P(ctypes.c_void_p)]),
     "zb_worker_destroy": (ctypes.c_int, [ctypes.c_void_p]),
     "zb_adam_hyper_init": (None, [_P(Hyper)]),
+    "zb_adam_hyper_check": (ctypes.c_int, [_P(Hyper)]),
     "zb_worker_group_add": (ctypes.c_int, [ctypes.c_void_p, _P(GroupAttr), _P(ctypes.c_uint)]),
     "zb_worker_group_buffers": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, _P(Buffers)]),
     "zb_worker_submit": (ctypes.c_int, [ctypes.c_void_p, _P(Step)]),
     "zb_worker_submit_groups": (ctypes.c_int, [ctypes.c_void_p, _P(Step), ctypes.c_uint,
                                                ctypes.c_uint]),
-    "zb_worker_wait": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, _P(ctypes.c_uint64)]),
-    "zb_worker_last_step_seconds": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_double)]),
     "zb_worker_memory_usage": (ctypes.c_int, [ctypes.c_void_p, _P(Memory)]),
     "zb_worker_pid": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int)]),
     "zb_worker_threads": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_uint)]),
@@ -137,7 +140,7 @@ _PROTOS = {
                                                  ctypes.c_void_p, _P(ctypes.c_int64)]),
     "zb_worker_group_set_state": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p,
                                                  ctypes.c_void_p, ctypes.c_int64]),
-    "zb_adam_args_init": (None, [_P(AdamArgs)]),
+    "zb_adam_args_init_size": (None, [_P(AdamArgs), ctypes.c_size_t]),
     "zb_adam_step": (ctypes.c_int, [_P(AdamTensor), ctypes.c_size_t, _P(AdamArgs), _P(Result)]),
 }
 
@@ -148,6 +151,23 @@ _lib = None
 _MIRRORS = {"zb_worker_attr": Attr, "zb_adam_hyper": Hyper, "zb_group_attr": GroupAttr,
             "zb_group_buffers": Buffers, "zb_worker_step": Step, "zb_worker_result": Result,
             "zb_worker_memory": Memory, "zb_adam_tensor": AdamTensor, "zb_adam_args": AdamArgs}
+
+
+def _check_api(lib, path):
+    """Refuse a library of another ABI than the one mirrored here (zb_api_version() is the N of
+    libzenbind.so.N; before libzenbind.so.2 it returned the package's version number)."""
+    api = getattr(lib, "zb_api_version", None)
+    if api is None:
+        raise ZenbindError(-8, f"{path} has no zb_api_version(): it is not libzenbind; install "
+                               f"{SONAME}")
+    api.restype, api.argtypes = ctypes.c_uint, []
+    version = api()
+    if version != API_VERSION:
+        found = f"of ABI {version}" if version < 0x100 else \
+            f"{version >> 16}.{(version >> 8) & 0xff}.{version & 0xff}, of an ABI before 2"
+        raise ZenbindError(-8, f"{path} is libzenbind {found}; this binding needs ABI "
+                               f"{API_VERSION} ({SONAME}): install matching versions of "
+                               "libzenbind and the zenflow_bind package")
 
 
 def _check_layouts(lib, path):
@@ -167,28 +187,20 @@ def _check_layouts(lib, path):
 
 def library():
     """The loaded libzenbind (ctypes.CDLL), with the worker API's prototypes, after checking that
-    its struct layouts are the ones this module mirrors."""
+    it is the ABI (zb_api_version) and has the struct layouts this module mirrors. Every call in
+    _PROTOS is in that ABI, so each is an attribute of the result."""
     global _lib
     if _lib is None:
         path = library_path()
         lib = ctypes.CDLL(path)
+        _check_api(lib, path)
         _check_layouts(lib, path)
         for name, (restype, argtypes) in _PROTOS.items():
-            fn = getattr(lib, name, None)
-            if fn is not None:  # an older library lacks the newest calls: see function()
-                fn.restype = restype
-                fn.argtypes = argtypes
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
         _lib = lib
     return _lib
-
-
-def function(name):
-    """libzenbind's `name`, or a ZenbindError naming the library that lacks it."""
-    fn = getattr(library(), name, None)
-    if fn is None:
-        raise ZenbindError(-1, f"{library_path()} has no {name}(): it is older than this "
-                               "binding; install the matching libzenbind")
-    return fn
 
 
 def check(code):
@@ -207,7 +219,7 @@ _TORCH_NAMES = {"lr": "learning rate (lr)", "beta1": "betas", "eps": "eps",
 
 def check_hyper(h):
     """ValueError unless libzenbind accepts the Hyper h: the ranges have one definition, there."""
-    if function("zb_adam_hyper_check")(ctypes.byref(h)) != 0:
+    if library().zb_adam_hyper_check(ctypes.byref(h)) != 0:
         rule = library().zb_last_error().decode(errors="replace").split(": ", 1)[-1]
         raise ValueError(f"invalid {_TORCH_NAMES.get(rule.split()[0], 'hyperparameter')}: {rule}")
 

@@ -110,7 +110,8 @@ def run(tensors, grad_dtype, copy_dtype, hyper, step, grad_scale, skip_nonfinite
     """zb_adam_step over checked CPU tensors: (param, grad, exp_avg, exp_avg_sq, copy_out or None,
     its own _native.Hyper or None, its own step or 0) each; hyper and step for the others."""
     args = _native.AdamArgs()
-    _native.function("zb_adam_args_init")(ctypes.byref(args))
+    lib = _native.library()
+    lib.zb_adam_args_init_size(ctypes.byref(args), ctypes.sizeof(args))
     args.grad = _native.DTYPES[_GRAD[grad_dtype]]
     args.copy_out = _native.DTYPES[_GRAD[copy_dtype] if copy_dtype else None]
     args.hyper = hyper
@@ -127,7 +128,7 @@ def run(tensors, grad_dtype, copy_dtype, hyper, step, grad_scale, skip_nonfinite
                                        c.data_ptr() if c is not None else None, p.numel(),
                                        ctypes.pointer(h) if h is not None else None, n)
     result = _native.Result()
-    _native.check(_native.function("zb_adam_step")(native, len(tensors), ctypes.byref(args),
-                                                   ctypes.byref(result)))
+    _native.check(lib.zb_adam_step(native, len(tensors), ctypes.byref(args),
+                                   ctypes.byref(result)))
     return StepResult(int(result.nonfinite), float(result.grad_norm) if want_norm else None,
                       bool(result.skipped), float(result.seconds))

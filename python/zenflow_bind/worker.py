@@ -67,14 +67,14 @@ class Group:
         """Copy the Adam moments into the given float32 arrays (numel each; None skips one) and
         return the group's step count (steps applied). Between steps only."""
         step = ctypes.c_int64()
-        check(_native.function("zb_worker_group_get_state")(
+        check(library().zb_worker_group_get_state(
             self.worker._live(), self.index, _address(exp_avg, self.numel),
             _address(exp_avg_sq, self.numel), ctypes.byref(step)))
         return step.value
 
     def set_state(self, exp_avg, exp_avg_sq, step):
         """Replace the moments (None: zeros) and the step count (>= 0). Between steps only."""
-        check(_native.function("zb_worker_group_set_state")(
+        check(library().zb_worker_group_set_state(
             self.worker._live(), self.index, _address(exp_avg, self.numel),
             _address(exp_avg_sq, self.numel), step))
 
@@ -104,27 +104,24 @@ class Worker:
                  wait_spin_us=None, control_timeout_ms=None):
         lib = library()
         attr = _native.Attr()
-        lib.zb_worker_attr_init(ctypes.byref(attr))
+        lib.zb_worker_attr_init_size(ctypes.byref(attr), ctypes.sizeof(attr))
+        # attr points into these bytes: they live until zb_worker_spawn has returned
         path = _native.optimizer_path(path)
-        if path is not None:
-            attr.path = os.fsencode(path)
-        if cpus is not None:
-            attr.cpus = cpus.encode()
-        if mems is not None:
-            attr.mems = mems.encode()
-        if threads is not None:
-            attr.threads = threads
-        if worker_spin_us is not None:
-            attr.worker_spin_us = worker_spin_us
-        if wait_spin_us is not None:
-            attr.wait_spin_us = wait_spin_us
-        if control_timeout_ms is not None:
-            attr.control_timeout_ms = control_timeout_ms
+        path = os.fsencode(path) if path is not None else None
+        cpus = cpus.encode() if cpus is not None else None
+        mems = mems.encode() if mems is not None else None
+        given = {"path": path, "cpus": cpus, "mems": mems, "threads": threads,
+                 "worker_spin_us": worker_spin_us, "wait_spin_us": wait_spin_us,
+                 "control_timeout_ms": control_timeout_ms}
+        for name, value in given.items():
+            if value is not None:  # None keeps zb_worker_attr_init's default
+                setattr(attr, name, value)
         handle = ctypes.c_void_p()
-        check(lib.zb_worker_spawn(ctypes.byref(attr), ctypes.byref(handle)))
+        check(lib.zb_worker_spawn(ctypes.byref(attr), 0, ctypes.byref(handle)))
         self._handle = handle
         self._owner = os.getpid()
         self.groups = []
+        self._last_seconds = 0.0
 
     def add_group(self, numel, grad="fp32", copy_out=None, stale=False, lr=1e-3,
                   betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, adamw=True,
@@ -167,20 +164,18 @@ class Worker:
         if every:
             check(library().zb_worker_submit(self._live(), ctypes.byref(s)))
         else:
-            check(_native.function("zb_worker_submit_groups")(
+            check(library().zb_worker_submit_groups(
                 self._live(), ctypes.byref(s), groups.start, len(groups)))
 
     def wait(self, timeout_ms=60_000):
         """Wait for the step in flight; returns the count of non-finite gradient elements."""
-        nonfinite = ctypes.c_uint64()
-        check(library().zb_worker_wait(self._live(), timeout_ms, ctypes.byref(nonfinite)))
-        return nonfinite.value
+        return self.wait_result(timeout_ms).nonfinite
 
     def wait_result(self, timeout_ms=60_000):
         """Wait for the step in flight; returns its StepResult."""
         r = _native.Result()
-        check(_native.function("zb_worker_wait_result")(self._live(), timeout_ms,
-                                                        ctypes.byref(r)))
+        check(library().zb_worker_wait_result(self._live(), timeout_ms, ctypes.byref(r)))
+        self._last_seconds = r.seconds
         return StepResult(r.nonfinite, r.grad_norm, bool(r.skipped), r.seconds)
 
     def step(self, step, grad_buffer=0, grad_scale=1.0, timeout_ms=60_000):
@@ -188,10 +183,10 @@ class Worker:
         return self.wait(timeout_ms)
 
     def last_step_seconds(self):
-        """The worker's own time for the last step waited for."""
-        seconds = ctypes.c_double()
-        check(library().zb_worker_last_step_seconds(self._live(), ctypes.byref(seconds)))
-        return seconds.value
+        """The worker's own time for the last step waited for, in seconds (0 before the first
+        step, and for a step with no group): the seconds of its StepResult."""
+        self._live()
+        return self._last_seconds
 
     def memory(self):
         """Bytes by buffer kind and RSS of both processes (zb_worker_memory) as a dict."""

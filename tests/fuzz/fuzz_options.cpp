@@ -41,6 +41,7 @@ void check_scope(const std::string &text, zb_scope scope) {
         return;
     }
     ZB_FUZZ_CHECK((o.set & base.set) == base.set);
+    ZB_FUZZ_CHECK(o.size == base.size); // a parse never changes the caller's size
     if (scope == ZB_SCOPE_USER)
         ZB_FUZZ_CHECK(o.default_on == base.default_on && o.allow_override == base.allow_override &&
                       o.fail_on_error == base.fail_on_error);

@@ -4,7 +4,7 @@
 # the Python package starts the installed worker, zenbind plans, and srun --zenflow-bind binds
 # through the installed plugin on a throwaway cluster. The packages are purged at the end, also
 # on failure.   usage: test_apt.sh BUILD_DIR SOURCE_DIR      (root; exits 77 elsewhere)
-set -euo pipefail
+. "$(dirname "$0")/common.sh"
 build=$1 src=$2
 skip() {
   if [ -n "${CI:-}" ] && [ "${ZB_ALLOW_SKIP:-}" != 1 ]; then
@@ -15,14 +15,13 @@ skip() {
 }
 [ "$(id -u)" -eq 0 ] || skip "needs root (apt-get install)"
 command -v slurmd >/dev/null || skip "Slurm is not installed"
-pkgs=(libzenbind1 libzenbind-dev zenflow-bind zenflow-bind-slurm python3-zenflow-bind)
+pkgs=(libzenbind$so libzenbind-dev zenflow-bind zenflow-bind-slurm python3-zenflow-bind)
 for p in "${pkgs[@]}"; do
   if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed'; then
     skip "$p is already installed on this machine; this test would remove it"
   fi
 done
 
-work=$(mktemp -d)
 cluster="$src/scripts/cluster.sh"
 cleanup() {
   "$cluster" stop "$work/cluster" >/dev/null 2>&1 || true

@@ -2,10 +2,8 @@
 # Builds the Debian packages of this build tree with cpack, checks them with lintian, unpacks them
 # into a scratch root and checks the layout and the metadata each package needs.
 #   usage: test_deb.sh BUILD_DIR [OUT_DIR]   (OUT_DIR keeps the .debs, for test_apt.sh)
-set -euo pipefail
+. "$(dirname "$0")/common.sh"
 build=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 out=${2:-$work/out}
 
 (cd "$work" && cpack -G DEB --config "$build/CPackConfig.cmake" -B "$out" >"$work/cpack.log" 2>&1) ||
@@ -13,7 +11,7 @@ out=${2:-$work/out}
 root="$work/root"
 fail=0
 deb_of() { ls "$out"/"$1"_*.deb 2>/dev/null | head -1; }
-for pkg in libzenbind1 libzenbind-dev zenflow-bind zenflow-bind-slurm python3-zenflow-bind; do
+for pkg in libzenbind$so libzenbind-dev zenflow-bind zenflow-bind-slurm python3-zenflow-bind; do
   deb=$(deb_of "$pkg")
   if [ -z "$deb" ]; then echo "FAIL no package $pkg"; fail=1; continue; fi
   dpkg-deb -x "$deb" "$root"
@@ -27,7 +25,7 @@ expect() { # expect PATH-GLOB DESCRIPTION
   if compgen -G "$root/$1" >/dev/null; then echo "ok   $2 ($1)"; else echo "FAIL $2: nothing at /$1"; fail=1; fi
 }
 multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
-expect "usr/lib/$multiarch/libzenbind.so.1" "library with its soname"
+expect "usr/lib/$multiarch/libzenbind.so.$so" "library with its soname"
 expect "usr/lib/$multiarch/pkgconfig/zenbind.pc" "pkg-config file"
 expect "usr/lib/$multiarch/cmake/zenbind/zenbindConfig.cmake" "CMake package"
 expect "usr/include/zenbind/zenbind.h" "C header"
@@ -77,9 +75,9 @@ need() { # need PACKAGE TEXT WHY
   case "$(depends "$1")" in *"$2"*) echo "ok   $1 depends on $2" ;;
   *) echo "FAIL $1 Depends lacks $2 ($3): $(depends "$1")"; fail=1 ;; esac
 }
-need libzenbind1 libhwloc "the library links hwloc"
+need libzenbind$so libhwloc "the library links hwloc"
 need zenflow-bind-slurm "slurm-wlm-basic-plugins (>= " "srun and slurmstepd load only plugins of their release"
-need zenflow-bind-slurm "libzenbind1 (=" "the binder links libzenbind"
+need zenflow-bind-slurm "libzenbind$so (=" "the binder links libzenbind"
 need python3-zenflow-bind "zenflow-bind (=" "the Python package starts zenflow-optimizer"
 case "$(depends zenflow-bind-slurm)" in *slurm-client*)
   echo "FAIL zenflow-bind-slurm depends on slurm-client, which compute nodes lack"; fail=1 ;; esac

@@ -2,10 +2,8 @@
 # `pip install ./python` into a fresh virtual environment of Debian's python3, offline, then
 # the installed package alone (no ZENFLOW_* variable, run outside the source tree) starts a worker
 # and runs a step with its own libzenbind and zenflow-optimizer.   usage: test_pip.sh SOURCE_DIR
-set -euo pipefail
+. "$(dirname "$0")/common.sh"
 src=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 
 /usr/bin/python3 -m venv --system-site-packages "$work/venv"
 "$work/venv/bin/pip" install --no-index --no-cache-dir --quiet \

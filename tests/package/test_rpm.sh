@@ -2,10 +2,8 @@
 # The RPM packages for RHEL-family sites, built by the same CMake with their layout (lib64, Slurm's
 # /usr/lib64/slurm, site-packages), checked with rpm: files, requirements, the snippet
 # %config(noreplace).   usage: test_rpm.sh SOURCE_DIR [BUILD_DIR]   (BUILD_DIR reused if given)
-set -euo pipefail
+. "$(dirname "$0")/common.sh"
 src=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 build=${2:-$work/build}
 command -v rpmbuild >/dev/null || { echo "FAIL rpmbuild is missing (scripts/install-deps.sh installs rpm)"; exit 1; }
 py=$(/usr/bin/python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
@@ -30,7 +28,7 @@ has() { # has PACKAGE PATH WHAT
 for p in libzenbind libzenbind-devel zenflow-bind zenflow-bind-slurm python3-zenflow-bind; do
   [ -n "$(rpm_of "$p")" ] || { echo "FAIL no package $p"; fail=1; }
 done
-has libzenbind /usr/lib64/libzenbind.so.1 "the library"
+has libzenbind /usr/lib64/libzenbind.so.$so "the library"
 has libzenbind-devel /usr/include/zenbind/worker.h "the worker API header"
 has zenflow-bind /usr/libexec/zenflow-bind/zenflow-optimizer "the optimizer worker"
 has zenflow-bind-slurm /usr/lib64/slurm/zenflow_bind.so "the plugin in the RPM Slurm's plugin dir"

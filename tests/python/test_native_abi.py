@@ -1,6 +1,7 @@
-"""What keeps the Python package and the C library in step: every struct the package mirrors has
-the size the library was built with (checked at load, a mismatch refused with EVERSION), the
-environment names are the header's, the status names cover the header's statuses, and the dtype
+"""What keeps the Python package and the C library in step: the library is the ABI the package
+mirrors (zb_api_version, the SONAME's number, checked at load), every struct the package mirrors
+has the size the library was built with (checked at load; either mismatch refused with EVERSION),
+the environment names are the header's, the status names cover the header's statuses, and the dtype
 and step-flag values are the worker header's."""
 import ctypes
 import os
@@ -10,8 +11,8 @@ import unittest
 from zenflow_bind import _native
 import zenflow_bind.deepspeed  # noqa: F401  (its variable names are checked below)
 
-INCLUDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include",
-                       "zenbind")
+PROJECT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+INCLUDE = os.path.join(PROJECT, "include", "zenbind")
 
 
 def header(name="zenbind.h"):
@@ -25,6 +26,35 @@ class Layouts(unittest.TestCase):
         size = lib.zb_struct_size
         for name, mirror in _native._MIRRORS.items():
             self.assertEqual(size(name.encode()), ctypes.sizeof(mirror), name)
+
+    def test_the_library_is_the_abi_mirrored(self):
+        with open(os.path.join(PROJECT, "CMakeLists.txt")) as f:
+            soversion = int(re.search(r"set\(ZB_SOVERSION (\d+)\)", f.read()).group(1))
+        self.assertEqual(_native.API_VERSION, soversion)
+        self.assertEqual(_native.SONAME, f"libzenbind.so.{soversion}")
+        self.assertEqual(_native.library().zb_api_version(), soversion)
+        # the calls ABI 2 removed are gone, and the binding names none of them
+        for name in ("zb_worker_wait", "zb_worker_last_step_seconds", "zb_worker_attr_init",
+                     "zb_adam_args_init", "zb_plan_compute_gpus"):
+            self.assertFalse(hasattr(_native.library(), name), name)
+            self.assertNotIn(name, _native._PROTOS)
+
+    def test_a_library_of_another_abi_is_refused(self):
+        class Library:
+            def __init__(self, version):
+                self.zb_api_version = lambda: version
+
+        # 0x000500: what zb_api_version() returned before ABI 2 (the package version 0.5.0)
+        for version, says in ((0x000500, "0.5.0, of an ABI before 2"), (3, "of ABI 3")):
+            with self.assertRaises(_native.ZenbindError) as e:
+                _native._check_api(Library(version), "/x/libzenbind.so")
+            self.assertEqual(e.exception.status, "EVERSION")
+            self.assertIn(f"/x/libzenbind.so is libzenbind {says}", str(e.exception))
+            self.assertIn("needs ABI 2 (libzenbind.so.2)", str(e.exception))
+        _native._check_api(Library(_native.API_VERSION), "/x/libzenbind.so")
+        with self.assertRaises(_native.ZenbindError) as e:
+            _native._check_api(object(), "/x/libother.so")
+        self.assertEqual(e.exception.status, "EVERSION")
 
     def test_a_mirror_of_another_size_is_refused(self):
         class Shorter(ctypes.Structure):

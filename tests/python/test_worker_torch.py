@@ -1,6 +1,6 @@
 """The python binding against torch.optim.AdamW (Debian's python3-torch).
 
-Run with Debian's /usr/bin/python3, ZENFLOW_BIND_LIB pointing at libzenbind.so, ZENFLOW_OPTIMIZER
+Run with Debian's /usr/bin/python3, ZENFLOW_BIND_LIB pointing at libzenbind.so.2, ZENFLOW_OPTIMIZER
 at zenflow-optimizer and python on PYTHONPATH (CMake's zb_python_test does this)."""
 
 import gc
@@ -162,6 +162,27 @@ class Behaviour(unittest.TestCase):
             for tid, cpu in threads:
                 self.assertIn(cpu, allowed)
                 self.assertEqual(os.sched_getaffinity(tid), {cpu})
+
+    def test_cpus_given_as_a_string_reach_the_worker(self):
+        # zb_worker_attr.cpus points at the binding's bytes while zb_worker_spawn runs
+        cpu = max(os.sched_getaffinity(0))
+        with Worker(cpus=str(cpu), threads=2, mems="") as w:
+            self.assertEqual([c for _, c in w.threads()], [cpu, cpu])
+
+    def test_last_step_seconds_is_the_results(self):
+        with Worker(threads=1) as w:
+            self.assertEqual(w.last_step_seconds(), 0.0)
+            g = w.add_group(1 << 16)
+            g.grads[0][:] = 1.0
+            w.submit(1)
+            result = w.wait_result()
+            self.assertGreater(result.seconds, 0.0)
+            self.assertEqual(w.last_step_seconds(), result.seconds)
+            w.submit(2, grad_buffer=1)
+            self.assertEqual(w.wait(), 0)
+            self.assertGreater(w.last_step_seconds(), 0.0)
+        with self.assertRaises(ZenbindError):
+            w.last_step_seconds()  # closed
 
     def test_state_round_trip(self):
         with Worker(threads=2) as w:

@@ -114,7 +114,7 @@ static void run_in_worker(streams *s, unsigned flags, float max_norm, int copy,
     zb_worker_attr_init(&attr);
     attr.threads = 2;
     zb_worker_t *w = NULL;
-    if (zb_worker_spawn(&attr, &w) != ZB_OK) fail_msg("spawn: %s", zb_last_error());
+    if (zb_worker_spawn(&attr, 0, &w) != ZB_OK) fail_msg("spawn: %s", zb_last_error());
     zb_group_buffers b[2];
     const size_t n[2] = {N0, N1}, off[2] = {0, N0};
     memset(s, 0, sizeof *s);
@@ -282,8 +282,12 @@ static void test_bad_arguments_change_nothing(void **state) {
     expect_refused(t, 2, NULL, "args is NULL");
     expect_refused(NULL, 2, &a, "tensors is NULL");
     zb_adam_args b = a;
-    b.size = 8;
-    expect_refused(t, 2, &b, "zb_adam_args_init");
+    assert_int_equal(a.size, sizeof a); /* zb_adam_args_init */
+    const size_t smaller[] = {0, 8, offsetof(zb_adam_args, threads), sizeof b - 1};
+    for (size_t i = 0; i < sizeof smaller / sizeof *smaller; ++i) {
+        b.size = smaller[i];
+        expect_refused(t, 2, &b, "zb_adam_args_init");
+    }
     b = a;
     b.step = 0;
     expect_refused(t, 2, &b, "step must be >= 1");

@@ -21,7 +21,7 @@ constexpr const char *kSeed = "pack:2 [numa] core:16 pu:2(indexes=core:pack)";
 std::string cpus_of(const char *synthetic, const char *cores, std::string &error) {
     zb_topology_t *topo = nullptr;
     assert_int_equal(zb_topology_load_synthetic(synthetic, &topo), ZB_OK);
-    hwloc_bitmap_t out = hwloc_bitmap_alloc();
+    zb_cpuset_t *out = zb_cpuset_alloc();
     std::string list = "(failed)";
     if (zb::spank::alloc_cores_to_cpus(cores, topo, out, error)) {
         char buf[256];
@@ -29,7 +29,7 @@ std::string cpus_of(const char *synthetic, const char *cores, std::string &error
         assert_true(len >= 0 && static_cast<size_t>(len) < sizeof buf);
         list = buf;
     }
-    hwloc_bitmap_free(out);
+    zb_cpuset_free(out);
     zb_topology_free(topo);
     return list;
 }

@@ -17,14 +17,28 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <zenbind/hwloc.h>
 #include <zenbind/zenbind.h>
 
 #define ZB_FAKE_TREE_NAME "zb_cgroup"
 #include "fake_tree.h"
 
+/* Writes `content` to root/dir/file. */
+static void put_in(const char *dir, const char *file, const char *content) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    put(path, content);
+}
+
+/* A cgroup v2 directory that configures `cpus`: its cpuset.cpus and the effective set. */
+static void v2_configured(const char *dir, const char *cpus) {
+    put_in(dir, "cpuset.cpus", cpus);
+    put_in(dir, "cpuset.cpus.effective", cpus);
+}
+
 /* zb_cgroup_cpuset on the fake root, which must succeed with `list` read from root/`file`. */
 static void expect_cpuset(pid_t pid, unsigned levels_up, const char *list, const char *file) {
-    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    zb_cpuset_t *set = zb_cpuset_alloc();
     char source[1024], text[256], want[1024];
     zb_status st = zb_cgroup_cpuset(root, pid, levels_up, set, source, sizeof source);
     if (st != ZB_OK)
@@ -33,32 +47,34 @@ static void expect_cpuset(pid_t pid, unsigned levels_up, const char *list, const
     assert_string_equal(text, list);
     snprintf(want, sizeof want, "%s/%s", root, file);
     assert_string_equal(source, want);
-    hwloc_bitmap_free(set);
+    zb_cpuset_free(set);
 }
 
 /* zb_cgroup_cpuset on the fake root, which must fail with `status`; returns the message. */
 static const char *expect_failure(pid_t pid, unsigned levels_up, zb_status status) {
-    hwloc_bitmap_t set = hwloc_bitmap_alloc();
-    hwloc_bitmap_set(set, 99);
+    zb_cpuset_t *set = zb_cpuset_alloc();
+    assert_int_equal(zb_cpulist_parse("99", set), ZB_OK);
     char source[64] = "untouched";
     zb_status st = zb_cgroup_cpuset(root, pid, levels_up, set, source, sizeof source);
     if (st != status)
         fail_msg("expected %s, got %s (%s)", zb_status_name(status), zb_status_name(st),
                  zb_last_error());
-    assert_true(hwloc_bitmap_isset(set, 99) && hwloc_bitmap_weight(set) == 1);
+    assert_true(zb_cpuset_isset(set, 99) && zb_cpuset_weight(set) == 1);
     assert_string_equal(source, "untouched");
-    hwloc_bitmap_free(set);
+    zb_cpuset_free(set);
     return zb_last_error();
 }
 
-static void affinity_of_self(hwloc_bitmap_t out) {
+/* A new set of the CPUs this process may run on. */
+static zb_cpuset_t *affinity_of_self(void) {
     cpu_set_t *mask = CPU_ALLOC(65536);
     size_t size = CPU_ALLOC_SIZE(65536);
     assert_int_equal(sched_getaffinity(0, size, mask), 0);
-    hwloc_bitmap_zero(out);
+    zb_cpuset_t *out = zb_cpuset_alloc();
     for (unsigned cpu = 0; cpu < 65536; ++cpu)
-        if (CPU_ISSET_S(cpu, size, mask)) hwloc_bitmap_set(out, cpu);
+        if (CPU_ISSET_S(cpu, size, mask)) hwloc_bitmap_set(zb_cpuset_hwloc(out), cpu);
     CPU_FREE(mask);
+    return out;
 }
 
 /* A hybrid host like this one: v1 hierarchies (cpuset among them) plus a v2 mount without
@@ -144,11 +160,8 @@ static void slurm_v2_tree(const char *controllers) {
     /* task/cgroup with ConstrainCores=yes writes cpuset.cpus at the job and the step */
     put("sys/fs/cgroup/system.slice/cpuset.cpus", "");
     put("sys/fs/cgroup/system.slice/cpuset.cpus.effective", "0-63\n");
-    put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/cpuset.cpus", "0-31\n");
-    put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/cpuset.cpus.effective", "0-31\n");
-    put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0/cpuset.cpus", "0-15,32-47\n");
-    put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0/cpuset.cpus.effective",
-        "0-15,32-47\n");
+    v2_configured("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42", "0-31\n");
+    v2_configured("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0", "0-15,32-47\n");
     /* user/ configures nothing; cpuset is not enabled in task_0/, which has no cpuset files */
     put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0/user/cpuset.cpus", "\n");
     put("sys/fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0/user/cpuset.cpus.effective",
@@ -191,8 +204,7 @@ static void test_v2_step_not_constrained(void **state) {
     put(V2STEP "user/cpuset.cpus.effective", "0-63\n");
     expect_cpuset(0, 0, "0-63", "sys/fs/cgroup/cpuset.cpus.effective");
     /* an admin's AllowedCPUs= on system.slice confines it there, still not at the step */
-    put("sys/fs/cgroup/system.slice/cpuset.cpus", "2-61\n");
-    put("sys/fs/cgroup/system.slice/cpuset.cpus.effective", "2-61\n");
+    v2_configured("sys/fs/cgroup/system.slice", "2-61\n");
     expect_cpuset(0, 0, "2-61", "sys/fs/cgroup/system.slice/cpuset.cpus.effective");
 }
 
@@ -206,14 +218,13 @@ static void test_v2_without_cpuset(void **state) {
              root);
     assert_string_equal(expect_failure(0, 0, ZB_ENOENT), want);
     /* zb_allowed_cpus falls back to the affinity alone */
-    hwloc_bitmap_t set = hwloc_bitmap_alloc(), aff = hwloc_bitmap_alloc();
+    zb_cpuset_t *set = zb_cpuset_alloc(), *aff = affinity_of_self();
     char source[64];
     assert_int_equal(zb_allowed_cpus(root, 0, set, source, sizeof source), ZB_OK);
-    affinity_of_self(aff);
-    assert_true(hwloc_bitmap_isequal(set, aff));
+    assert_true(zb_cpuset_isequal(set, aff));
     assert_string_equal(source, "sched_getaffinity");
-    hwloc_bitmap_free(set);
-    hwloc_bitmap_free(aff);
+    zb_cpuset_free(set);
+    zb_cpuset_free(aff);
 }
 
 static void test_hybrid_v1_wins(void **state) {
@@ -231,8 +242,7 @@ static void test_hybrid_v2_cpuset(void **state) {
     put("proc/self/cgroup", "5:memory:/a\n2:cpu,cpuacct:/a\n0::/job/step\n");
     put("proc/self/mountinfo", hybrid_mountinfo);
     put("sys/fs/cgroup/unified/cgroup.controllers", "cpuset\n");
-    put("sys/fs/cgroup/unified/job/step/cpuset.cpus", "3,5\n");
-    put("sys/fs/cgroup/unified/job/step/cpuset.cpus.effective", "3,5\n");
+    v2_configured("sys/fs/cgroup/unified/job/step", "3,5\n");
     put("sys/fs/cgroup/cpuset/job/step/cpuset.effective_cpus", "1\n");
     expect_cpuset(0, 0, "3,5", "sys/fs/cgroup/unified/job/step/cpuset.cpus.effective");
 }
@@ -275,8 +285,7 @@ static void test_escaped_mount_point(void **state) {
     put("proc/self/cgroup", "0::/a\n");
     put("proc/self/mountinfo", "60 1 0:50 / /mnt/cg\\040v2\\134x rw - cgroup2 cgroup2 rw\n");
     put("mnt/cg v2\\x/cgroup.controllers", "cpu cpuset\n");
-    put("mnt/cg v2\\x/a/cpuset.cpus", "0-15,32-47\n");
-    put("mnt/cg v2\\x/a/cpuset.cpus.effective", "0-15,32-47\n");
+    v2_configured("mnt/cg v2\\x/a", "0-15,32-47\n");
     expect_cpuset(0, 0, "0-15,32-47", "mnt/cg v2\\x/a/cpuset.cpus.effective");
 }
 
@@ -285,11 +294,10 @@ static void test_pid_and_fsroot(void **state) {
     put("proc/4242/cgroup", "0::/j\n");
     put("proc/4242/mountinfo", "25 22 0:23 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
     put("sys/fs/cgroup/cgroup.controllers", "cpuset\n");
-    put("sys/fs/cgroup/j/cpuset.cpus", "7\n");
-    put("sys/fs/cgroup/j/cpuset.cpus.effective", "7\n");
+    v2_configured("sys/fs/cgroup/j", "7\n");
     expect_cpuset(4242, 0, "7", "sys/fs/cgroup/j/cpuset.cpus.effective");
     /* trailing slashes on fsroot change nothing */
-    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    zb_cpuset_t *set = zb_cpuset_alloc();
     char with_slash[300], source[1024], want[1024];
     snprintf(with_slash, sizeof with_slash, "%s//", root);
     assert_int_equal(zb_cgroup_cpuset(with_slash, 4242, 0, set, source, sizeof source), ZB_OK);
@@ -301,7 +309,7 @@ static void test_pid_and_fsroot(void **state) {
     assert_int_equal(strncmp(small, want, 7), 0);
     assert_int_equal(strlen(small), 7);
     assert_int_equal(zb_cgroup_cpuset(root, 4242, 0, set, NULL, 0), ZB_OK);
-    hwloc_bitmap_free(set);
+    zb_cpuset_free(set);
     /* no /proc/self in this root */
     const char *msg = expect_failure(0, 0, ZB_ESYS);
     assert_non_null(strstr(msg, "/proc/self/cgroup: No such file or directory"));
@@ -331,36 +339,35 @@ static void test_no_controller_and_bad_content(void **state) {
 
 static void test_allowed_intersects_affinity(void **state) {
     (void)state;
-    hwloc_bitmap_t aff = hwloc_bitmap_alloc(), set = hwloc_bitmap_alloc();
-    affinity_of_self(aff);
+    zb_cpuset_t *aff = affinity_of_self(), *set = zb_cpuset_alloc();
     /* the cgroup grants the first CPU we may run on and one we may not */
     char list[64], source[1024], want[1024];
-    snprintf(list, sizeof list, "%d,65535\n", hwloc_bitmap_first(aff));
+    snprintf(list, sizeof list, "%d,65535\n", zb_cpuset_next(aff, -1));
     put("proc/self/cgroup", "3:cpuset:/\n");
     put("proc/self/mountinfo", hybrid_mountinfo);
     put("sys/fs/cgroup/cpuset/cpuset.effective_cpus", list);
     assert_int_equal(zb_allowed_cpus(root, 0, set, source, sizeof source), ZB_OK);
-    assert_int_equal(hwloc_bitmap_weight(set), 1);
-    assert_int_equal(hwloc_bitmap_first(set), hwloc_bitmap_first(aff));
+    assert_int_equal(zb_cpuset_weight(set), 1);
+    assert_int_equal(zb_cpuset_next(set, -1), zb_cpuset_next(aff, -1));
     snprintf(want, sizeof want, "%s/sys/fs/cgroup/cpuset/cpuset.effective_cpus", root);
     assert_string_equal(source, want);
-    hwloc_bitmap_free(aff);
-    hwloc_bitmap_free(set);
+    zb_cpuset_free(aff);
+    zb_cpuset_free(set);
 }
 
 static void test_live_machine(void **state) {
     (void)state;
-    hwloc_bitmap_t aff = hwloc_bitmap_alloc(), set = hwloc_bitmap_alloc();
-    affinity_of_self(aff);
+    zb_cpuset_t *aff = affinity_of_self(), *set = zb_cpuset_alloc();
     char source[1024];
     assert_int_equal(zb_allowed_cpus(NULL, 0, set, source, sizeof source), ZB_OK);
-    assert_true(hwloc_bitmap_isequal(set, aff));
+    assert_true(zb_cpuset_isequal(set, aff));
     assert_int_equal(zb_allowed_cpus("", getpid(), set, NULL, 0), ZB_OK);
-    assert_true(hwloc_bitmap_isequal(set, aff));
+    assert_true(zb_cpuset_isequal(set, aff));
     zb_status st = zb_cgroup_cpuset(NULL, 0, 0, set, source, sizeof source);
     if (st == ZB_OK) {
         /* the kernel keeps the affinity inside the cpuset */
-        assert_true(hwloc_bitmap_isincluded(aff, set));
+        assert_true(
+            hwloc_bitmap_isincluded(zb_cpuset_hwloc_const(aff), zb_cpuset_hwloc_const(set)));
         assert_true(strstr(source, "/cpuset.effective_cpus") || strstr(source, "/cpuset.cpus") ||
                     strstr(source, "/effective_cpus"));
         print_message("this machine: cpuset from %s\n", source);
@@ -369,8 +376,8 @@ static void test_live_machine(void **state) {
         assert_non_null(strstr(zb_last_error(), "no cpuset controller"));
         print_message("this machine: %s\n", zb_last_error());
     }
-    hwloc_bitmap_free(aff);
-    hwloc_bitmap_free(set);
+    zb_cpuset_free(aff);
+    zb_cpuset_free(set);
 }
 
 /* zb_cgroup_memory_headroom: the least of limit - working set over the levels with a limit. */
@@ -390,28 +397,22 @@ static void test_memory_v1(void **state) {
     (void)state;
     put("proc/self/mountinfo", "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n");
     put("proc/self/cgroup", "4:memory:/slurm/uid_0/job_7/step_0\n3:cpuset:/\n");
-    const char *m = "sys/fs/cgroup/memory";
-    char p[256];
+    const char *job = "sys/fs/cgroup/memory/slurm/uid_0/job_7",
+               *step = "sys/fs/cgroup/memory/slurm/uid_0/job_7/step_0";
     /* unlimited everywhere: ENOENT */
-    snprintf(p, sizeof p, "%s/slurm/uid_0/job_7/step_0/memory.limit_in_bytes", m);
-    put(p, "9223372036854771712\n");
-    snprintf(p, sizeof p, "%s/slurm/uid_0/job_7/step_0/memory.usage_in_bytes", m);
-    put(p, "1000\n");
+    put_in(step, "memory.limit_in_bytes", "9223372036854771712\n");
+    put_in(step, "memory.usage_in_bytes", "1000\n");
     uint64_t h = 0;
     assert_int_equal(zb_cgroup_memory_headroom(root, 0, &h, NULL, NULL, NULL, 0), ZB_ENOENT);
     assert_non_null(strstr(zb_last_error(), "no memory limit"));
     /* the job's limit binds: 2 GiB, 1.5 GiB used of which 0.5 GiB inactive file pages */
-    snprintf(p, sizeof p, "%s/slurm/uid_0/job_7/memory.limit_in_bytes", m);
-    put(p, "2147483648\n");
-    snprintf(p, sizeof p, "%s/slurm/uid_0/job_7/memory.usage_in_bytes", m);
-    put(p, "1610612736\n");
-    snprintf(p, sizeof p, "%s/slurm/uid_0/job_7/memory.stat", m);
-    put(p, "cache 1\ninactive_file 7\ntotal_inactive_file 536870912\n");
+    put_in(job, "memory.limit_in_bytes", "2147483648\n");
+    put_in(job, "memory.usage_in_bytes", "1610612736\n");
+    put_in(job, "memory.stat", "cache 1\ninactive_file 7\ntotal_inactive_file 536870912\n");
     expect_headroom(1073741824, 2147483648, 1073741824,
                     "sys/fs/cgroup/memory/slurm/uid_0/job_7/memory.limit_in_bytes");
     /* a tighter step limit below wins; working set above the limit leaves no room */
-    snprintf(p, sizeof p, "%s/slurm/uid_0/job_7/step_0/memory.limit_in_bytes", m);
-    put(p, "500\n");
+    put_in(step, "memory.limit_in_bytes", "500\n");
     expect_headroom(0, 500, 1000,
                     "sys/fs/cgroup/memory/slurm/uid_0/job_7/step_0/memory.limit_in_bytes");
 }
@@ -420,24 +421,17 @@ static void test_memory_v2(void **state) {
     (void)state;
     put("proc/self/mountinfo", "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
     put("proc/self/cgroup", "0::/system.slice/slurmstepd.scope/job_3/step_1/user/task_0\n");
-    const char *job = "sys/fs/cgroup/system.slice/slurmstepd.scope/job_3";
-    char p[256];
-    snprintf(p, sizeof p, "%s/memory.max", job);
-    put(p, "1073741824\n");
-    snprintf(p, sizeof p, "%s/memory.current", job);
-    put(p, "73741824\n");
-    snprintf(p, sizeof p, "%s/memory.stat", job);
-    put(p, "anon 1\nfile 2\ninactive_file 0\n");
-    snprintf(p, sizeof p, "%s/step_1/memory.max", job);
-    put(p, "max\n");
-    snprintf(p, sizeof p, "%s/step_1/memory.current", job);
-    put(p, "12\n");
-    char file[256];
-    snprintf(file, sizeof file, "%s/memory.max", job);
-    expect_headroom(1000000000, 1073741824, 73741824, file);
+    const char *job = "sys/fs/cgroup/system.slice/slurmstepd.scope/job_3",
+               *step = "sys/fs/cgroup/system.slice/slurmstepd.scope/job_3/step_1";
+    put_in(job, "memory.max", "1073741824\n");
+    put_in(job, "memory.current", "73741824\n");
+    put_in(job, "memory.stat", "anon 1\nfile 2\ninactive_file 0\n");
+    put_in(step, "memory.max", "max\n");
+    put_in(step, "memory.current", "12\n");
+    expect_headroom(1000000000, 1073741824, 73741824,
+                    "sys/fs/cgroup/system.slice/slurmstepd.scope/job_3/memory.max");
     /* garbage in a limit file is an error, not "unlimited" */
-    snprintf(p, sizeof p, "%s/memory.max", job);
-    put(p, "lots\n");
+    put_in(job, "memory.max", "lots\n");
     uint64_t h = 0;
     assert_int_equal(zb_cgroup_memory_headroom(root, 0, &h, NULL, NULL, NULL, 0), ZB_ESYS);
     assert_non_null(strstr(zb_last_error(), "unexpected content"));

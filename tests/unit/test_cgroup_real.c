@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,47 +129,47 @@ static void teardown(void) {
 }
 
 /* The set read and the file it came from, as the plugin reads a task's step. */
-static void read_cpuset(unsigned levels_up, hwloc_bitmap_t set, char *source, size_t len) {
+static void read_cpuset(unsigned levels_up, zb_cpuset_t *set, char *source, size_t len) {
     zb_status status = zb_cgroup_cpuset(NULL, 0, levels_up, set, source, len);
     if (status != ZB_OK) fail_msg("zb_cgroup_cpuset: %s", zb_last_error());
 }
 
 static void confining_level_is_read(void **state) {
     (void)state;
-    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    zb_cpuset_t *set = zb_cpuset_alloc();
     char source[2048], want[1300];
     read_cpuset(0, set, source, sizeof source);
     /* v2: inner configures nothing, so outer's effective set confines the process. */
     snprintf(want, sizeof want, "%s/%s", outer,
              v2 ? "cpuset.cpus.effective" : "cpuset.effective_cpus");
     assert_string_equal(source, want);
-    assert_int_equal(hwloc_bitmap_weight(set), 1);
-    assert_true(hwloc_bitmap_isset(set, (unsigned)cpu));
-    hwloc_bitmap_free(set);
+    assert_int_equal(zb_cpuset_weight(set), 1);
+    assert_true(zb_cpuset_isset(set, (unsigned)cpu));
+    zb_cpuset_free(set);
 }
 
 static void levels_up_reads_above_the_test_cgroup(void **state) {
     (void)state;
     if (other_cpu < 0) skip();
-    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    zb_cpuset_t *set = zb_cpuset_alloc();
     char source[2048];
     /* v2: one level up from inner is still outer; two is outer's parent, with both CPUs. */
     read_cpuset(v2 ? 2 : 1, set, source, sizeof source);
     assert_null(strstr(source, "zb-cpuset-"));
-    assert_true(hwloc_bitmap_isset(set, (unsigned)cpu));
-    assert_true(hwloc_bitmap_isset(set, (unsigned)other_cpu));
-    hwloc_bitmap_free(set);
+    assert_true(zb_cpuset_isset(set, (unsigned)cpu));
+    assert_true(zb_cpuset_isset(set, (unsigned)other_cpu));
+    zb_cpuset_free(set);
 }
 
 static void allowed_cpus_follow_the_cgroup(void **state) {
     (void)state;
-    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    zb_cpuset_t *set = zb_cpuset_alloc();
     char source[2048];
     assert_int_equal(zb_allowed_cpus(NULL, 0, set, source, sizeof source), ZB_OK);
-    assert_int_equal(hwloc_bitmap_weight(set), 1);
-    assert_true(hwloc_bitmap_isset(set, (unsigned)cpu));
+    assert_int_equal(zb_cpuset_weight(set), 1);
+    assert_true(zb_cpuset_isset(set, (unsigned)cpu));
     assert_non_null(strstr(source, outer));
-    hwloc_bitmap_free(set);
+    zb_cpuset_free(set);
 }
 
 int main(void) {

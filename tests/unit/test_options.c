@@ -66,6 +66,7 @@ static void test_defaults(void **state) {
     zb_options o;
     memset(&o, 0x5a, sizeof o);
     zb_options_init(&o);
+    assert_int_equal(o.size, sizeof o);
     assert_int_equal(o.enabled, 1);
     assert_int_equal(o.train_cores, 0);
     assert_true(o.train_fraction == 0);
@@ -89,82 +90,66 @@ static void test_defaults(void **state) {
     assert_memory_equal(&p, &o, sizeof o);
 }
 
+/* `text` parsed alone sets `field` to `value`, and of the ZB_SET_* bits only `bit`. */
+#define EXPECT_KEY(text, scope, field, value, bit)                                                 \
+    do {                                                                                           \
+        const zb_options o_ = parsed(text, scope);                                                 \
+        assert_int_equal(o_.field, value);                                                         \
+        assert_int_equal(o_.set, bit);                                                             \
+    } while (0)
+
+/* train= alone: cores or a fraction, never both. */
+static void expect_train(const char *text, unsigned cores, double fraction) {
+    const zb_options o = parsed(text, ZB_SCOPE_USER);
+    assert_int_equal(o.train_cores, cores);
+    if (o.train_fraction != fraction)
+        fail_msg("%s: fraction %.17g, expected %.17g", text, o.train_fraction, fraction);
+    assert_int_equal(o.set, ZB_SET_TRAIN);
+}
+
 static void test_every_key(void **state) {
     (void)state;
-    zb_options o = parsed("off", ZB_SCOPE_USER);
-    assert_int_equal(o.enabled, 0);
-    assert_int_equal(o.set, ZB_SET_ENABLED);
-    o = parsed("on", ZB_SCOPE_USER);
-    assert_int_equal(o.enabled, 1);
-    assert_int_equal(o.set, ZB_SET_ENABLED);
+    EXPECT_KEY("off", ZB_SCOPE_USER, enabled, 0, ZB_SET_ENABLED);
+    EXPECT_KEY("on", ZB_SCOPE_USER, enabled, 1, ZB_SET_ENABLED);
 
-    o = parsed("train=8", ZB_SCOPE_USER);
-    assert_int_equal(o.train_cores, 8);
-    assert_true(o.train_fraction == 0);
-    assert_int_equal(o.set, ZB_SET_TRAIN);
-    o = parsed("train=0.5", ZB_SCOPE_USER);
-    assert_int_equal(o.train_cores, 0);
-    assert_true(o.train_fraction == 0.5);
-    o = parsed("train=.25", ZB_SCOPE_USER);
-    assert_true(o.train_fraction == 0.25);
-    o = parsed("train=4096", ZB_SCOPE_USER);
-    assert_int_equal(o.train_cores, 4096);
-    o = parsed("train=1", ZB_SCOPE_USER);
-    assert_int_equal(o.train_cores, 1);
-    o = parsed("train=0.999", ZB_SCOPE_USER);
-    assert_true(o.train_fraction == 0.999);
+    expect_train("train=8", 8, 0);
+    expect_train("train=0.5", 0, 0.5);
+    expect_train("train=.25", 0, 0.25);
+    expect_train("train=4096", 4096, 0);
+    expect_train("train=1", 1, 0);
+    expect_train("train=0.999", 0, 0.999);
 
-    o = parsed("opt=1", ZB_SCOPE_USER);
-    assert_int_equal(o.opt_cores, 1);
-    assert_int_equal(o.set, ZB_SET_OPT);
-    o = parsed("opt=4096", ZB_SCOPE_USER);
-    assert_int_equal(o.opt_cores, 4096);
+    EXPECT_KEY("opt=1", ZB_SCOPE_USER, opt_cores, 1, ZB_SET_OPT);
+    EXPECT_KEY("opt=4096", ZB_SCOPE_USER, opt_cores, 4096, ZB_SET_OPT);
 
-    assert_int_equal(parsed("smt=idle", ZB_SCOPE_USER).smt, ZB_SMT_IDLE);
-    assert_int_equal(parsed("smt=train", ZB_SCOPE_USER).smt, ZB_SMT_TRAIN);
-    o = parsed("smt=opt", ZB_SCOPE_USER);
-    assert_int_equal(o.smt, ZB_SMT_OPT);
-    assert_int_equal(o.set, ZB_SET_SMT);
+    EXPECT_KEY("smt=idle", ZB_SCOPE_USER, smt, ZB_SMT_IDLE, ZB_SET_SMT);
+    EXPECT_KEY("smt=train", ZB_SCOPE_USER, smt, ZB_SMT_TRAIN, ZB_SET_SMT);
+    EXPECT_KEY("smt=opt", ZB_SCOPE_USER, smt, ZB_SMT_OPT, ZB_SET_SMT);
 
-    assert_int_equal(parsed("numa=prefer", ZB_SCOPE_USER).numa, ZB_NUMA_PREFER);
-    assert_int_equal(parsed("numa=strict", ZB_SCOPE_USER).numa, ZB_NUMA_STRICT);
-    o = parsed("numa=ignore", ZB_SCOPE_USER);
-    assert_int_equal(o.numa, ZB_NUMA_IGNORE);
-    assert_int_equal(o.set, ZB_SET_NUMA);
+    EXPECT_KEY("numa=prefer", ZB_SCOPE_USER, numa, ZB_NUMA_PREFER, ZB_SET_NUMA);
+    EXPECT_KEY("numa=strict", ZB_SCOPE_USER, numa, ZB_NUMA_STRICT, ZB_SET_NUMA);
+    EXPECT_KEY("numa=ignore", ZB_SCOPE_USER, numa, ZB_NUMA_IGNORE, ZB_SET_NUMA);
 
-    assert_int_equal(parsed("mode=split", ZB_SCOPE_USER).mode, ZB_MODE_SPLIT);
-    o = parsed("mode=offload", ZB_SCOPE_USER);
-    assert_int_equal(o.mode, ZB_MODE_OFFLOAD);
-    assert_int_equal(o.set, ZB_SET_MODE);
+    EXPECT_KEY("mode=split", ZB_SCOPE_USER, mode, ZB_MODE_SPLIT, ZB_SET_MODE);
+    EXPECT_KEY("mode=offload", ZB_SCOPE_USER, mode, ZB_MODE_OFFLOAD, ZB_SET_MODE);
 
-    assert_int_equal(parsed("gpu=near", ZB_SCOPE_USER).gpu, ZB_GPU_NEAR);
-    o = parsed("gpu=ignore", ZB_SCOPE_USER);
-    assert_int_equal(o.gpu, ZB_GPU_IGNORE);
-    assert_int_equal(o.set, ZB_SET_GPU);
+    EXPECT_KEY("gpu=near", ZB_SCOPE_USER, gpu, ZB_GPU_NEAR, ZB_SET_GPU);
+    EXPECT_KEY("gpu=ignore", ZB_SCOPE_USER, gpu, ZB_GPU_IGNORE, ZB_SET_GPU);
 
-    o = parsed("profile=/etc/zenflow/a100.prof", ZB_SCOPE_USER);
+    zb_options o = parsed("profile=/etc/zenflow/a100.prof", ZB_SCOPE_USER);
     assert_string_equal(o.profile, "/etc/zenflow/a100.prof");
     assert_int_equal(o.set, ZB_SET_PROFILE);
 
-    o = parsed("verbose", ZB_SCOPE_USER);
-    assert_int_equal(o.verbose, 1);
-    assert_int_equal(o.set, ZB_SET_VERBOSE);
-    o = parsed("batch", ZB_SCOPE_USER);
-    assert_int_equal(o.batch, 1);
-    assert_int_equal(o.set, ZB_SET_BATCH);
+    EXPECT_KEY("verbose", ZB_SCOPE_USER, verbose, 1, ZB_SET_VERBOSE);
+    EXPECT_KEY("batch", ZB_SCOPE_USER, batch, 1, ZB_SET_BATCH);
 
-    o = parsed("default=on", ZB_SCOPE_ADMIN);
-    assert_int_equal(o.default_on, 1);
-    assert_int_equal(o.set, ZB_SET_DEFAULT);
-    assert_int_equal(parsed("default=off", ZB_SCOPE_ADMIN).default_on, 0);
-    o = parsed("override=deny", ZB_SCOPE_ADMIN);
-    assert_int_equal(o.allow_override, 0);
-    assert_int_equal(o.set, ZB_SET_OVERRIDE);
-    assert_int_equal(parsed("override=allow", ZB_SCOPE_ADMIN).allow_override, 1);
-    o = parsed("onerror=fail", ZB_SCOPE_ADMIN);
-    assert_int_equal(o.fail_on_error, 1);
-    assert_int_equal(o.set, ZB_SET_ONERROR);
-    assert_int_equal(parsed("onerror=warn", ZB_SCOPE_ADMIN).fail_on_error, 0);
+    EXPECT_KEY("default=on", ZB_SCOPE_ADMIN, default_on, 1, ZB_SET_DEFAULT);
+    EXPECT_KEY("default=off", ZB_SCOPE_ADMIN, default_on, 0, ZB_SET_DEFAULT);
+    EXPECT_KEY("override=deny", ZB_SCOPE_ADMIN, allow_override, 0, ZB_SET_OVERRIDE);
+    EXPECT_KEY("override=allow", ZB_SCOPE_ADMIN, allow_override, 1, ZB_SET_OVERRIDE);
+    EXPECT_KEY("onerror=fail", ZB_SCOPE_ADMIN, fail_on_error, 1, ZB_SET_ONERROR);
+    EXPECT_KEY("onerror=warn", ZB_SCOPE_ADMIN, fail_on_error, 0, ZB_SET_ONERROR);
+
     o = parsed("gpumap=/etc/slurm/gpus.map", ZB_SCOPE_ADMIN);
     assert_string_equal(o.gpumap, "/etc/slurm/gpus.map");
     assert_int_equal(o.set, ZB_SET_GPUMAP);
@@ -369,8 +354,8 @@ static void test_format_round_trip(void **state) {
     }
     zb_options o = parsed("train=0.5,opt=2,smt=opt,profile=/x,verbose", ZB_SCOPE_USER);
     assert_string_equal(formatted(&o), "train=0.5,opt=2,smt=opt,profile=/x,verbose");
-    assert_string_equal(formatted(&(zb_options){0}),
-                        "off,override=deny"); /* zeroed, not initialised */
+    /* zeroed but for its size, not initialised */
+    assert_string_equal(formatted(&(zb_options){.size = sizeof(zb_options)}), "off,override=deny");
 
     /* snprintf semantics */
     char small[6];
@@ -392,6 +377,41 @@ static void test_null_arguments(void **state) {
     zb_options_init(&o);
     assert_int_equal(zb_options_parse(&o, "verbose", (zb_scope)7), ZB_EINVAL);
     zb_options_init(NULL); /* harmless */
+}
+
+/* zb_options_init_size records the caller's size; a call given a struct smaller than this
+ * release's refuses it and changes nothing. */
+static void test_size(void **state) {
+    (void)state;
+    /* a caller compiled against a later header, whose zb_options is longer: every field this
+     * release knows is its default (the format names only opt=), the size is the caller's */
+    struct {
+        zb_options o;
+        char later_fields[24];
+    } longer = {0};
+    zb_options_init_size(&longer.o, sizeof longer);
+    assert_int_equal(longer.o.size, sizeof longer);
+    assert_int_equal(zb_options_parse(&longer.o, "opt=2", ZB_SCOPE_USER), ZB_OK);
+    assert_string_equal(formatted(&longer.o), "opt=2");
+    assert_int_equal(longer.o.set, ZB_SET_OPT);
+
+    const size_t smaller[] = {0, 8, offsetof(zb_options, gpumap), sizeof(zb_options) - 1};
+    for (size_t i = 0; i < sizeof smaller / sizeof *smaller; ++i) {
+        zb_options o;
+        zb_options_init(&o);
+        o.size = smaller[i];
+        const zb_options before = o;
+        assert_int_equal(zb_options_parse(&o, "opt=2", ZB_SCOPE_USER), ZB_EINVAL);
+        assert_memory_equal(&o, &before, sizeof o);
+        char size[32];
+        snprintf(size, sizeof size, "options->size is %zu", smaller[i]);
+        if (!strstr(zb_last_error(), size) || !strstr(zb_last_error(), "zb_options_init"))
+            fail_msg("message \"%s\" lacks \"%s\" or zb_options_init", zb_last_error(), size);
+        char buf[16];
+        memset(buf, 'x', sizeof buf);
+        assert_int_equal(zb_options_format(&o, buf, sizeof buf), -1);
+        assert_string_equal(buf, "");
+    }
 }
 
 /* The usage text lists every key of its scope with its values, and admin keys only for admins. */
@@ -503,6 +523,7 @@ int main(void) {
         cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_format_round_trip),
         cmocka_unit_test(test_null_arguments),
+        cmocka_unit_test(test_size),
         cmocka_unit_test(test_usage),
         cmocka_unit_test(test_overridden),
         cmocka_unit_test(test_every_key_documented),

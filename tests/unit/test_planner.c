@@ -1,4 +1,5 @@
 /* The planner on the seed machines and on invariants over random inputs. */
+#include <zenbind/hwloc.h>
 #include <zenbind/zenbind.h>
 
 #include <setjmp.h>
@@ -25,19 +26,17 @@ static planned plan_for(const char *topology, const char *allowed_list, unsigned
                         const char *opts) {
     planned p = {NULL, NULL, ZB_OK};
     zb_options o;
-    hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
     if (topology[0] == '/')
         assert_int_equal(zb_topology_load_xml(topology, &p.topo), ZB_OK);
     else
         assert_int_equal(zb_topology_load_synthetic(topology, &p.topo), ZB_OK);
-    if (allowed_list)
-        assert_int_equal(zb_cpulist_parse(allowed_list, allowed), ZB_OK);
-    else
-        hwloc_bitmap_copy(allowed, zb_topology_cpuset(p.topo));
+    zb_cpuset_t *allowed = zb_cpuset_alloc();
+    if (allowed_list) assert_int_equal(zb_cpulist_parse(allowed_list, allowed), ZB_OK);
     zb_options_init(&o);
     assert_int_equal(zb_options_parse(&o, opts, ZB_SCOPE_USER), ZB_OK);
-    p.status = zb_plan_compute(p.topo, allowed, ntasks, &o, &p.plan);
-    hwloc_bitmap_free(allowed);
+    p.status = zb_plan_compute(p.topo, allowed_list ? allowed : zb_topology_cpuset(p.topo), ntasks,
+                               &o, NULL, 0, &p.plan);
+    zb_cpuset_free(allowed);
     return p;
 }
 
@@ -46,7 +45,7 @@ static void release(planned *p) {
     zb_topology_free(p->topo);
 }
 
-static const char *fmt(hwloc_const_bitmap_t set) {
+static const char *fmt(const zb_cpuset_t *set) {
     static char bufs[4][512];
     static int next;
     char *b = bufs[next++ % 4];
@@ -68,6 +67,29 @@ static int has_warning(const planned *p, const char *needle) {
     for (unsigned i = 0; i < zb_plan_nwarnings(p->plan); ++i)
         if (strstr(zb_plan_warning(p->plan, i), needle)) return 1;
     return 0;
+}
+
+/* The seed machine planned on `allowed` for `ntasks` with `opts` succeeds; task `task`'s summary
+ * is `want` and, unless `warning` is NULL, a warning holds `warning`. */
+static void expect_summary(const char *allowed, unsigned ntasks, const char *opts, unsigned task,
+                           const char *want, const char *warning) {
+    planned p = plan_for(seed, allowed, ntasks, opts);
+    if (p.status != ZB_OK) fail_msg("%s on %s: %s", opts, allowed, zb_last_error());
+    assert_string_equal(summary(&p, task), want);
+    if (warning && !has_warning(&p, warning))
+        fail_msg("%s on %s: no warning '%s'", opts, allowed, warning);
+    release(&p);
+}
+
+/* The seed machine planned on `allowed` for `ntasks` with `opts` is impossible, and the message
+ * holds `needle` (NULL: any). */
+static void expect_impossible(const char *allowed, unsigned ntasks, const char *opts,
+                              const char *needle) {
+    planned p = plan_for(seed, allowed, ntasks, opts);
+    assert_int_equal(p.status, ZB_EIMPOSSIBLE);
+    if (needle && !strstr(zb_last_error(), needle))
+        fail_msg("message \"%s\" lacks \"%s\"", zb_last_error(), needle);
+    release(&p);
 }
 
 static void one_task_on_the_seed_machine(void **state) {
@@ -97,8 +119,8 @@ static void eight_tasks_on_two_sockets_stay_inside_their_node(void **state) {
         zb_task_plan t;
         assert_int_equal(zb_plan_task(p.plan, i, &t), ZB_OK);
         assert_int_equal(t.cores, 4);
-        assert_int_equal(hwloc_bitmap_weight(t.nodes), 1);
-        assert_int_equal(hwloc_bitmap_first(t.nodes), i < 4 ? 0 : 1);
+        assert_int_equal(zb_cpuset_weight(t.nodes), 1);
+        assert_int_equal(zb_cpuset_next(t.nodes, -1), i < 4 ? 0 : 1);
         assert_int_equal(t.train_threads, 2);
         assert_int_equal(t.opt_threads, 2);
     }
@@ -113,13 +135,13 @@ static void sparse_slurm_mask_never_leaves_the_allowed_cpus(void **state) {
     planned p = plan_for(seed, "0,4-11,21-26,30-46", 2, "");
     assert_int_equal(p.status, ZB_OK);
     hwloc_bitmap_t allowed = hwloc_bitmap_alloc(), all = hwloc_bitmap_alloc();
-    zb_cpulist_parse("0,4-11,21-26,30-46", allowed);
+    zb_cpulist_parse("0,4-11,21-26,30-46", zb_cpuset_from_hwloc(allowed));
     for (unsigned i = 0; i < 2; ++i) {
         zb_task_plan t;
         zb_plan_task(p.plan, i, &t);
-        assert_true(hwloc_bitmap_isincluded(t.cpus, allowed));
-        assert_false(hwloc_bitmap_intersects(t.cpus, all));
-        hwloc_bitmap_or(all, all, t.cpus);
+        assert_true(hwloc_bitmap_isincluded(zb_cpuset_hwloc_const(t.cpus), allowed));
+        assert_false(hwloc_bitmap_intersects(zb_cpuset_hwloc_const(t.cpus), all));
+        hwloc_bitmap_or(all, all, zb_cpuset_hwloc_const(t.cpus));
     }
     /* 23 cores: 12 + 11; task 0 fills node 0 (15 cores) - it cannot cross less than once */
     zb_task_plan t0, t1;
@@ -133,8 +155,8 @@ static void sparse_slurm_mask_never_leaves_the_allowed_cpus(void **state) {
     while ((core = hwloc_get_next_obj_covering_cpuset_by_type(h, allowed, HWLOC_OBJ_CORE, core)))
         assert_true(hwloc_bitmap_intersects(core->cpuset, all));
     /* core 0's PUs are 0 and 32; 1-3 are not allowed, so 33-35 alone stand for cores 1-3 */
-    assert_true(hwloc_bitmap_isset(t0.cpus, 33));
-    assert_false(hwloc_bitmap_isset(t0.cpus, 1));
+    assert_true(zb_cpuset_isset(t0.cpus, 33));
+    assert_false(zb_cpuset_isset(t0.cpus, 1));
     hwloc_bitmap_free(allowed);
     hwloc_bitmap_free(all);
     release(&p);
@@ -151,56 +173,30 @@ static void high_cpu_ids_of_a_big_machine(void **state) {
 
 static void smt_options(void **state) {
     (void)state;
-    planned p = plan_for(seed, "0-3,32-35", 1, "smt=idle");
-    assert_string_equal(summary(&p, 0), "0-1,32-33|2-3|2|2|0");
-    release(&p);
-    p = plan_for(seed, "0-3,32-35", 1, "smt=train");
-    assert_string_equal(summary(&p, 0), "0-1,32-35|2-3|2|2|0");
-    release(&p);
-    p = plan_for(seed, "0-3,32-35", 1, "smt=opt");
-    assert_string_equal(summary(&p, 0), "0-1,32-33|2-3,34-35|2|4|0");
-    release(&p);
+    expect_summary("0-3,32-35", 1, "smt=idle", 0, "0-1,32-33|2-3|2|2|0", NULL);
+    expect_summary("0-3,32-35", 1, "smt=train", 0, "0-1,32-35|2-3|2|2|0", NULL);
+    expect_summary("0-3,32-35", 1, "smt=opt", 0, "0-1,32-33|2-3,34-35|2|4|0", NULL);
 }
 
 static void train_and_opt_options(void **state) {
     (void)state;
-    planned p = plan_for(seed, "0-7", 1, "opt=2");
-    assert_string_equal(summary(&p, 0), "0-5|6-7|6|2|0");
-    release(&p);
-    p = plan_for(seed, "0-7", 1, "train=0.25");
-    assert_string_equal(summary(&p, 0), "0-1|2-7|2|6|0");
-    release(&p);
-    p = plan_for(seed, "0-7", 1, "train=3");
-    assert_string_equal(summary(&p, 0), "0-2|3-7|3|5|0");
-    release(&p);
-    p = plan_for(seed, "0-7", 1, "train=2,opt=3"); /* 3 cores idle, said so */
-    assert_string_equal(summary(&p, 0), "0-1|5-7|2|3|0");
-    assert_true(has_warning(&p, "3 of its 8 cores stay idle"));
-    release(&p);
-    p = plan_for(seed, "0-7", 1, "opt=20"); /* clamped: one core stays for training */
-    assert_string_equal(summary(&p, 0), "0|1-7|1|7|0");
-    assert_true(has_warning(&p, "no training core"));
-    release(&p);
-    p = plan_for(seed, "0-7", 1, "train=5,opt=5");
-    assert_int_equal(p.status, ZB_EIMPOSSIBLE);
-    assert_non_null(strstr(zb_last_error(), "8 cores"));
-    release(&p);
-    p = plan_for(seed, "0-7", 1, "train=0.05,opt=1"); /* 0.05 x 8 rounds to no training core */
-    assert_int_equal(p.status, ZB_EIMPOSSIBLE);
-    assert_non_null(strstr(zb_last_error(), "no training core"));
-    release(&p);
+    expect_summary("0-7", 1, "opt=2", 0, "0-5|6-7|6|2|0", NULL);
+    expect_summary("0-7", 1, "train=0.25", 0, "0-1|2-7|2|6|0", NULL);
+    expect_summary("0-7", 1, "train=3", 0, "0-2|3-7|3|5|0", NULL);
+    /* 3 cores idle, said so */
+    expect_summary("0-7", 1, "train=2,opt=3", 0, "0-1|5-7|2|3|0", "3 of its 8 cores stay idle");
+    /* clamped: one core stays for training */
+    expect_summary("0-7", 1, "opt=20", 0, "0|1-7|1|7|0", "no training core");
+    expect_impossible("0-7", 1, "train=5,opt=5", "8 cores");
+    /* 0.05 x 8 rounds to no training core */
+    expect_impossible("0-7", 1, "train=0.05,opt=1", "no training core");
 }
 
 static void numa_strict_and_ignore(void **state) {
     (void)state;
-    planned p = plan_for(seed, "0-23", 1, "numa=strict");
-    assert_int_equal(p.status, ZB_EIMPOSSIBLE);
-    assert_non_null(strstr(zb_last_error(), "numa=strict"));
-    release(&p);
-    p = plan_for(seed, "0-23", 2, "numa=strict"); /* 12 + 12 crosses once, unavoidably */
-    assert_int_equal(p.status, ZB_EIMPOSSIBLE);
-    release(&p);
-    p = plan_for(seed, NULL, 2, "numa=strict");
+    expect_impossible("0-23", 1, "numa=strict", "numa=strict");
+    expect_impossible("0-23", 2, "numa=strict", NULL); /* 12 + 12 crosses once, unavoidably */
+    planned p = plan_for(seed, NULL, 2, "numa=strict");
     assert_int_equal(p.status, ZB_OK);
     release(&p);
     p = plan_for(seed, "0-23", 1, "numa=ignore");
@@ -255,30 +251,23 @@ static void memory_only_nodes_hold_no_tasks(void **state) {
     for (unsigned i = 0; i < 2; ++i) {
         assert_int_equal(zb_plan_task(p.plan, i, &t), ZB_OK);
         assert_int_equal(t.cores, 4);
-        assert_int_equal(hwloc_bitmap_weight(t.nodes), 1);
+        assert_int_equal(zb_cpuset_weight(t.nodes), 1);
     }
     release(&p);
 }
 
 static void degenerate_cases_warn(void **state) {
     (void)state;
-    planned p = plan_for(seed, "5", 1, "");
-    assert_int_equal(p.status, ZB_OK);
-    assert_string_equal(summary(&p, 0), "5|5|1|1|0");
-    release(&p);
-    p = plan_for(seed, "5,37", 1, ""); /* one core, both PUs: one optimizer thread on its first */
-    assert_string_equal(summary(&p, 0), "5,37|5|1|1|0");
-    assert_true(has_warning(&p, "single core"));
-    release(&p);
-    p = plan_for(seed, "0-1", 2, ""); /* each task its own core */
+    expect_summary("5", 1, "", 0, "5|5|1|1|0", NULL);
+    /* one core, both PUs: one optimizer thread on its first */
+    expect_summary("5,37", 1, "", 0, "5,37|5|1|1|0", "single core");
+    planned p = plan_for(seed, "0-1", 2, ""); /* each task its own core */
     assert_string_equal(summary(&p, 0), "0|0|1|1|0");
     assert_string_equal(summary(&p, 1), "1|1|1|1|0");
     assert_true(has_warning(&p, "tasks 0-1: a single core"));
     release(&p);
-    p = plan_for(seed, "0-1", 3, ""); /* more tasks than cores */
-    assert_string_equal(summary(&p, 2), "0|0|1|1|0");
-    assert_true(has_warning(&p, "3 tasks but only 2 cores"));
-    release(&p);
+    /* more tasks than cores */
+    expect_summary("0-1", 3, "", 2, "0|0|1|1|0", "3 tasks but only 2 cores");
 }
 
 /* mode=offload: the same shares, but each is all training, every PU, one thread per core. */
@@ -296,7 +285,7 @@ static void offload_mode_gives_the_whole_share(void **state) {
     zb_task_plan t;
     assert_int_equal(zb_plan_task(p.plan, 0, &t), ZB_OK);
     assert_string_equal(fmt(t.cpus), fmt(t.train_cpus));
-    assert_true(hwloc_bitmap_iszero(t.opt_cpus));
+    assert_int_equal(zb_cpuset_weight(t.opt_cpus), 0);
     assert_int_equal(t.train_threads, t.cores);
     release(&p);
     p = plan_for(seed, "5,37", 1, "mode=offload"); /* one core: no "shared with the optimizer" */
@@ -332,6 +321,40 @@ static void bad_input_is_refused_with_a_message(void **state) {
     release(&p);
 }
 
+/* zb_plan_compute on the seed machine with `flags` and options of size `size` is refused with
+ * ZB_EINVAL, a message holding `needle`, and no plan. */
+static void expect_refused(unsigned long flags, size_t size, const int *gpu_nodes,
+                           const char *needle) {
+    zb_topology_t *topo;
+    assert_int_equal(zb_topology_load_synthetic(seed, &topo), ZB_OK);
+    zb_options o;
+    zb_options_init(&o);
+    o.size = size;
+    zb_plan_t *plan = NULL;
+    assert_int_equal(
+        zb_plan_compute(topo, zb_topology_cpuset(topo), 2, &o, gpu_nodes, flags, &plan), ZB_EINVAL);
+    if (!strstr(zb_last_error(), needle) || !strstr(zb_last_error(), "zb_plan_compute"))
+        fail_msg("message \"%s\" lacks zb_plan_compute or \"%s\"", zb_last_error(), needle);
+    assert_null(plan);
+    zb_topology_free(topo);
+}
+
+/* ABI 2: flags is 0 in this release, and options come from zb_options_init. */
+static void flags_and_short_options_are_refused(void **state) {
+    (void)state;
+    const int gpu_nodes[] = {1, 0};
+    expect_refused(1, sizeof(zb_options), NULL, "flags");
+    expect_refused(0x10, sizeof(zb_options), gpu_nodes, "flags");
+    expect_refused(~0ul, sizeof(zb_options), NULL, "flags");
+    expect_refused(0, sizeof(zb_options) - 1, NULL, "zb_options_init");
+    expect_refused(0, 0, gpu_nodes, "size");
+    /* the same call with flags 0 and a whole zb_options plans */
+    planned p = plan_for(seed, NULL, 2, "");
+    assert_int_equal(p.status, ZB_OK);
+    assert_int_equal(zb_plan_ntasks(p.plan), 2);
+    release(&p);
+}
+
 /* Invariants over many random masks, topologies, task counts and options. */
 static void invariants_hold_on_random_inputs(void **state) {
     (void)state;
@@ -349,12 +372,11 @@ static void invariants_hold_on_random_inputs(void **state) {
         zb_topology_t *topo;
         assert_int_equal(zb_topology_load_synthetic(topo_s, &topo), ZB_OK);
         hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
-        int cpu;
-        hwloc_bitmap_foreach_begin(cpu, zb_topology_cpuset(topo)) {
+        const zb_cpuset_t *all = zb_topology_cpuset(topo);
+        for (int cpu = zb_cpuset_next(all, -1); cpu >= 0; cpu = zb_cpuset_next(all, cpu)) {
             seedval = seedval * 1103515245u + 12345u;
             if ((seedval >> 16) % 3) hwloc_bitmap_set(allowed, (unsigned)cpu);
         }
-        hwloc_bitmap_foreach_end();
         if (hwloc_bitmap_iszero(allowed)) hwloc_bitmap_set(allowed, 0);
         seedval = seedval * 1103515245u + 12345u;
         const unsigned ntasks = 1 + (seedval >> 16) % 12;
@@ -362,8 +384,9 @@ static void invariants_hold_on_random_inputs(void **state) {
         zb_options_init(&o);
         zb_options_parse(&o, options[(iter / 6) % 6], ZB_SCOPE_USER);
         zb_plan_t *a, *b;
-        assert_int_equal(zb_plan_compute(topo, allowed, ntasks, &o, &a), ZB_OK);
-        assert_int_equal(zb_plan_compute(topo, allowed, ntasks, &o, &b), ZB_OK);
+        const zb_cpuset_t *allowed_set = zb_cpuset_from_hwloc(allowed);
+        assert_int_equal(zb_plan_compute(topo, allowed_set, ntasks, &o, NULL, 0, &a), ZB_OK);
+        assert_int_equal(zb_plan_compute(topo, allowed_set, ntasks, &o, NULL, 0, &b), ZB_OK);
         assert_int_equal(zb_plan_ntasks(a), ntasks);
 
         hwloc_topology_t h = zb_topology_hwloc(topo);
@@ -375,20 +398,23 @@ static void invariants_hold_on_random_inputs(void **state) {
             zb_plan_task(a, i, &t);
             zb_plan_task(b, i, &u);
             /* deterministic */
-            assert_true(hwloc_bitmap_isequal(t.train_cpus, u.train_cpus));
-            assert_true(hwloc_bitmap_isequal(t.opt_cpus, u.opt_cpus));
+            assert_true(zb_cpuset_isequal(t.train_cpus, u.train_cpus));
+            assert_true(zb_cpuset_isequal(t.opt_cpus, u.opt_cpus));
             /* inside the allowed set, train | opt = the task's CPUs */
-            assert_true(hwloc_bitmap_isincluded(t.cpus, allowed));
+            hwloc_const_bitmap_t cpus = zb_cpuset_hwloc_const(t.cpus),
+                                 train = zb_cpuset_hwloc_const(t.train_cpus),
+                                 opt = zb_cpuset_hwloc_const(t.opt_cpus);
+            assert_true(hwloc_bitmap_isincluded(cpus, allowed));
             hwloc_bitmap_t both = hwloc_bitmap_alloc();
-            hwloc_bitmap_or(both, t.train_cpus, t.opt_cpus);
-            assert_true(hwloc_bitmap_isequal(both, t.cpus));
+            hwloc_bitmap_or(both, train, opt);
+            assert_true(zb_cpuset_isequal(zb_cpuset_from_hwloc(both), t.cpus));
             hwloc_bitmap_free(both);
             assert_true(t.train_threads >= 1 && t.opt_threads >= 1);
-            assert_int_equal((int)t.opt_threads, hwloc_bitmap_weight(t.opt_cpus));
+            assert_int_equal((int)t.opt_threads, zb_cpuset_weight(t.opt_cpus));
             /* whole cores to one task: a task's CPUs never share a core with another's */
             if ((int)ntasks <= ncores) {
                 hwloc_obj_t core = NULL;
-                while ((core = hwloc_get_next_obj_covering_cpuset_by_type(h, t.cpus, HWLOC_OBJ_CORE,
+                while ((core = hwloc_get_next_obj_covering_cpuset_by_type(h, cpus, HWLOC_OBJ_CORE,
                                                                           core))) {
                     hwloc_bitmap_t mine = hwloc_bitmap_alloc();
                     hwloc_bitmap_and(mine, core->cpuset, allowed);
@@ -396,9 +422,9 @@ static void invariants_hold_on_random_inputs(void **state) {
                     hwloc_bitmap_free(mine);
                 }
                 /* training and optimizer cores are disjoint unless the task has one core */
-                if (t.cores > 1) assert_false(hwloc_bitmap_intersects(t.train_cpus, t.opt_cpus));
+                if (t.cores > 1) assert_false(hwloc_bitmap_intersects(train, opt));
             }
-            hwloc_bitmap_or(seen, seen, t.cpus);
+            hwloc_bitmap_or(seen, seen, cpus);
             if (t.cores < min_cores) min_cores = t.cores;
             if (t.cores > max_cores) max_cores = t.cores;
         }
@@ -432,6 +458,7 @@ int main(void) {
         cmocka_unit_test(degenerate_cases_warn),
         cmocka_unit_test(offload_mode_gives_the_whole_share),
         cmocka_unit_test(bad_input_is_refused_with_a_message),
+        cmocka_unit_test(flags_and_short_options_are_refused),
         cmocka_unit_test(invariants_hold_on_random_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,8 +1,8 @@
-/* zb_plan_compute_gpus: each task's share dealt by its GPU's NUMA node. The shares themselves must
- * be those of zb_plan_compute (same CPUs, only their order among the tasks changes), so every
- * case also checks that. Topologies are hwloc synthetic: a DGX A100-like node (two sockets in
- * NPS4 mode, eight NUMA nodes), a two-socket node, a step that owns only part of a node, and
- * firmware distances that disagree with the tree. */
+/* zb_plan_compute with gpu_nodes: each task's share dealt by its GPU's NUMA node. The shares
+ * themselves must be those of a plan without GPUs (same CPUs, only their order among the tasks
+ * changes), so every case also checks that. Topologies are hwloc synthetic: a DGX A100-like node
+ * (two sockets in NPS4 mode, eight NUMA nodes), a two-socket node, a step that owns only part of a
+ * node, and firmware distances that disagree with the tree. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <zenbind/hwloc.h>
 #include <zenbind/zenbind.h>
 
 /* Two packages of four NUMA nodes (one per L3), 4 cores each: nodes 0-3 on package 0. */
@@ -29,18 +30,16 @@ static zb_topology_t *topology(const char *synthetic) {
 
 static zb_plan_t *plan(const zb_topology_t *t, const char *cpus, unsigned ntasks,
                        const char *options, const int *gpu_nodes) {
-    hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
-    if (cpus)
-        assert_int_equal(zb_cpulist_parse(cpus, allowed), ZB_OK);
-    else
-        hwloc_bitmap_copy(allowed, zb_topology_cpuset(t));
+    zb_cpuset_t *allowed = zb_cpuset_alloc();
+    if (cpus) assert_int_equal(zb_cpulist_parse(cpus, allowed), ZB_OK);
     zb_options o;
     zb_options_init(&o);
     assert_int_equal(zb_options_parse(&o, options, ZB_SCOPE_USER), ZB_OK);
     zb_plan_t *p = NULL;
-    if (zb_plan_compute_gpus(t, allowed, ntasks, &o, gpu_nodes, &p) != ZB_OK)
+    if (zb_plan_compute(t, cpus ? allowed : zb_topology_cpuset(t), ntasks, &o, gpu_nodes, 0, &p) !=
+        ZB_OK)
         fail_msg("plan: %s", zb_last_error());
-    hwloc_bitmap_free(allowed);
+    zb_cpuset_free(allowed);
     return p;
 }
 
@@ -66,11 +65,21 @@ static void assert_same_shares(const zb_plan_t *a, const zb_plan_t *b) {
     for (unsigned i = 0; i < n; ++i) {
         int found = 0;
         for (unsigned j = 0; j < n && !found; ++j)
-            found = hwloc_bitmap_isequal(task(a, i).train_cpus, task(b, j).train_cpus) &&
-                    hwloc_bitmap_isequal(task(a, i).opt_cpus, task(b, j).opt_cpus) &&
+            found = zb_cpuset_isequal(task(a, i).train_cpus, task(b, j).train_cpus) &&
+                    zb_cpuset_isequal(task(a, i).opt_cpus, task(b, j).opt_cpus) &&
                     task(a, i).train_threads == task(b, j).train_threads;
         if (!found) fail_msg("task %u's share is not one of the plan without GPUs", i);
     }
+}
+
+/* The plan with `gpu_nodes`, checked to deal the shares of the plan without GPUs. */
+static zb_plan_t *plan_same_shares(const zb_topology_t *t, const char *cpus, unsigned ntasks,
+                                   const int *gpu_nodes) {
+    zb_plan_t *p = plan(t, cpus, ntasks, "", gpu_nodes);
+    zb_plan_t *plain = plan(t, cpus, ntasks, "", NULL);
+    assert_same_shares(p, plain);
+    zb_plan_free(plain);
+    return p;
 }
 
 /* Warning text that names `task` and contains `text`. */
@@ -95,9 +104,8 @@ static void dgx_one_rank_per_gpu(void **state) {
     (void)state;
     zb_topology_t *t = topology(DGX);
     const int gpu[] = {3, 3, 1, 1, 7, 7, 5, 5};
-    zb_plan_t *p = plan(t, NULL, 8, "", gpu);
+    zb_plan_t *p = plan_same_shares(t, NULL, 8, gpu);
     zb_plan_t *plain = plan(t, NULL, 8, "", NULL);
-    assert_same_shares(p, plain);
     assert_string_equal(nodes(p, 0), "3");
     assert_string_equal(nodes(p, 2), "1");
     assert_string_equal(nodes(p, 4), "7");
@@ -135,9 +143,7 @@ static void every_rank_on_its_gpu_node(void **state) {
     const int per_gpu[] = {3, 1, 7, 5, 0, 2, 4, 6};
     for (int i = 0; i < 16; ++i)
         gpu[i] = per_gpu[i / 2];
-    zb_plan_t *p = plan(t, NULL, 16, "", gpu);
-    zb_plan_t *plain = plan(t, NULL, 16, "", NULL);
-    assert_same_shares(p, plain);
+    zb_plan_t *p = plan_same_shares(t, NULL, 16, gpu);
     for (unsigned i = 0; i < 16; ++i) {
         char expected[8];
         snprintf(expected, sizeof expected, "%d", gpu[i]);
@@ -150,7 +156,6 @@ static void every_rank_on_its_gpu_node(void **state) {
     assert_string_equal(b, "14-15");
     for (unsigned i = 0; i < zb_plan_nwarnings(p); ++i)
         assert_null(strstr(zb_plan_warning(p, i), "GPU"));
-    zb_plan_free(plain);
     zb_plan_free(p);
     zb_topology_free(t);
 }
@@ -167,7 +172,7 @@ static void two_sockets(void **state) {
     assert_int_equal(zb_plan_nwarnings(p), 0);
     zb_plan_t *again = plan(t, NULL, 2, "", gpu);
     for (unsigned i = 0; i < 2; ++i)
-        assert_true(hwloc_bitmap_isequal(task(p, i).cpus, task(again, i).cpus));
+        assert_true(zb_cpuset_isequal(task(p, i).cpus, task(again, i).cpus));
     zb_plan_t *ignored = plan(t, NULL, 2, "gpu=ignore", gpu);
     assert_string_equal(nodes(ignored, 0), "0");
     assert_string_equal(nodes(ignored, 1), "1");
@@ -192,14 +197,11 @@ static void gpu_on_node_without_step_cpus(void **state) {
     (void)state;
     zb_topology_t *t = topology(DGX);
     const int gpu[] = {3, 0, 1};
-    zb_plan_t *p = plan(t, "0-11", 3, "", gpu);
-    zb_plan_t *plain = plan(t, "0-11", 3, "", NULL);
-    assert_same_shares(p, plain);
+    zb_plan_t *p = plan_same_shares(t, "0-11", 3, gpu);
     assert_string_equal(nodes(p, 1), "0");
     assert_string_equal(nodes(p, 2), "1");
     assert_string_equal(nodes(p, 0), "2");
     assert_warned(p, "task 0:", "NUMA node 3, which has no CPU of the step: share on NUMA node 2");
-    zb_plan_free(plain);
     zb_plan_free(p);
     zb_topology_free(t);
 }
@@ -247,16 +249,13 @@ static void shares_across_nodes(void **state) {
     (void)state;
     zb_topology_t *t = topology(DGX);
     const int gpu[] = {3, 1, 7, 5};
-    zb_plan_t *p = plan(t, NULL, 4, "", gpu);
-    zb_plan_t *plain = plan(t, NULL, 4, "", NULL);
-    assert_same_shares(p, plain);
+    zb_plan_t *p = plan_same_shares(t, NULL, 4, gpu);
     assert_string_equal(nodes(p, 0), "2-3");
     assert_string_equal(nodes(p, 1), "0-1");
     assert_string_equal(nodes(p, 2), "6-7");
     assert_string_equal(nodes(p, 3), "4-5");
     for (unsigned i = 0; i < zb_plan_nwarnings(p); ++i)
         assert_null(strstr(zb_plan_warning(p, i), "GPU"));
-    zb_plan_free(plain);
     zb_plan_free(p);
     zb_topology_free(t);
 
@@ -289,7 +288,7 @@ static void fallbacks(void **state) {
     p = plan(t, NULL, 20, "", many);
     zb_plan_t *plain = plan(t, NULL, 20, "", NULL);
     for (unsigned i = 0; i < 20; ++i)
-        assert_true(hwloc_bitmap_isequal(task(p, i).cpus, task(plain, i).cpus));
+        assert_true(zb_cpuset_isequal(task(p, i).cpus, task(plain, i).cpus));
     assert_warned(p, "tasks share cores round-robin", "not placed by their GPUs");
     zb_plan_free(plain);
     zb_plan_free(p);

@@ -167,12 +167,14 @@ static void bad_files_are_refused_with_the_line(void **state) {
     assert_non_null(strstr(zb_last_error(), "/nonexistent/zenbind.profile"));
 }
 
-/* Node 0 saturates at 6 cores, node 1 at 4, on the two-socket seed machine. */
-static unsigned opt_after_apply(const char *allowed_list, unsigned ntasks, const char *user) {
+/* zb_profile_apply with the options `user` parsed, whose size is then `size`, on the two-socket
+ * seed machine with a profile where node 0 saturates at 6 cores, node 1 at 4: its status, and
+ * the options it leaves in *out. */
+static zb_status apply(const char *allowed_list, unsigned ntasks, const char *user, size_t size,
+                       zb_options *out) {
     zb_topology_t *topo;
     zb_profile_t *p;
-    zb_options o;
-    hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
+    zb_cpuset_t *allowed = zb_cpuset_alloc();
     const double node0[] = {4, 8, 12, 16, 20, 24, 24.2, 24.3};
     const double node1[] = {6, 12, 18, 24, 24.1, 24.2};
     assert_int_equal(zb_topology_load_synthetic(seed_machine, &topo), ZB_OK);
@@ -180,12 +182,19 @@ static unsigned opt_after_apply(const char *allowed_list, unsigned ntasks, const
     assert_int_equal(zb_profile_create(&p), ZB_OK);
     assert_int_equal(zb_profile_add_node(p, 0, node0, 8), ZB_OK);
     assert_int_equal(zb_profile_add_node(p, 1, node1, 6), ZB_OK);
-    zb_options_init(&o);
-    assert_int_equal(zb_options_parse(&o, user, ZB_SCOPE_USER), ZB_OK);
-    assert_int_equal(zb_profile_apply(p, topo, allowed, ntasks, &o), ZB_OK);
+    zb_options_init(out);
+    assert_int_equal(zb_options_parse(out, user, ZB_SCOPE_USER), ZB_OK);
+    out->size = size;
+    const zb_status st = zb_profile_apply(p, topo, allowed, ntasks, out);
     zb_profile_free(p);
     zb_topology_free(topo);
-    hwloc_bitmap_free(allowed);
+    zb_cpuset_free(allowed);
+    return st;
+}
+
+static unsigned opt_after_apply(const char *allowed_list, unsigned ntasks, const char *user) {
+    zb_options o;
+    assert_int_equal(apply(allowed_list, ntasks, user, sizeof o, &o), ZB_OK);
     return o.opt_cores;
 }
 
@@ -199,6 +208,16 @@ static void apply_shares_a_nodes_saturation_among_its_tasks(void **state) {
     assert_int_equal(opt_after_apply("0-63", 2, "train=5"), 0); /* train= fixes the split */
 }
 
+/* Options smaller than this release's zb_options are refused and left as they were. */
+static void apply_refuses_short_options(void **state) {
+    (void)state;
+    zb_options o;
+    assert_int_equal(apply("0-63", 2, "", sizeof o - 1, &o), ZB_EINVAL);
+    assert_non_null(strstr(zb_last_error(), "zb_options_init"));
+    assert_int_equal(o.opt_cores, 0);
+    assert_int_equal(o.size, sizeof o - 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(saturation_is_fewest_cores_within_five_percent),
@@ -206,6 +225,7 @@ int main(void) {
         cmocka_unit_test(save_replaces_the_file_atomically),
         cmocka_unit_test(bad_files_are_refused_with_the_line),
         cmocka_unit_test(apply_shares_a_nodes_saturation_among_its_tasks),
+        cmocka_unit_test(apply_refuses_short_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

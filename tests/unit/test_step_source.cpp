@@ -147,7 +147,7 @@ std::string fake_file(const char *relpath) {
 
 // What step_cpus() finds on this tree: the source, and the CPUs when it is a cgroup.
 void expect_step_cgroup(const char *cpus) {
-    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    zb_cpuset_t *set = zb_cpuset_alloc();
     char file[1024] = {};
     const zb_status st = zb_cgroup_cpuset(root, 0, 0, set, file, sizeof file);
     const std::string cgroup = task_cgroup(fake_file("proc/self/cgroup"));
@@ -160,11 +160,11 @@ void expect_step_cgroup(const char *cpus) {
         fail_msg("the step's cgroup is not found from %s (task cgroup %s): the plugin would take "
                  "S_STEP_ALLOC_CORES",
                  file, cgroup.c_str());
-    char *text = nullptr;
-    hwloc_bitmap_list_asprintf(&text, set);
+    char text[1024];
+    const int len = zb_cpulist_format(set, text, sizeof text);
+    assert_true(len >= 0 && static_cast<size_t>(len) < sizeof text);
     assert_string_equal(text, cpus);
-    free(text);
-    hwloc_bitmap_free(set);
+    zb_cpuset_free(set);
 }
 
 // task/cgroup on cgroup v1: uid_U/job_J/step_S/task_T under the cpuset mount, the task's level

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -58,7 +59,7 @@ static zb_status step(zb_worker_t *w, int64_t n, unsigned buffer) {
     zb_worker_step s = {n, 1.0f, buffer, NULL, 0, 0, 0.0f};
     zb_status st = zb_worker_submit(w, &s);
     if (st != ZB_OK) return st;
-    return zb_worker_wait(w, 10000, NULL);
+    return zb_worker_wait_result(w, 10000, NULL);
 }
 
 static int count_fds(pid_t pid) {
@@ -76,20 +77,20 @@ static int count_fds(pid_t pid) {
 
 static void test_bad_arguments(void **state) {
     (void)state;
-    expect_status(zb_worker_spawn(NULL, NULL), ZB_EINVAL, "out is NULL");
+    expect_status(zb_worker_spawn(NULL, 0, NULL), ZB_EINVAL, "out is NULL");
     assert_int_equal(zb_worker_destroy(NULL), ZB_OK);
     zb_worker_attr attr;
     zb_worker_attr_init(&attr);
     zb_worker_t *w = NULL;
     attr.threads = 100000;
-    expect_status(zb_worker_spawn(&attr, &w), ZB_EINVAL, "threads");
+    expect_status(zb_worker_spawn(&attr, 0, &w), ZB_EINVAL, "threads");
     assert_null(w);
     zb_worker_attr_init(&attr);
-    strcpy(attr.path, "/nonexistent/zenflow-optimizer");
-    expect_status(zb_worker_spawn(&attr, &w), ZB_EINVAL, "/nonexistent/zenflow-optimizer");
+    attr.path = "/nonexistent/zenflow-optimizer";
+    expect_status(zb_worker_spawn(&attr, 0, &w), ZB_EINVAL, "/nonexistent/zenflow-optimizer");
     zb_worker_attr_init(&attr);
     attr.worker_spin_us = 50001; /* the worker would not check its trainer for that long */
-    expect_status(zb_worker_spawn(&attr, &w), ZB_EINVAL, "at most 50000");
+    expect_status(zb_worker_spawn(&attr, 0, &w), ZB_EINVAL, "at most 50000");
     assert_null(w);
 
     w = spawn_threads(1);
@@ -126,7 +127,7 @@ static void test_bad_arguments(void **state) {
     expect_status(zb_worker_group_buffers(w, 0, NULL), ZB_EINVAL, "NULL");
 
     zb_worker_step s = {1, 1.0f, 0, NULL, 0, 0, 0.0f};
-    expect_status(zb_worker_wait(w, 100, NULL), ZB_EINVAL, "no step in flight");
+    expect_status(zb_worker_wait_result(w, 100, NULL), ZB_EINVAL, "no step in flight");
     s.grad_buffer = 2;
     expect_status(zb_worker_submit(w, &s), ZB_EINVAL, "grad_buffer");
     s.grad_buffer = 0;
@@ -156,8 +157,8 @@ static void test_bad_arguments(void **state) {
     assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
     expect_status(zb_worker_submit(w, &s), ZB_EINVAL, "in flight");
     expect_status(zb_worker_group_add(w, &g, &id), ZB_EINVAL, "in flight");
-    expect_status(zb_worker_wait(w, -1, NULL), ZB_EINVAL, "timeout");
-    assert_int_equal(zb_worker_wait(w, 10000, NULL), ZB_OK);
+    expect_status(zb_worker_wait_result(w, -1, NULL), ZB_EINVAL, "timeout");
+    assert_int_equal(zb_worker_wait_result(w, 10000, NULL), ZB_OK);
 
     /* A forked child cannot drive the worker, and destroying its copy leaves the worker alone. */
     pid_t child = fork();
@@ -172,12 +173,54 @@ static void test_bad_arguments(void **state) {
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     s.step = 2;
     assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
-    assert_int_equal(zb_worker_wait(w, 10000, NULL), ZB_OK);
+    assert_int_equal(zb_worker_wait_result(w, 10000, NULL), ZB_OK);
 
     pid_t tid;
     int cpu;
     expect_status(zb_worker_thread(w, 1, &tid, &cpu), ZB_EINVAL, "index");
     expect_status(zb_worker_memory_usage(w, NULL), ZB_EINVAL, "NULL");
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* ABI 2: zb_worker_spawn takes flags 0 only, and an attr filled by zb_worker_attr_init: a smaller
+ * one is refused, a longer one (from a caller built against a later header) is accepted. */
+static void test_spawn_flags_and_attr_size(void **state) {
+    (void)state;
+    zb_worker_attr attr;
+    memset(&attr, 0x5a, sizeof attr);
+    zb_worker_attr_init(&attr);
+    assert_int_equal(attr.size, sizeof attr);
+    assert_null(attr.path);
+    assert_null(attr.cpus);
+    assert_null(attr.mems);
+    attr.threads = 1;
+    zb_worker_t *w = NULL;
+    static const unsigned long flags[] = {1, 0x100, 1ul << 63};
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; ++i) {
+        expect_status(zb_worker_spawn(&attr, flags[i], &w), ZB_EINVAL, "flags");
+        assert_null(w);
+        expect_status(zb_worker_spawn(NULL, flags[i], &w), ZB_EINVAL, "flags");
+        assert_null(w);
+    }
+    const size_t smaller[] = {0, offsetof(zb_worker_attr, control_timeout_ms), sizeof attr - 1};
+    for (size_t i = 0; i < sizeof smaller / sizeof *smaller; ++i) {
+        attr.size = smaller[i];
+        expect_status(zb_worker_spawn(&attr, 0, &w), ZB_EINVAL, "zb_worker_attr_init");
+        assert_null(w);
+    }
+    struct {
+        zb_worker_attr attr;
+        char later_fields[32];
+    } longer;
+    memset(&longer, 0x5a, sizeof longer);
+    zb_worker_attr_init_size(&longer.attr, sizeof longer);
+    assert_int_equal(longer.attr.size, sizeof longer);
+    assert_null(longer.attr.cpus);
+    longer.attr.threads = 1;
+    w = spawn_attr(&longer.attr);
+    unsigned n = 0;
+    assert_int_equal(zb_worker_threads(w, &n), ZB_OK);
+    assert_int_equal(n, 1);
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 
@@ -212,8 +255,10 @@ static void test_threads_pinned(void **state) {
     assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
     zb_worker_attr attr;
     zb_worker_attr_init(&attr);
-    snprintf(attr.cpus, sizeof attr.cpus, "%d", last);
-    zb_status st = zb_worker_spawn(&attr, &w);
+    char cpus[16];
+    snprintf(cpus, sizeof cpus, "%d", last);
+    attr.cpus = cpus;
+    zb_status st = zb_worker_spawn(&attr, 0, &w);
     sched_setaffinity(0, sizeof all, &all);
     assert_int_equal(st, ZB_OK);
     CPU_ZERO(&one);
@@ -292,20 +337,19 @@ static void test_wait_timeout(void **state) {
     add_group(w, 8u << 20, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
     zb_worker_step s = {1, 1.0f, 0, NULL, 0, 0, 0.0f};
     assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
-    expect_status(zb_worker_wait(w, 0, NULL), ZB_ETIMEDOUT, NULL);
-    uint64_t nonfinite = 7;
-    double seconds = -1;
-    assert_int_equal(zb_worker_last_step_seconds(w, &seconds), ZB_OK);
-    assert_true(seconds == 0.0); /* nothing waited for yet */
+    zb_worker_result r;
+    memset(&r, 0x5a, sizeof r);
+    const zb_worker_result untouched = r;
+    expect_status(zb_worker_wait_result(w, 0, &r), ZB_ETIMEDOUT, NULL);
+    assert_memory_equal(&r, &untouched, sizeof r); /* no result: nothing waited for yet */
     const double t0 = now_s();
-    assert_int_equal(zb_worker_wait(w, 20000, &nonfinite), ZB_OK);
+    assert_int_equal(zb_worker_wait_result(w, 20000, &r), ZB_OK);
     const double waited = now_s() - t0;
-    assert_int_equal(nonfinite, 0);
+    assert_int_equal(r.nonfinite, 0);
     /* The worker's step time: positive, and the step had begun before the trainer waited,
      * so it is at least what the trainer saw as the rest of it */
-    assert_int_equal(zb_worker_last_step_seconds(w, &seconds), ZB_OK);
-    assert_true(seconds > 0.0 && seconds >= waited * 0.9);
-    expect_status(zb_worker_last_step_seconds(NULL, &seconds), ZB_EINVAL, NULL);
+    assert_true(r.seconds > 0.0 && r.seconds >= waited * 0.9);
+    expect_status(zb_worker_wait_result(NULL, 0, &r), ZB_EINVAL, NULL);
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 
@@ -319,30 +363,37 @@ static void test_worker_killed_mid_step(void **state) {
     assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
     assert_int_equal(kill(pid, SIGKILL), 0);
     const double t0 = now_s();
-    zb_status st = zb_worker_wait(w, 30000, NULL);
+    zb_status st = zb_worker_wait_result(w, 30000, NULL);
     if (st == ZB_OK) { /* the step beat the signal: the next call must see the death */
         s.step = 2;
         st = zb_worker_submit(w, &s);
-        if (st == ZB_OK) st = zb_worker_wait(w, 30000, NULL);
+        if (st == ZB_OK) st = zb_worker_wait_result(w, 30000, NULL);
     }
     const double took = now_s() - t0;
     expect_status(st, ZB_EDEAD, "killed by signal 9");
     assert_true(took < 0.5); /* about 0.1 s is promised: see test_death_noticed_within_a_slice */
     expect_status(zb_worker_submit(w, &s), ZB_EDEAD, "signal 9");
-    expect_status(zb_worker_wait(w, 0, NULL), ZB_EDEAD, "signal 9"); /* not OK, not EINVAL */
+    expect_status(zb_worker_wait_result(w, 0, NULL), ZB_EDEAD, "signal 9"); /* not OK, not EINVAL */
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 
-/* Median and largest of n latencies, in seconds (sorts them). */
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-static void median_and_max(double *v, size_t n, double *median, double *max) {
-    qsort(v, n, sizeof *v, cmp_double);
-    *median = v[n / 2];
-    *max = v[n - 1];
+/* The latencies, in seconds, that `measure` gives for a death delays[i] into an interval, one per
+ * delay: fails, saying what they are the latency of (`what`), unless their median is under
+ * `median_limit` and every one under `max_limit`. */
+static void expect_latencies(double (*measure)(useconds_t), const useconds_t delays[5],
+                             double median_limit, double max_limit, const char *what) {
+    double took[5];
+    for (size_t i = 0; i < 5; ++i)
+        took[i] = measure(delays[i]);
+    qsort(took, 5, sizeof *took, cmp_double);
+    const double median = took[2], max = took[4];
+    if (median >= median_limit || max >= max_limit)
+        fail_msg("%s %.3f s (median) / %.3f s (max) after the death", what, median, max);
 }
 
 typedef struct {
@@ -359,8 +410,8 @@ static void *kill_later(void *p) {
     return NULL;
 }
 
-/* Seconds from the worker's death to zb_worker_wait's ZB_EDEAD, the death falling delay_us into
- * the wait. The worker is stopped first, so the step cannot end before the death does. */
+/* Seconds from the worker's death to zb_worker_wait_result's ZB_EDEAD, the death falling delay_us
+ * into the wait. The worker is stopped first, so the step cannot end before the death does. */
 static double death_noticed_after(useconds_t delay_us) {
     zb_worker_t *w = spawn_threads(1);
     add_group(w, 1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
@@ -371,7 +422,7 @@ static double death_noticed_after(useconds_t delay_us) {
     assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
     pthread_t killer;
     assert_int_equal(pthread_create(&killer, NULL, kill_later, &k), 0);
-    const zb_status st = zb_worker_wait(w, 30000, NULL);
+    const zb_status st = zb_worker_wait_result(w, 30000, NULL);
     const double noticed = now_s();
     assert_int_equal(pthread_join(killer, NULL), 0);
     expect_status(st, ZB_EDEAD, "killed by signal 9");
@@ -386,13 +437,7 @@ static double death_noticed_after(useconds_t delay_us) {
 static void test_death_noticed_within_a_slice(void **state) {
     (void)state;
     static const useconds_t delays[] = {0, 25000, 50000, 75000, 95000};
-    double took[5];
-    for (size_t i = 0; i < 5; ++i)
-        took[i] = death_noticed_after(delays[i]);
-    double median, max;
-    median_and_max(took, 5, &median, &max);
-    if (median >= 0.2 || max >= 0.5)
-        fail_msg("EDEAD %.3f s (median) / %.3f s (max) after the death", median, max);
+    expect_latencies(death_noticed_after, delays, 0.2, 0.5, "EDEAD");
 }
 
 /* A registration that runs past control_timeout_ms (here: a stopped worker) stops the worker, so
@@ -403,8 +448,7 @@ static void test_registration_timeout_stops_worker(void **state) {
     zb_worker_attr_init(&attr);
     attr.threads = 1;
     attr.control_timeout_ms = 1500;
-    zb_worker_t *w = NULL;
-    assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+    zb_worker_t *w = spawn_attr(&attr);
     pid_t pid;
     zb_worker_pid(w, &pid);
     assert_int_equal(kill(pid, SIGSTOP), 0);
@@ -439,7 +483,7 @@ static void test_destroy_with_sigchld_ignored(void **state) {
 
 /* A trainer killed with -9 leaves no worker behind: we are the subreaper, so the orphaned worker
  * becomes our child and its exit is observable. Returns the seconds from the trainer's death to
- * the worker's, the trainer dying delay_us after the worker started; -1 if the worker outlived
+ * the worker's, the trainer dying delay_us after the worker started; fails if the worker outlived
  * the trainer by 1.5 s. */
 static double worker_outlives_trainer_by(useconds_t delay_us) {
     assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
@@ -455,7 +499,7 @@ static double worker_outlives_trainer_by(useconds_t delay_us) {
         attr.threads = 1;
         zb_worker_t *w = NULL;
         pid_t pid = -1;
-        if (zb_worker_spawn(&attr, &w) == ZB_OK) zb_worker_pid(w, &pid);
+        if (zb_worker_spawn(&attr, 0, &w) == ZB_OK) zb_worker_pid(w, &pid);
         if (write(fds[1], &pid, sizeof pid) != sizeof pid) _exit(1);
         for (;;)
             pause();
@@ -482,6 +526,7 @@ static double worker_outlives_trainer_by(useconds_t delay_us) {
     }
     if (took < 0) kill(worker, SIGKILL), waitpid(worker, NULL, 0);
     prctl(PR_SET_CHILD_SUBREAPER, 0);
+    if (took < 0) fail_msg("the worker outlived its trainer by 1.5 s");
     return took;
 }
 
@@ -491,15 +536,7 @@ static double worker_outlives_trainer_by(useconds_t delay_us) {
 static void test_trainer_death(void **state) {
     (void)state;
     static const useconds_t delays[] = {5000, 15000, 25000, 35000, 45000};
-    double took[5];
-    for (size_t i = 0; i < 5; ++i) {
-        took[i] = worker_outlives_trainer_by(delays[i]);
-        if (took[i] < 0) fail_msg("the worker outlived its trainer by 1.5 s");
-    }
-    double median, max;
-    median_and_max(took, 5, &median, &max);
-    if (median >= 0.1 || max >= 0.5)
-        fail_msg("worker gone %.3f s (median) / %.3f s (max) after its trainer", median, max);
+    expect_latencies(worker_outlives_trainer_by, delays, 0.1, 0.5, "worker gone");
 }
 
 /* A limit that refuses the shared memory fails spawn or registration with ZB_ENOMEM, in a child
@@ -518,11 +555,11 @@ static void test_reservation_failure(void **state) {
         zb_worker_attr_init(&attr);
         attr.threads = 1;
         zb_worker_t *w = NULL;
-        zb_status st = zb_worker_spawn(&attr, &w);
+        zb_status st = zb_worker_spawn(&attr, 0, &w);
         if (st != ZB_ENOMEM || !strstr(zb_last_error(), "cannot reserve")) _exit(10);
         lim.rlim_cur = 1 << 20;
         setrlimit(RLIMIT_FSIZE, &lim);
-        if (zb_worker_spawn(&attr, &w) != ZB_OK) {
+        if (zb_worker_spawn(&attr, 0, &w) != ZB_OK) {
             fprintf(stderr, "spawn: %s\n", zb_last_error());
             _exit(11);
         }
@@ -586,11 +623,13 @@ static void test_trainer_refuses_other_version(void **state) {
     zb_worker_attr attr;
     zb_worker_attr_init(&attr);
     attr.threads = 1;
-    assert_true(readlink("/proc/self/exe", attr.path, sizeof attr.path - 1) > 0);
+    char self[4096] = {0};
+    assert_true(readlink("/proc/self/exe", self, sizeof self - 1) > 0);
+    attr.path = self;
     setenv("ZB_TEST_FAKE_WORKER", "1", 1);
     zb_worker_t *w = NULL;
     const double t0 = now_s();
-    zb_status st = zb_worker_spawn(&attr, &w);
+    zb_status st = zb_worker_spawn(&attr, 0, &w);
     unsetenv("ZB_TEST_FAKE_WORKER");
     expect_status(st, ZB_EVERSION, "layout 99");
     assert_null(w);
@@ -652,7 +691,7 @@ static void test_one_gradient_buffer(void **state) {
     assert_non_null(strstr(zb_last_error(), "one gradient buffer"));
     zb_worker_step s = {0, 1.0f, 1, NULL, 0, 0, 0.0f};
     assert_int_equal(zb_worker_submit_groups(w, &s, two, 1), ZB_OK); /* the other group has two */
-    assert_int_equal(zb_worker_wait(w, 10000, NULL), ZB_OK);
+    assert_int_equal(zb_worker_wait_result(w, 10000, NULL), ZB_OK);
 
     /* buffer 0 steps it */
     float *g = b.grads[0];
@@ -660,13 +699,27 @@ static void test_one_gradient_buffer(void **state) {
         g[i] = 1.0f;
     assert_int_equal(
         zb_worker_submit_groups(w, &(zb_worker_step){0, 1.0f, 0, NULL, 0, 0, 0.0f}, one, 1), ZB_OK);
-    assert_int_equal(zb_worker_wait(w, 10000, NULL), ZB_OK);
+    assert_int_equal(zb_worker_wait_result(w, 10000, NULL), ZB_OK);
     for (size_t i = 0; i < n; i += 4099)
         assert_true(b.params[i] < 0.0f); /* lr 1e-3 against a gradient of 1 */
 
     zb_group_attr bad = group_attr(16, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0x4u);
     unsigned id;
     expect_status(zb_worker_group_add(w, &bad, &id), ZB_EINVAL, "unknown flags");
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* `w` runs `n` threads, all on CPU `cpu`; destroys it. */
+static void expect_threads_on(zb_worker_t *w, unsigned n, int cpu) {
+    unsigned threads = 0;
+    assert_int_equal(zb_worker_threads(w, &threads), ZB_OK);
+    assert_int_equal(threads, n);
+    for (unsigned i = 0; i < threads; ++i) {
+        pid_t tid;
+        int c;
+        assert_int_equal(zb_worker_thread(w, i, &tid, &c), ZB_OK);
+        assert_int_equal(c, cpu);
+    }
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 
@@ -682,47 +735,37 @@ static void test_environment_defaults(void **state) {
     setenv("ZENFLOW_OPT_CPUS", cpu, 1);
     setenv("ZENFLOW_OPT_THREADS", "2", 1);
     setenv("ZENFLOW_OPT_MEMS", "0", 1);
-    zb_worker_t *w = NULL;
-    assert_int_equal(zb_worker_spawn(NULL, &w), ZB_OK);
-    unsigned n = 0;
-    zb_worker_threads(w, &n);
-    assert_int_equal(n, 2);
-    for (unsigned i = 0; i < n; ++i) { /* more threads than CPUs: they share it */
-        pid_t tid;
-        int c;
-        zb_worker_thread(w, i, &tid, &c);
-        assert_int_equal(c, last);
-    }
-    zb_worker_destroy(w);
+    expect_threads_on(spawn_attr(NULL), 2, last); /* more threads than CPUs: they share it */
 
+    /* "" is the default too, as NULL is */
     zb_worker_attr attr;
     zb_worker_attr_init(&attr);
+    attr.path = attr.cpus = attr.mems = "";
+    expect_threads_on(spawn_attr(&attr), 2, last);
+
     attr.threads = 1;
-    assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
-    zb_worker_threads(w, &n);
-    assert_int_equal(n, 1);
-    zb_worker_destroy(w);
+    expect_threads_on(spawn_attr(&attr), 1, last);
 
     /* The trainer's OpenMP thread limit is not the worker's; spinning may be off. */
     setenv("OMP_THREAD_LIMIT", "1", 1);
     attr.threads = 2;
     attr.worker_spin_us = attr.wait_spin_us = 0;
-    assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+    zb_worker_t *w = spawn_attr(&attr);
     assert_int_equal(step(w, 1, 0), ZB_OK);
     zb_worker_destroy(w);
     unsetenv("OMP_THREAD_LIMIT");
     attr.threads = 1;
 
-    strcpy(attr.cpus, "0-");
-    expect_status(zb_worker_spawn(&attr, &w), ZB_EINVAL, "attr.cpus");
+    attr.cpus = "0-";
+    expect_status(zb_worker_spawn(&attr, 0, &w), ZB_EINVAL, "attr.cpus");
     setenv("ZENFLOW_OPT_CPUS", "zero", 1);
-    expect_status(zb_worker_spawn(NULL, &w), ZB_EINVAL, "ZENFLOW_OPT_CPUS");
+    expect_status(zb_worker_spawn(NULL, 0, &w), ZB_EINVAL, "ZENFLOW_OPT_CPUS");
     setenv("ZENFLOW_OPT_CPUS", cpu, 1);
     setenv("ZENFLOW_OPT_MEMS", "4000", 1);
-    expect_status(zb_worker_spawn(NULL, &w), ZB_EINVAL, "ZENFLOW_OPT_MEMS");
+    expect_status(zb_worker_spawn(NULL, 0, &w), ZB_EINVAL, "ZENFLOW_OPT_MEMS");
     unsetenv("ZENFLOW_OPT_MEMS");
     setenv("ZENFLOW_OPT_THREADS", "two", 1);
-    expect_status(zb_worker_spawn(NULL, &w), ZB_EINVAL, "ZENFLOW_OPT_THREADS");
+    expect_status(zb_worker_spawn(NULL, 0, &w), ZB_EINVAL, "ZENFLOW_OPT_THREADS");
     unsetenv("ZENFLOW_OPT_THREADS");
     unsetenv("ZENFLOW_OPT_CPUS");
     assert_null(w);
@@ -742,10 +785,9 @@ static void test_thread_i_on_the_ith_cpu(void **state) {
         }
     zb_worker_attr attr;
     zb_worker_attr_init(&attr);
-    strcpy(attr.cpus, list);
+    attr.cpus = list;
     attr.threads = (unsigned)n + 1;
-    zb_worker_t *w = NULL;
-    assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+    zb_worker_t *w = spawn_attr(&attr);
     for (unsigned i = 0; i < attr.threads; ++i) {
         pid_t tid;
         int cpu;
@@ -822,8 +864,7 @@ static void test_destroy_a_hung_worker(void **state) {
         zb_worker_attr_init(&attr);
         attr.threads = 1;
         attr.control_timeout_ms = 300;
-        zb_worker_t *w = NULL;
-        assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+        zb_worker_t *w = spawn_attr(&attr);
         add_group(w, 1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
         pid_t pid;
         zb_worker_pid(w, &pid);
@@ -852,7 +893,7 @@ static void test_default_worker_path(void **state) {
     zb_worker_attr_init(&attr);
     attr.threads = 1;
     zb_worker_t *w = NULL;
-    const zb_status st = zb_worker_spawn(&attr, &w);
+    const zb_status st = zb_worker_spawn(&attr, 0, &w);
     setenv("ZENFLOW_OPTIMIZER", saved, 1);
     free(saved);
     if (access(installed, X_OK) != 0) { /* not installed: the error names where it looked */
@@ -897,7 +938,7 @@ static void test_mems_take_effect(void **state) {
     zb_worker_attr_init(&attr);
     attr.threads = 1;
     zb_worker_t *w = NULL;
-    const zb_status st = zb_worker_spawn(&attr, &w);
+    const zb_status st = zb_worker_spawn(&attr, 0, &w);
     unsetenv("ZENFLOW_OPT_MEMS");
     assert_int_equal(st, ZB_OK);
     const size_t numel = 1u << 20; /* 8 MiB of moments: the largest anonymous mapping */
@@ -968,6 +1009,7 @@ int main(void) {
     if (getenv("ZB_TEST_FAKE_WORKER")) return fake_worker();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_spawn_flags_and_attr_size),
         cmocka_unit_test(test_threads_pinned),
         cmocka_unit_test(test_double_buffer_and_outputs),
         cmocka_unit_test(test_wait_timeout),

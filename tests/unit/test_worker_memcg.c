@@ -99,7 +99,7 @@ static void oversized_group_is_refused_and_both_processes_live(void **state) {
     zb_worker_attr_init(&attr);
     attr.threads = 1;
     zb_worker_t *w = NULL;
-    assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+    assert_int_equal(zb_worker_spawn(&attr, 0, &w), ZB_OK);
     zb_group_attr g;
     memset(&g, 0, sizeof g);
     g.grad = ZB_DTYPE_FP32;
@@ -122,7 +122,7 @@ static void oversized_group_is_refused_and_both_processes_live(void **state) {
     memset(&s, 0, sizeof s);
     s.grad_scale = 1.0f;
     assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
-    assert_int_equal(zb_worker_wait(w, 30000, NULL), ZB_OK);
+    assert_int_equal(zb_worker_wait_result(w, 30000, NULL), ZB_OK);
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 

@@ -76,7 +76,7 @@ void test_bit_identical(void **) {
     zb_worker_attr_init(&attr);
     attr.threads = 2;
     zb_worker_t *w = nullptr;
-    assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+    assert_int_equal(zb_worker_spawn(&attr, 0, &w), ZB_OK);
 
     std::vector<zb_adam_hyper> hypers(ng);
     std::vector<zb_group_buffers> bufs(ng);
@@ -133,7 +133,7 @@ void test_bit_identical(void **) {
                 const zb_worker_step s{
                     step == 5 ? step : 0, scale, k, hypers.data() + first, count, 0, 0.0f};
                 assert_int_equal(zb_worker_submit_groups(w, &s, first, count), ZB_OK);
-                assert_int_equal(zb_worker_wait(w, 30000, nullptr), ZB_OK);
+                assert_int_equal(zb_worker_wait_result(w, 30000, nullptr), ZB_OK);
             }
         }
         for (size_t g = 0; g < ng; ++g) {
@@ -160,7 +160,7 @@ void test_bit_identical(void **) {
             const zb::opt::AdamBatch b{grad_type(cases[g].grad), copy_type(cases[g].copy), &t, 1};
             zb::opt::adam_step(b, 1);
         }
-        if (step < 5) assert_int_equal(zb_worker_wait(w, 30000, nullptr), ZB_OK);
+        if (step < 5) assert_int_equal(zb_worker_wait_result(w, 30000, nullptr), ZB_OK);
         for (size_t g = 0; g < ng; ++g) {
             const size_t n = cases[g].n;
             assert_memory_equal(bufs[g].params, ref[g].param.data(), 4 * n);
@@ -179,7 +179,7 @@ void test_bad_group_ranges(void **) {
     zb_worker_attr_init(&attr);
     attr.threads = 1;
     zb_worker_t *w = nullptr;
-    assert_int_equal(zb_worker_spawn(&attr, &w), ZB_OK);
+    assert_int_equal(zb_worker_spawn(&attr, 0, &w), ZB_OK);
     zb_group_attr ga{};
     ga.numel = 64;
     ga.grad = ZB_DTYPE_FP32;
@@ -198,7 +198,7 @@ void test_bad_group_ranges(void **) {
     assert_non_null(std::strstr(zb_last_error(), "nhypers"));
     const zb_worker_step right{0, 1.0f, 0, two, 1, 0, 0.0f};
     assert_int_equal(zb_worker_submit_groups(w, &right, 1, 1), ZB_OK);
-    assert_int_equal(zb_worker_wait(w, 30000, nullptr), ZB_OK);
+    assert_int_equal(zb_worker_wait_result(w, 30000, nullptr), ZB_OK);
     float m[64], v[64];
     int64_t count = -1;
     assert_int_equal(zb_worker_group_get_state(w, 0, m, v, &count), ZB_OK);

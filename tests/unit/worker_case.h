@@ -9,15 +9,20 @@
 
 /* cmocka.h comes first in each test (it needs stdarg.h, stddef.h and setjmp.h before it). */
 
+/* A worker spawned with `attr` (NULL: the defaults), which must succeed. */
+static inline zb_worker_t *spawn_attr(const zb_worker_attr *attr) {
+    zb_worker_t *w = NULL;
+    zb_status st = zb_worker_spawn(attr, 0, &w);
+    if (st != ZB_OK) fail_msg("spawn: %s: %s", zb_status_name(st), zb_last_error());
+    return w;
+}
+
 /* A worker with `threads` threads on the default CPUs (ZENFLOW_OPTIMIZER names the executable). */
 static inline zb_worker_t *spawn_threads(unsigned threads) {
     zb_worker_attr attr;
     zb_worker_attr_init(&attr);
     attr.threads = threads;
-    zb_worker_t *w = NULL;
-    zb_status st = zb_worker_spawn(&attr, &w);
-    if (st != ZB_OK) fail_msg("spawn: %s: %s", zb_status_name(st), zb_last_error());
-    return w;
+    return spawn_attr(&attr);
 }
 
 static inline zb_group_attr group_attr(size_t numel, zb_dtype grad, zb_dtype copy, unsigned flags) {

@@ -3,9 +3,7 @@
 step runs in a pinned zenflow-optimizer worker, with a cosine lr schedule and, with --overlap,
 ZenFlow's overlap (each update lands one step later).
 
-Run under srun --zenflow-bind (the worker then takes the ZENFLOW_OPT_* CPUs), or alone:
-    ZENFLOW_BIND_LIB=.../libzenbind.so.1 ZENFLOW_OPTIMIZER=.../zenflow-optimizer \\
-    PYTHONPATH=python /usr/bin/python3 contrib/examples/python/train_adamw.py
+How to run it: README.md beside it.
 """
 
 import argparse

@@ -6,9 +6,7 @@ step k (gradient buffer k % 2), this process computes the gradients of step k+1 
 buffer, with the model's weights of step k-1 (one step stale, as in ZenFlow). The worker's fp32
 "stale" snapshot is copied back into the model after each wait.
 
-Run under srun --zenflow-bind (the worker then takes the ZENFLOW_OPT_* CPUs), or alone:
-    ZENFLOW_BIND_LIB=.../libzenbind.so.1 ZENFLOW_OPTIMIZER=.../zenflow-optimizer \\
-    PYTHONPATH=python /usr/bin/python3 contrib/examples/python/train_overlap.py
+How to run it: README.md beside it.
 """
 
 import argparse

@@ -77,7 +77,6 @@ Isa active_isa(); // what adam_step uses now
 const char *isa_name(Isa isa);
 
 void force_stores(Stores s);                 // tests and benchmarks; automatic by default
-Stores active_stores();                      // what force_stores() set
 Stores stores_for(size_t bytes);             // cached or streaming, for a step of `bytes`
 Stores batch_stores(const AdamBatch &batch); // how adam_step writes the batch's copy-out, stale
 size_t last_level_cache();                   // bytes, from sysfs (32 MiB when it cannot tell)
