@@ -12,7 +12,7 @@ STATUS = {0: "OK", -1: "EINVAL", -2: "ENOMEM", -3: "ESYS", -4: "ETOPOLOGY",
           -5: "EIMPOSSIBLE", -6: "ETIMEDOUT", -7: "EDEAD", -8: "EVERSION", -9: "EINTERNAL",
           -10: "ENOENT"}
 DTYPES = {None: 0, "none": 0, "fp32": 1, "bf16": 2, "fp16": 3}
-DTYPE_NAMES = {1: "fp32", 2: "bf16", 3: "fp16"}
+DTYPE_NAMES = {code: name for name, code in DTYPES.items() if name and code}
 
 STEP_SKIP_NONFINITE = 0x1  # ZB_STEP_SKIP_NONFINITE
 STEP_GRAD_NORM = 0x2       # ZB_STEP_GRAD_NORM
