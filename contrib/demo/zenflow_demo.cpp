@@ -1,6 +1,6 @@
 // zenflow-demo: a ZenFlow-style training loop in C++, the example for C/C++ trainers of how to
 // drive the optimizer worker through its C API (zb_worker_* in <zenbind/worker.h>). Python
-// trainers use zenflow_bind.optim.AdamW instead (contrib/demo/train_transformer.py).
+// trainers use zenflow_bind.optim.AdamW instead (contrib/demo/train_gpt.py).
 //
 // The training process does real compute on its training cores (OpenMP, OMP_NUM_THREADS
 // threads): a dense "forward/backward" (matrix products) and the gradients of a least-squares

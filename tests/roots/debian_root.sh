@@ -13,6 +13,9 @@
 #                                        clang too on forky), warnings as errors
 #   debian_root.sh RELEASE vm            boot the root under qemu with cgroup v2 (vm-init.sh): the
 #                                        real cpuset and memory cgroup tests, cgroup2_binding.py
+#   debian_root.sh RELEASE demo [OUT]    build the plugin, libzenbind, the worker and the C demo
+#                                        in the root and run contrib/demo/srun_runs.sh there, its
+#                                        logs to OUT (default build/demo; scripts/demo.sh)
 #   debian_root.sh RELEASE shell [CMD]   run CMD (default bash) in the mounted root, by hand
 #
 # RELEASE is trixie (Debian 13: Slurm 24.11, torch 2.6, GCC 14) or forky (Debian 14 while in
@@ -38,7 +41,7 @@ src=$(cd "$here/../.." && pwd)
 release=${1:-}
 verb=${2:-}
 usage() {
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 [ $# -ge 2 ] || usage
@@ -77,7 +80,7 @@ forky)
 *) usage ;;
 esac
 case $verb in
-root | slurm | python | compilers | vm | shell) ;;
+root | slurm | python | compilers | vm | demo | shell) ;;
 *) usage ;;
 esac
 
@@ -372,6 +375,16 @@ run_compilers() {
     done
 }
 
+run_demo() {
+    local out=${1:-$src/build/demo}
+    mount_root
+    build_in_root "$work/build" c++ "${slurm_targets[@]}" zenflow-demo >/dev/null
+    mkdir -p "$out"
+    in_root ${ZB_DEMO_STEPS:+ZB_DEMO_STEPS="$ZB_DEMO_STEPS"} \
+        ${ZB_DEMO_ARGS:+ZB_DEMO_ARGS="$ZB_DEMO_ARGS"} \
+        bash "$src/contrib/demo/srun_runs.sh" "$work/build" "$(cd "$out" && pwd)"
+}
+
 run_shell() {
     mount_root
     in_root "${@:-bash}"
@@ -385,6 +398,7 @@ root) echo "$root_dir" ;;
 slurm) run_slurm "$@" ;;
 python) run_python "$@" ;;
 compilers) run_compilers ;;
+demo) run_demo "$@" ;;
 vm) run_vm ;;
 shell) run_shell "$@" ;;
 esac
