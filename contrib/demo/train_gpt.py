@@ -56,12 +56,18 @@ def corpus(root):
     return text[:cut], text[cut:], len(paths)
 
 
-def batch(text, seed, step, args):
+def batch(text, seed, step, args, device="cpu"):
     """Inputs and next-byte targets of one step, the same whoever asks for them."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     starts = torch.randint(len(text) - args.seq - 1, (args.batch,), generator=g)
-    rows = torch.stack([text[s:s + args.seq + 1] for s in starts.tolist()])
+    rows = torch.stack([text[s:s + args.seq + 1] for s in starts.tolist()]).to(device)
     return rows[:, :-1], rows[:, 1:]
+
+
+def sync(device):
+    """Times on a GPU end when its work does."""
+    if device != "cpu":
+        torch.cuda.synchronize(device)
 
 
 def make_model(args):
@@ -144,6 +150,9 @@ def parse(argv=None):
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="where the model trains (default: the GPU when there is one); the "
+                         "zenflow optimizer steps on the CPU beside it in every case")
     ap.add_argument("--quiet", action="store_true")
     return ap.parse_args(argv)
 
@@ -152,7 +161,7 @@ def main(argv=None):
     """Run (a segment of) the training; returns the model, its weights after the last step."""
     args = parse(argv)
     train_text, held_out, nfiles = corpus(args.root)
-    model = make_model(args)
+    model = make_model(args).to(args.device)
     numel = sum(p.numel() for p in model.parameters())
     opt = make_optimizer(args.optimizer, model, args)
     start = checkpoint(model, opt, 0, args.resume, load=True) if args.resume else 0
@@ -160,12 +169,12 @@ def main(argv=None):
     log = open(args.log, "a") if args.log else None
     stop = args.save_at if args.stop_at_save else args.steps
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
-    say(f"{args.optimizer}: GPT-2 of {numel / 1e6:.1f}M parameters on {len(train_text)} bytes of "
-        f"{nfiles} files, steps {start + 1}..{stop}, training CPUs "
+    say(f"{args.optimizer} on {args.device}: GPT-2 of {numel / 1e6:.1f}M parameters on "
+        f"{len(train_text)} bytes of {nfiles} files, steps {start + 1}..{stop}, training CPUs "
         f"{cpu_list(os.sched_getaffinity(0))} ({torch.get_num_threads()} threads)")
     model.train()
     for step in range(start + 1, stop + 1):
-        x, y = batch(train_text, args.seed, step, args)
+        x, y = batch(train_text, args.seed, step, args, args.device)
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = lm_loss(model, x, y)
@@ -174,8 +183,10 @@ def main(argv=None):
                 loss.backward()
         else:
             loss.backward()
+        sync(args.device)
         t1 = time.perf_counter()
         opt.step()
+        sync(args.device)
         t2 = time.perf_counter()
         # the worker's own time for the whole step (buckets during backward and the rest), or
         # torch's step, which the training process runs itself
@@ -192,7 +203,7 @@ def main(argv=None):
             say(f"checkpoint after step {step}: {args.checkpoint} (DCP)")
     segment = {"segment": True, "optimizer": args.optimizer, "first": start + 1, "last": stop,
                "numel": numel, "train_cpus": cpu_list(os.sched_getaffinity(0)),
-               "train_threads": torch.get_num_threads(),
+               "train_threads": torch.get_num_threads(), "device": args.device,
                "eval_loss": eval_loss(model, held_out, args), "torch": torch.__version__,
                "params_sha256": digest(model)}
     if zenflow:
@@ -216,7 +227,7 @@ def digest(model):
     h = hashlib.sha256()
     for name, p in model.named_parameters():
         h.update(name.encode())
-        h.update(p.detach().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -229,7 +240,8 @@ def lm_loss(model, x, y):
 def eval_loss(model, held_out, args):
     """The mean loss over 8 held-out batches no step trained on."""
     model.eval()
-    losses = [lm_loss(model, *batch(held_out, args.seed, -1 - k, args)).item() for k in range(8)]
+    losses = [lm_loss(model, *batch(held_out, args.seed, -1 - k, args, args.device)).item()
+              for k in range(8)]
     model.train()
     return sum(losses) / len(losses)
 
