@@ -73,8 +73,11 @@ forky)
     script=/usr/share/debootstrap/scripts/sid
     apt_opts=(-o Acquire::Check-Valid-Until=false)
     # HF Trainer for the torch 2.x tests (Trainer needs accelerate); clang and its OpenMP to
-    # check that forky's compilers build the project clean.
-    packages+=(python3-transformers python3-accelerate clang libomp-dev)
+    # check that forky's compilers build the project clean. OpenBLAS, which a Debian user's torch
+    # runs its matrix products on: without it libblas.so.3 is the reference BLAS, and the demo's
+    # GPT-2 trained at 6 GFLOP/s on 2 Zen 4 cores. Its OpenMP build, which shares torch's threads:
+    # the pthreads one ran its own beside them, 5x slower on 2 cores.
+    packages+=(python3-transformers python3-accelerate clang libomp-dev libopenblas0-openmp)
     compilers+=(clang)
     ;;
 *) usage ;;
