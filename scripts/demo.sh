@@ -8,7 +8,7 @@
 # `srun --zenflow-bind`, torch.optim.AdamW() under plain srun, AdamW(fused=True) under
 # `--zenflow-bind=mode=offload`. Then prints them side by side and draws them
 # (contrib/demo/report.py). Needs root (debootstrap, chroot, slurmd).
-# Tunables: ZB_DEMO_STEPS (default 60), ZB_DEMO_ARGS (more train_gpt.py options), ZB_DEMO_OUT
+# Tunables: ZB_DEMO_STEPS (default 200), ZB_DEMO_ARGS (more train_gpt.py options), ZB_DEMO_OUT
 # (where the logs and the picture go, default build/demo).
 set -euo pipefail
 cd "$(dirname "$0")/.."

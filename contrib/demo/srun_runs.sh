@@ -31,7 +31,7 @@ bash "$src/scripts/cluster.sh" start "$cluster" --task-plugin cgroup \
 eval "$(bash "$src/scripts/cluster.sh" env "$cluster")"
 
 cpus=$(nproc)
-steps=${ZB_DEMO_STEPS:-60}
+steps=${ZB_DEMO_STEPS:-200}
 half=$((steps / 2))
 read -ra extra <<<"${ZB_DEMO_ARGS:-}"
 train=(python3 "$src/contrib/demo/train_gpt.py" --steps "$steps" --save-at "$half" "${extra[@]}")

@@ -135,7 +135,7 @@ def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--optimizer", choices=("zenflow", "torch", "torch-fused"),
                     default="zenflow")
-    ap.add_argument("--steps", type=int, default=60, help="last step of the whole run")
+    ap.add_argument("--steps", type=int, default=200, help="last step of the whole run")
     ap.add_argument("--save-at", type=int, default=0, help="checkpoint after this step")
     ap.add_argument("--checkpoint", default="checkpoint.dcp", help="DCP directory")
     ap.add_argument("--stop-at-save", action="store_true", help="end the run at the checkpoint")
@@ -144,11 +144,11 @@ def parse(argv=None):
     ap.add_argument("--root", default=os.path.join(os.path.dirname(__file__), "..", ".."),
                     help="the source tree whose documentation is part of the text")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--seq", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--width", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--width", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="where the model trains (default: the GPU when there is one); the "
