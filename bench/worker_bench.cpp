@@ -5,6 +5,7 @@
 // per parameter the worker configuration really takes, from the RSS of both processes.
 #include <zbadam/adam.hpp>
 #include <zbadam/adam_convert.hpp>
+#include <zbutil/proc_status.hpp>
 
 #include <zenbind/worker.h>
 
@@ -27,25 +28,11 @@ namespace {
     std::exit(1);
 }
 
-size_t status_bytes(const char *path, const char *field) {
-    FILE *f = std::fopen(path, "r");
-    if (!f) return 0;
-    char line[256];
-    size_t v = 0, len = std::strlen(field);
-    while (std::fgets(line, sizeof line, f))
-        if (!std::strncmp(line, field, len) && line[len] == ':') {
-            v = std::strtoull(line + len + 1, nullptr, 10) * 1024;
-            break;
-        }
-    std::fclose(f);
-    return v;
-}
-
 // Memory of both processes, shared pages counted once: the worker's whole RSS (it touches every
 // shared buffer of the group) plus the trainer's private (anonymous) pages.
 size_t both_rss(pid_t worker) {
-    const std::string w = "/proc/" + std::to_string(worker) + "/status";
-    return status_bytes(w.c_str(), "VmRSS") + status_bytes("/proc/self/status", "RssAnon");
+    using zb::util::proc_status_bytes;
+    return proc_status_bytes(worker, "VmRSS") + proc_status_bytes(0, "RssAnon");
 }
 
 using zb::bench::median;
@@ -268,8 +255,7 @@ int bench_worker(int argc, char **argv) {
         clip_over.push_back(tclip.back() / tw.back());
     }
     sched_setaffinity(0, sizeof affinity.mask, &affinity.mask);
-    const size_t end_worker_rss =
-        status_bytes(("/proc/" + std::to_string(pid) + "/status").c_str(), "VmRSS");
+    const size_t end_worker_rss = zb::util::proc_status_bytes(pid, "VmRSS");
     zb_worker_memory end;
     zb_worker_memory_usage(w, &end);
     zb_worker_destroy(w);

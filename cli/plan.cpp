@@ -3,6 +3,7 @@
 #include "common.hpp"
 #include "picture.hpp"
 
+#include <zbutil/decimal.hpp>
 #include <zenbind/hwloc.h>
 
 #include <algorithm>
@@ -35,12 +36,11 @@ int parse(int argc, char **argv, PlanArgs &a) {
         } else if (std::find(kValueFlags.begin(), kValueFlags.end(), arg) != kValueFlags.end()) {
             if (!take_value(argc, argv, i, value)) return error(kUsage, arg + " needs a value");
             if (arg == "--tasks") {
-                char *end = nullptr;
-                const unsigned long n = std::strtoul(value.c_str(), &end, 10);
-                if (value.empty() || *end || value[0] == '-' || n < 1 || n > 65536)
+                const auto n = zb::util::parse_decimal(value, 65536);
+                if (!n || *n < 1)
                     return error(kUsage,
                                  "--tasks takes a number from 1 to 65536, not '" + value + "'");
-                a.tasks = static_cast<unsigned>(n);
+                a.tasks = static_cast<unsigned>(*n);
             } else if (arg == "--synthetic") {
                 a.synthetic = value;
             } else if (arg == "--topology") {
@@ -89,13 +89,11 @@ int parse_gpu_nodes(const std::string &text, unsigned ntasks, TaskGpus &out) {
         const size_t comma = text.find(',', begin);
         const std::string item =
             text.substr(begin, comma == std::string::npos ? comma : comma - begin);
-        char *end = nullptr;
-        const unsigned long node = std::strtoul(item.c_str(), &end, 10);
+        const auto node = zb::util::parse_decimal(item, ZB_CPULIST_MAX_ID);
         if (item == "-")
             out.node.push_back(-1);
-        else if (!item.empty() && !*end && item[0] >= '0' && item[0] <= '9' &&
-                 node <= ZB_CPULIST_MAX_ID)
-            out.node.push_back(static_cast<int>(node));
+        else if (node)
+            out.node.push_back(static_cast<int>(*node));
         else
             return error(kUsage, "--gpu-nodes: '" + item +
                                      "' is neither a NUMA node number nor '-' (no GPU)");

@@ -12,6 +12,7 @@
 
 #include <zbadam/adam.hpp>
 #include <zbadam/team_share.hpp>
+#include <zbutil/decimal.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -48,11 +49,10 @@ int usage_error(const char *message) {
 }
 
 bool parse_count(const char *text, size_t max, size_t &out) {
-    if (!text || !*text || std::strspn(text, "0123456789") != std::strlen(text) ||
-        std::strlen(text) > 12)
-        return false;
-    out = std::strtoull(text, nullptr, 10);
-    return out >= 1 && out <= max;
+    const auto n = text ? zb::util::parse_decimal(text, max) : std::nullopt;
+    if (!n || *n < 1) return false;
+    out = static_cast<size_t>(*n);
+    return true;
 }
 
 int parse_args(int argc, char **argv, TuneArgs &a) {

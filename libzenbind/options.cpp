@@ -5,6 +5,8 @@
 #include "error.hpp"
 #include "quote.hpp"
 
+#include <zbutil/decimal.hpp>
+
 #include <charconv>
 #include <cstring>
 #include <string>
@@ -25,22 +27,11 @@ constexpr size_t max_fraction_digits = 30;
                             "= (accepted: " + accepted + ")");
 }
 
-bool all_digits(std::string_view s) {
-    for (char c : s)
-        if (c < '0' || c > '9') return false;
-    return true;
-}
-
 // An integer lo..hi written in plain decimal, or nothing.
 bool read_count(std::string_view s, unsigned lo, unsigned hi, unsigned &out) {
-    if (s.empty() || !all_digits(s)) return false;
-    unsigned long value = 0;
-    for (char c : s) {
-        value = value * 10 + static_cast<unsigned>(c - '0');
-        if (value > hi) return false;
-    }
-    if (value < lo) return false;
-    out = static_cast<unsigned>(value);
+    const auto value = zb::util::parse_decimal(s, hi);
+    if (!value || *value < lo) return false;
+    out = static_cast<unsigned>(*value);
     return true;
 }
 
@@ -53,7 +44,8 @@ bool read_fraction(std::string_view s, double &out) {
     const std::string_view whole = s.substr(0, dot);
     const std::string_view digits = s.substr(dot + 1);
     if (!(whole.empty() || whole == "0")) return false;
-    if (digits.empty() || digits.size() > max_fraction_digits || !all_digits(digits)) return false;
+    if (digits.empty() || digits.size() > max_fraction_digits || !zb::util::is_decimal(digits))
+        return false;
     double value = 0;
     const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
     if (ec != std::errc() || end != s.data() + s.size()) return false;

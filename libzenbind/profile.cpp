@@ -7,6 +7,7 @@
 #include "error.hpp"
 #include "quote.hpp"
 #include "text_file.hpp"
+#include <zbutil/decimal.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -55,12 +56,11 @@ void check_gbps(const std::vector<double> &gbps, const std::string &where) {
 }
 
 unsigned parse_uint(const std::string &word, unsigned max, const std::string &where) {
-    if (word.empty() || word.size() > 9 ||
-        word.find_first_not_of("0123456789") != std::string::npos)
+    if (!zb::util::is_decimal(word))
         zb::fail(ZB_EINVAL, where + ": " + zb::quote_input(word) + " is not a whole number");
-    const unsigned long v = std::stoul(word);
-    if (v > max) zb::fail(ZB_EINVAL, where + ": " + word + " is out of range");
-    return static_cast<unsigned>(v);
+    const auto v = zb::util::parse_decimal(word, max);
+    if (!v) zb::fail(ZB_EINVAL, where + ": " + word + " is out of range");
+    return static_cast<unsigned>(*v);
 }
 
 std::vector<double> parse_gbps(const std::string &word, const std::string &where) {

@@ -3,6 +3,7 @@
 #include "error.hpp"
 #include "hyper_check.hpp"
 #include "worker_handle.hpp"
+#include <zbutil/proc_status.hpp>
 
 #include <zbadam/adam.hpp>
 #include <zbproto/fd_passing.hpp>
@@ -293,7 +294,7 @@ zb_status zb_worker_memory_usage(zb_worker_t *worker, zb_worker_memory *out) {
     return zb::guard([&] {
         zb_worker &w = handle(worker, "zb_worker_memory_usage");
         if (!out) fail(ZB_EINVAL, "zb_worker_memory_usage: out is NULL");
-        using zb::worker_client::proc_status_bytes;
+        using zb::util::proc_status_bytes;
         zb_worker_memory m{};
         m.numel = w.numel;
         m.params = w.param_bytes;

@@ -59,7 +59,5 @@ namespace zb::worker_client {
 
 // "exited with status N", "was killed by signal 9 (Killed)": from a waitid() result.
 std::string describe_exit(int code, int status);
-// One field of /proc/PID/status in bytes (0 if absent); pid 0 means this process.
-size_t proc_status_bytes(pid_t pid, const char *field);
 
 } // namespace zb::worker_client

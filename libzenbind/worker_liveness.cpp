@@ -26,27 +26,6 @@ std::string describe_exit(int code, int status) {
     return how;
 }
 
-size_t proc_status_bytes(pid_t pid, const char *field) {
-    char path[64];
-    if (pid == 0)
-        std::snprintf(path, sizeof path, "/proc/self/status");
-    else
-        std::snprintf(path, sizeof path, "/proc/%d/status", static_cast<int>(pid));
-    FILE *f = std::fopen(path, "re");
-    if (!f) return 0;
-    char line[256];
-    size_t value = 0;
-    const size_t len = std::strlen(field);
-    while (std::fgets(line, sizeof line, f)) {
-        if (std::strncmp(line, field, len) == 0 && line[len] == ':') {
-            value = std::strtoull(line + len + 1, nullptr, 10) * 1024; // the kernel prints kB
-            break;
-        }
-    }
-    std::fclose(f);
-    return value;
-}
-
 } // namespace zb::worker_client
 
 void zb_worker::check_alive() {

@@ -28,6 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
+#include <zbutil/decimal.hpp>
 #include <zenbind/hwloc.h>
 
 extern char **environ;
@@ -82,14 +83,12 @@ unsigned resolve_threads(const zb_worker_attr &a, size_t ncpus) {
         return a.threads;
     }
     if (const char *t = env_or(nullptr, ZB_ENV_OPT_THREADS)) {
-        char *end = nullptr;
-        errno = 0;
-        const unsigned long n = std::strtoul(t, &end, 10);
-        if (errno || *end || t[0] < '0' || t[0] > '9' || n == 0 || n > proto::kMaxThreads)
+        const auto n = zb::util::parse_decimal(t, proto::kMaxThreads);
+        if (!n || *n == 0)
             fail(ZB_EINVAL, std::string(ZB_ENV_OPT_THREADS " \"") + t +
                                 "\" is not a thread count from 1 to " +
                                 std::to_string(proto::kMaxThreads));
-        return static_cast<unsigned>(n);
+        return static_cast<unsigned>(*n);
     }
     return static_cast<unsigned>(std::min<size_t>(ncpus, proto::kMaxThreads));
 }
