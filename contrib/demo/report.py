@@ -65,6 +65,15 @@ def print_table(rows):
         print("  ".join(v.ljust(w) for v, w in zip(line, width)).rstrip())
 
 
+def running_mean(values, n):
+    """Each value averaged with up to n - 1 before it: a loss of a few bytes a step is noisy."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - n] if i >= n else 0.0)
+        out.append(total / min(i + 1, n))
+    return out
+
+
 def plot(path, runs):
     import matplotlib
     matplotlib.use("Agg")
@@ -72,7 +81,7 @@ def plot(path, runs):
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6.5))
     for label, steps, segments in runs:
         x = [s["step"] for s in steps]
-        top.plot(x, [s["loss"] for s in steps], label=label, linewidth=1.2)
+        top.plot(x, running_mean([s["loss"] for s in steps], 10), label=label, linewidth=1.2)
         line, = bottom.plot(x, [s["step_ms"] for s in steps], label="whole step", linewidth=1.2)
         bottom.plot(x, [s["blocked_ms"] for s in steps], linestyle=":", linewidth=1.2,
                     color=line.get_color(), label="of which in optimizer step()")
@@ -83,7 +92,7 @@ def plot(path, runs):
         top.annotate("checkpoint; resumed in a new srun step", (at - 0.5, 1), xytext=(4, -12),
                      xycoords=("data", "axes fraction"), textcoords="offset points", fontsize=9,
                      color="dimgrey")
-    top.set_ylabel("training loss")
+    top.set_ylabel("training loss (mean of 10 steps)")
     bottom.set_ylabel("time per training step (ms)")
     bottom.set_yscale("log")
     bottom.set_xlabel("step")

@@ -112,6 +112,10 @@ class Demo(unittest.TestCase):
         self.assertIn("| tokens | gpu-fused | zenflow", out.getvalue())
         self.assertIn("H100", out.getvalue())
 
+    def test_running_mean(self):
+        self.assertEqual(report.running_mean([2.0, 4.0, 6.0, 8.0], 2), [2.0, 3.0, 5.0, 7.0])
+        self.assertEqual(report.running_mean([1.0] * 5, 10), [1.0] * 5)
+
 
 if __name__ == "__main__":
     unittest.main()
