@@ -39,10 +39,7 @@ class SavedThreads {
 };
 
 bool set_affinity(const zb_cpuset_t *cpus, std::string &error) {
-    int last = -1;
-    if (zb_cpuset_weight(cpus) > 0)
-        for (int cpu = zb_cpuset_next(cpus, -1); cpu >= 0; cpu = zb_cpuset_next(cpus, cpu))
-            last = cpu;
+    const int last = hwloc_bitmap_last(zb_cpuset_hwloc_const(cpus)); // -1: empty or infinite
     if (last < 0 || last > ZB_CPULIST_MAX_ID) {
         error = "planned CPU set '" + cpulist(cpus) + "' is not a finite set of CPUs";
         return false;
