@@ -126,10 +126,16 @@ int parse(int argc, char **argv, Options &o) {
         } else if (a == "--isa" || a == "--vs-isa") {
             Isa isa = Isa::scalar;
             if (!pick(argv[++i],
-                      {{"scalar", Isa::scalar}, {"avx2", Isa::avx2}, {"avx512", Isa::avx512}}, isa))
-                return bad_usage("%s wants scalar, avx2 or avx512, not '%s'", a.c_str(), argv[i]);
-            if (static_cast<int>(isa) > static_cast<int>(zb::opt::best_isa()))
-                return bad_usage("this CPU does not support %s %s", a.c_str(), argv[i]);
+                      {{"scalar", Isa::scalar},
+                       {"avx2", Isa::avx2},
+                       {"avx512", Isa::avx512},
+                       {"neon", Isa::neon},
+                       {"sve", Isa::sve}},
+                      isa))
+                return bad_usage("%s wants scalar, avx2, avx512, neon or sve, not '%s'", a.c_str(),
+                                 argv[i]);
+            if (!zb::opt::isa_supported(isa))
+                return bad_usage("this build or CPU does not support %s %s", a.c_str(), argv[i]);
             (a == "--isa" ? o.kernel.isa : o.vs_isa.emplace()) = isa;
         } else if (a == "--prefetch" || a == "--vs-prefetch") {
             Prefetch where = Prefetch::off;

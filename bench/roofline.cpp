@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 namespace zb::opt::bench {
 namespace {
@@ -65,7 +67,9 @@ template <size_t K, typename G>
         v[k] ^= static_cast<uint32_t>(g[k]) & zero;
 }
 
-// Stores the 64-byte line at `s` to `d` (both 64-byte aligned) with the ISA's non-temporal store.
+// Stores the 64-byte line at `s` to `d` (both 64-byte aligned) with the ISA's non-temporal store;
+// elsewhere than x86-64 with a plain copy (the Arm kernels write with plain stores too).
+#if defined(__x86_64__)
 [[gnu::target("avx512f"), gnu::always_inline]] inline void nt_line_avx512(void *d, const void *s) {
     _mm512_stream_si512(static_cast<__m512i *>(d), _mm512_load_si512(s));
 }
@@ -79,6 +83,15 @@ template <size_t K, typename G>
         _mm_stream_si128(static_cast<__m128i *>(d) + k,
                          _mm_load_si128(static_cast<const __m128i *>(s) + k));
 }
+[[gnu::always_inline]] inline void nt_fence() {
+    _mm_sfence();
+}
+#else
+[[gnu::always_inline]] inline void nt_line_default(void *d, const void *s) {
+    std::memcpy(d, s, 64);
+}
+[[gnu::always_inline]] inline void nt_fence() {}
+#endif
 
 // Elements before the first whose write-only output (the copy-out, else stale) starts a line.
 template <bool Copy, bool Stale> size_t to_line(const uint16_t *c, const uint32_t *s, size_t n) {
@@ -149,10 +162,12 @@ template <bool Copy, bool Stale> size_t to_line(const uint16_t *c, const uint32_
         }                                                                                          \
         for (; i < n; ++i)                                                                         \
             element<G, Copy, Stale>(p, g, m, v, c, s, i, zero);                                    \
-        if constexpr (Copy || Stale) _mm_sfence();                                                 \
+        if constexpr (Copy || Stale) nt_fence();                                                   \
     }
+#if defined(__x86_64__)
 ZF_ROOF(pass_avx512, [[gnu::target("avx512f")]], nt_line_avx512)
 ZF_ROOF(pass_avx2, [[gnu::target("avx2")]], nt_line_avx2)
+#endif
 ZF_ROOF(pass_default, , nt_line_default)
 #undef ZF_ROOF
 
@@ -175,10 +190,15 @@ void run(const AdamTensor &t, size_t lo, size_t hi, Isa isa, RoofForm form) {
     }
     using Pass = void (*)(uint32_t *, const G *, uint32_t *, uint32_t *, uint16_t *, uint32_t *,
                           size_t, uint32_t);
-    static constexpr Pass avx512[] = ZF_FORMS(pass_avx512), avx2[] = ZF_FORMS(pass_avx2),
-                          baseline[] = ZF_FORMS(pass_default);
-#undef ZF_FORMS
+    static constexpr Pass baseline[] = ZF_FORMS(pass_default);
+#if defined(__x86_64__)
+    static constexpr Pass avx512[] = ZF_FORMS(pass_avx512), avx2[] = ZF_FORMS(pass_avx2);
     const Pass *forms = isa == Isa::avx512 ? avx512 : isa == Isa::avx2 ? avx2 : baseline;
+#else
+    const Pass *forms = baseline; // the compiler's vectors for the baseline (NEON on aarch64)
+    (void)isa;
+#endif
+#undef ZF_FORMS
     forms[static_cast<size_t>(form)](p, g, m, v, c, s, n, zero);
 }
 

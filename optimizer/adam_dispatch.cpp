@@ -1,5 +1,5 @@
 // The public entry points: per-tensor constants, thread slices over the concatenated elements, and
-// the choice of kernel at run time (one binary for every x86-64 node).
+// the choice of kernel at run time (one binary for every node of an architecture).
 #include "adam_kernels.hpp"
 #include "cpu_level.hpp"
 #include <zbadam/team_share.hpp>
@@ -15,10 +15,21 @@ namespace zb::opt {
 namespace {
 
 // The AVX-512 kernel needs AVX-512F, FMA and F16C, the AVX2 one AVX2, FMA and F16C: levels 4 and
-// 3 hold them (one CPU test for the kernels and the gradient pre-pass alike).
+// 3 hold them (one CPU test for the kernels and the gradient pre-pass alike). On aarch64 NEON is
+// the default and SVE is taken where its vectors are wider than NEON's 128 bits (A64FX 512,
+// Graviton 3 256): at 128 bits (Neoverse V2, Grace) the two move the same bytes per instruction
+// and NEON's loop carries no predicates. A choice from the instruction sets, not a measurement:
+// no Arm machine was at hand (force_isa() and zenflow-bench --isa compare them on one).
 Isa detect() {
+#if defined(__x86_64__)
     const int level = x86_level();
     return level >= 4 ? Isa::avx512 : level >= 3 ? Isa::avx2 : Isa::scalar;
+#elif defined(__aarch64__)
+    if (arm_sve() && detail::sve_bytes() > 16) return Isa::sve;
+    return arm_neon() ? Isa::neon : Isa::scalar;
+#else
+    return Isa::scalar;
+#endif
 }
 
 std::atomic<Isa> &forced() {
@@ -80,10 +91,17 @@ size_t read_last_level_cache() {
 
 detail::RangeKernel kernel_for(Isa isa) {
     switch (isa) {
+#if defined(__x86_64__)
     case Isa::avx512:
         return detail::range_avx512;
     case Isa::avx2:
         return detail::range_avx2;
+#elif defined(__aarch64__)
+    case Isa::sve:
+        return detail::range_sve;
+    case Isa::neon:
+        return detail::range_neon;
+#endif
     default:
         return detail::range_scalar;
     }
@@ -213,8 +231,28 @@ Isa active_isa() {
     return forced().load(std::memory_order_relaxed);
 }
 
+bool isa_supported(Isa isa) {
+    switch (isa) {
+    case Isa::scalar:
+        return true;
+#if defined(__x86_64__)
+    case Isa::avx2:
+        return x86_level() >= 3;
+    case Isa::avx512:
+        return x86_level() >= 4;
+#elif defined(__aarch64__)
+    case Isa::neon:
+        return arm_neon();
+    case Isa::sve:
+        return arm_sve();
+#endif
+    default:
+        return false;
+    }
+}
+
 bool force_isa(Isa isa) {
-    if (static_cast<int>(isa) > static_cast<int>(best_isa())) return false;
+    if (!isa_supported(isa)) return false;
     forced().store(isa, std::memory_order_relaxed);
     return true;
 }
@@ -301,6 +339,10 @@ const char *isa_name(Isa isa) {
         return "avx512";
     case Isa::avx2:
         return "avx2";
+    case Isa::neon:
+        return "neon";
+    case Isa::sve:
+        return "sve";
     case Isa::scalar:
         return "scalar";
     }

@@ -1,5 +1,6 @@
 // Internal contract between the dispatcher (adam_dispatch.cpp) and the per-ISA kernels
-// (adam_scalar.cpp, adam_avx2.cpp, adam_avx512.cpp). Every kernel performs exactly this sequence
+// (adam_scalar.cpp; adam_avx2.cpp, adam_avx512.cpp on x86-64; adam_neon.cpp, adam_sve.cpp on
+// aarch64). Every kernel performs exactly this sequence
 // of IEEE fp32 operations on each element, which is what makes all paths give the same bits:
 //
 //   g  = grad * grad_scale                      (counted when not finite)
@@ -17,8 +18,6 @@
 #include <zbadam/prefetch.hpp>
 
 #include <cstring>
-
-#include <xmmintrin.h>
 
 namespace zb::opt::detail {
 
@@ -48,6 +47,11 @@ uint64_t range_avx2(const AdamTensor &t, const Consts &c, GradType g, CopyType c
                     size_t hi);
 uint64_t range_avx512(const AdamTensor &t, const Consts &c, GradType g, CopyType cp, size_t lo,
                       size_t hi);
+uint64_t range_neon(const AdamTensor &t, const Consts &c, GradType g, CopyType cp, size_t lo,
+                    size_t hi);
+uint64_t range_sve(const AdamTensor &t, const Consts &c, GradType g, CopyType cp, size_t lo,
+                   size_t hi);
+size_t sve_bytes(); // this thread's SVE vector length in bytes (SVE CPUs only)
 
 // Whether the vector loop writes t's copy-out and stale streams with non-temporal stores: asked
 // for, something to write, and element 0 of each stream 64-byte aligned, so that every W-element
@@ -136,8 +140,8 @@ template <class K, GradType G, CopyType C, bool AdamW, bool Stale, bool Stream, 
     }
 }
 
-// The loop every vector path runs over elements [lo, hi) of one tensor. K is the path's kernel
-// (adam_avx2.cpp, adam_avx512.cpp), compiled with its own target flags:
+// The loop the fixed-width vector paths run over elements [lo, hi) of one tensor. K is the path's
+// kernel (adam_avx2.cpp, adam_avx512.cpp, adam_neon.cpp), compiled with its own target flags:
 //   K::W                                  elements per iteration (a multiple of two vectors' lanes)
 //   K::Vc                                 the constants in registers, made from Consts
 //   K::Bad, K::Count                      one iteration's non-finite lanes; per-lane counters

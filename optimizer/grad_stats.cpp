@@ -11,17 +11,19 @@ namespace detail {
 GradStats grad_block_stats_avx512(const void *grad, GradType type, size_t lo, size_t hi,
                                   float scale);
 GradStats grad_block_stats_avx2(const void *grad, GradType type, size_t lo, size_t hi, float scale);
-GradStats grad_block_stats_sse2(const void *grad, GradType type, size_t lo, size_t hi, float scale);
+GradStats grad_block_stats_base(const void *grad, GradType type, size_t lo, size_t hi, float scale);
 } // namespace detail
 
 GradBlockStatsFn grad_block_stats_for_level(int level) {
     switch (level) {
+#if defined(__x86_64__)
     case 4:
         return x86_level() >= 4 ? detail::grad_block_stats_avx512 : nullptr;
     case 3:
         return x86_level() >= 3 ? detail::grad_block_stats_avx2 : nullptr;
+#endif
     case 1:
-        return detail::grad_block_stats_sse2;
+        return detail::grad_block_stats_base;
     default:
         return nullptr;
     }

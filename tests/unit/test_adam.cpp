@@ -5,6 +5,7 @@
 #include <zbadam/adam.hpp>
 #include <zbadam/team_share.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -20,6 +21,9 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#if defined(__aarch64__)
+#include <sys/prctl.h>
+#endif
 
 extern "C" { // Debian's cmocka.h has no C++ guard
 #include <cmocka.h>
@@ -37,11 +41,25 @@ using zb::opt::Stores;
 
 uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
-// The ISAs this CPU and kernel support, read from /proc/cpuinfo's flags, independently of the
-// dispatcher's CPUID code: what every cross-ISA test here compares. Printed once, so a log shows
-// when a machine without AVX-512 compared fewer.
+// The SVE vector length of this thread in bytes, from the kernel's prctl (not the auxiliary
+// vector the dispatcher reads); 0 without SVE.
+size_t sve_vector_bytes() {
+#if defined(__aarch64__)
+    const int vl = prctl(PR_SVE_GET_VL);
+    return vl < 0 ? 0 : static_cast<size_t>(vl & PR_SVE_VL_LEN_MASK);
+#else
+    return 0;
+#endif
+}
+
+// The ISAs this CPU and kernel support, independently of the dispatcher's own reading: on x86-64
+// /proc/cpuinfo's flags (not CPUID), on aarch64 NEON (every ARMv8 CPU) and SVE where prctl gives a
+// vector length (not AT_HWCAP). What every cross-ISA test here compares. Printed once, so a log
+// shows when a machine compared fewer.
 const std::vector<Isa> &isas() {
     static const std::vector<Isa> list = [] {
+        std::vector<Isa> out{Isa::scalar};
+#if defined(__x86_64__)
         std::set<std::string> flags;
         std::ifstream in("/proc/cpuinfo");
         for (std::string line; std::getline(in, line);)
@@ -56,19 +74,49 @@ const std::vector<Isa> &isas() {
                 if (!flags.count(n)) return false;
             return true;
         };
-        std::vector<Isa> out{Isa::scalar};
         if (all({"avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"})) {
             out.push_back(Isa::avx2);
             if (all({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}))
                 out.push_back(Isa::avx512);
         }
+#elif defined(__aarch64__)
+        out.push_back(Isa::neon);
+        if (sve_vector_bytes()) out.push_back(Isa::sve);
+#endif
         std::fprintf(stderr, "test_adam: comparing the ISAs of this CPU:");
         for (Isa isa : out)
             std::fprintf(stderr, " %s", zb::opt::isa_name(isa));
+        if (sve_vector_bytes())
+            std::fprintf(stderr, " (SVE vectors of %zu bits)", sve_vector_bytes() * 8);
         std::fprintf(stderr, "\n");
         return out;
     }();
     return list;
+}
+
+// The kernel best_isa() should pick among isas(): the widest, but NEON over 128-bit SVE.
+Isa expected_best() {
+    const Isa last = isas().back();
+    return last == Isa::sve && sve_vector_bytes() <= 16 ? Isa::neon : last;
+}
+
+// Each vector path's RangeKernel, called directly by the tests below.
+zb::opt::detail::RangeKernel kernel_of(Isa isa) {
+    switch (isa) {
+#if defined(__x86_64__)
+    case Isa::avx2:
+        return zb::opt::detail::range_avx2;
+    case Isa::avx512:
+        return zb::opt::detail::range_avx512;
+#elif defined(__aarch64__)
+    case Isa::neon:
+        return zb::opt::detail::range_neon;
+    case Isa::sve:
+        return zb::opt::detail::range_sve;
+#endif
+    default:
+        return zb::opt::detail::range_scalar;
+    }
 }
 
 // Runs the kernels on `isa` from now on, or fails: no test may believe it ran a kernel it did not.
@@ -516,17 +564,23 @@ void test_slices_and_isa(void **) {
     assert_string_equal(zb::opt::isa_name(Isa::scalar), "scalar");
     assert_string_equal(zb::opt::isa_name(Isa::avx2), "avx2");
     assert_string_equal(zb::opt::isa_name(Isa::avx512), "avx512");
-    // The dispatcher's CPUID reading agrees with the kernel's view of the CPU, so the cross-ISA
+    assert_string_equal(zb::opt::isa_name(Isa::neon), "neon");
+    assert_string_equal(zb::opt::isa_name(Isa::sve), "sve");
+    // The dispatcher's reading of the CPU agrees with the kernel's view of it, so the cross-ISA
     // tests below cover every kernel this CPU can run.
-    assert_int_equal(static_cast<int>(zb::opt::best_isa()), static_cast<int>(isas().back()));
-    // An ISA this CPU lacks is refused, and the one in use stays.
+    assert_int_equal(static_cast<int>(zb::opt::best_isa()), static_cast<int>(expected_best()));
+    // An ISA this build or CPU lacks (another architecture's among them) is refused, and the one
+    // in use stays.
     use(Isa::scalar);
-    for (Isa isa : {Isa::avx2, Isa::avx512})
-        if (static_cast<int>(isa) > static_cast<int>(zb::opt::best_isa())) {
+    for (Isa isa : {Isa::avx2, Isa::avx512, Isa::neon, Isa::sve}) {
+        const bool here = std::find(isas().begin(), isas().end(), isa) != isas().end();
+        assert_int_equal(zb::opt::isa_supported(isa), here);
+        if (!here) {
             assert_false(zb::opt::force_isa(isa));
             assert_int_equal(static_cast<int>(zb::opt::active_isa()),
                              static_cast<int>(Isa::scalar));
         }
+    }
     use(zb::opt::best_isa());
     assert_int_equal(static_cast<int>(zb::opt::active_isa()),
                      static_cast<int>(zb::opt::best_isa()));
@@ -537,11 +591,10 @@ void test_slices_and_isa(void **) {
 // the same bits as plain stores, and nothing written outside [lo, hi).
 void test_streaming_kernels(void **) {
     using zb::opt::detail::RangeKernel;
-    const RangeKernel kernels[] = {zb::opt::detail::range_avx2, zb::opt::detail::range_avx512};
     const std::array<size_t, 2> kBounds[] = {{5, 1000}, {37, 700}, {64, 197}};
     for (Isa isa : isas()) {
         if (isa == Isa::scalar) continue;
-        const RangeKernel kernel = kernels[static_cast<int>(isa) - 1];
+        const RangeKernel kernel = kernel_of(isa);
         for (GradType g : {GradType::f32, GradType::bf16})
             for (CopyType c : {CopyType::bf16, CopyType::f16})
                 for (const std::array<size_t, 2> &bounds : kBounds) {
@@ -624,10 +677,96 @@ void test_streaming_choice(void **) {
     assert_int_equal(batch_stores(CopyType::bf16, &one), static_cast<int>(Stores::cached));
 }
 
+// One number for every result of every kernel configuration, the same on every ISA and every
+// architecture: FNV-1a over the params, moments, copy-outs, snapshots and non-finite counts of
+// three steps over tensors with tails, special gradients (infinities, a NaN, subnormals, the
+// largest finite values) and every grad, copy-out and snapshot type, Adam and AdamW. A NaN counts
+// as one value whatever its payload (a NaN an operation makes is positive on Arm, negative on
+// x86-64). tests/unit/adam_digest_cross.sh compares the digests of two builds.
+struct Digest {
+    uint64_t h = 0xcbf29ce484222325ull;
+    void add(const void *p, size_t n) {
+        for (size_t i = 0; i < n; ++i)
+            h = (h ^ static_cast<const unsigned char *>(p)[i]) * 0x100000001b3ull;
+    }
+    void add_float(float f) {
+        const uint32_t u = std::isnan(f) ? 0x7fc00000u : bits(f);
+        add(&u, 4);
+    }
+    void add_half(uint16_t c, CopyType t) { // a NaN code: exponent all ones, fraction not zero
+        const bool nan = t == CopyType::bf16 ? (c & 0x7f80) == 0x7f80 && (c & 0x7f)
+                                             : (c & 0x7c00) == 0x7c00 && (c & 0x3ff);
+        const uint16_t v = nan ? 0x7fff : c;
+        add(&v, 2);
+    }
+};
+
+uint64_t kernel_digest() {
+    Digest d;
+    for (GradType g : {GradType::f32, GradType::bf16, GradType::f16})
+        for (CopyType c : {CopyType::none, CopyType::bf16, CopyType::f16})
+            for (bool stale : {false, true}) {
+                rng_state = 7;
+                Problem p({1, 7, 33, 130, 1003, 64}, g, c, stale);
+                for (int s = 0; s < 3; ++s) {
+                    // Special gradients in the last tensor: +-inf, NaN, subnormal, largest finite.
+                    const size_t gs = grad_size(g);
+                    unsigned char *last = p.grad.back().data();
+                    const uint32_t f32[] = {0x7f800000, 0xff800000, 0x7fc00001,
+                                            0x00000003, 0x7f7fffff, 0x80400000};
+                    const uint16_t b16[] = {0x7f80, 0xff80, 0x7fc1, 0x0003, 0x7f7f, 0x8040};
+                    const uint16_t h16[] = {0x7c00, 0xfc00, 0x7e01, 0x0003, 0x7bff, 0x8200};
+                    for (size_t k = 0; k < 6; ++k) {
+                        const void *src = g == GradType::f32 ? static_cast<const void *>(&f32[k])
+                                          : g == GradType::bf16
+                                              ? static_cast<const void *>(&b16[k])
+                                              : static_cast<const void *>(&h16[k]);
+                        std::memcpy(last + (k * 11 + static_cast<size_t>(s)) * gs, src, gs);
+                    }
+                    const uint64_t bad = p.step(2);
+                    d.add(&bad, sizeof bad);
+                    p.new_grads();
+                }
+                for (size_t k = 0; k < p.lengths.size(); ++k)
+                    for (size_t i = 0; i < p.lengths[k]; ++i) {
+                        d.add_float(p.param[k][i]);
+                        d.add_float(p.m[k][i]);
+                        d.add_float(p.v[k][i]);
+                        if (c != CopyType::none) d.add_half(p.copy[k][i], c);
+                        if (stale) d.add_float(p.stale_out[k][i]);
+                    }
+            }
+    return d.h;
+}
+
+// The digests of every ISA this CPU runs must agree (the cross-ISA tests compare the same results
+// element by element; this checks the digest itself).
+void test_digest_same_on_every_isa(void **) {
+    uint64_t first = 0;
+    for (Isa isa : isas()) {
+        use(isa);
+        const uint64_t h = kernel_digest();
+        if (isa == Isa::scalar) first = h;
+        if (h != first)
+            fail_msg("%s digest %016llx, scalar %016llx", zb::opt::isa_name(isa),
+                     static_cast<unsigned long long>(h), static_cast<unsigned long long>(first));
+    }
+    use(zb::opt::best_isa());
+}
+
 } // namespace
 
-int main() {
+int main(int argc, char **argv) {
+    if (argc == 2 && std::strcmp(argv[1], "--digest") == 0) { // "ISA DIGEST" per ISA
+        for (Isa isa : isas()) {
+            use(isa);
+            std::printf("%s %016llx\n", zb::opt::isa_name(isa),
+                        static_cast<unsigned long long>(kernel_digest()));
+        }
+        return 0;
+    }
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_digest_same_on_every_isa),
         cmocka_unit_test(test_slices_and_isa),
         cmocka_unit_test(test_bit_identical),
         cmocka_unit_test(test_double_reference),

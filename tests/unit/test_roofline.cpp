@@ -69,8 +69,8 @@ constexpr RoofForm kEveryForm[] = {RoofForm::simd, RoofForm::lines, RoofForm::nt
 void test_pass_keeps_data_and_writes_outputs(void **) {
     const size_t n = 1000 + 7;
     const size_t bounds[][2] = {{0, n}, {3, n - 5}, {16, 16 + 31}, {5, 6}, {n, n}};
-    for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
-        if (static_cast<int>(isa) > static_cast<int>(zb::opt::best_isa())) continue;
+    for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon, Isa::sve}) {
+        if (!zb::opt::isa_supported(isa)) continue;
         for (GradType g : {GradType::f32, GradType::bf16})
             for (CopyType c : {CopyType::none, CopyType::bf16})
                 for (bool stale : {false, true})

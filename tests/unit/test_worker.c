@@ -87,7 +87,8 @@ static void test_bad_arguments(void **state) {
     assert_null(w);
     zb_worker_attr_init(&attr);
     attr.path = "/nonexistent/zenflow-optimizer";
-    expect_status(zb_worker_spawn(&attr, 0, &w), ZB_EINVAL, "/nonexistent/zenflow-optimizer");
+    if (!under_qemu_user("a worker path that cannot be run is EINVAL"))
+        expect_status(zb_worker_spawn(&attr, 0, &w), ZB_EINVAL, "/nonexistent/zenflow-optimizer");
     zb_worker_attr_init(&attr);
     attr.worker_spin_us = 50001; /* the worker would not check its trainer for that long */
     expect_status(zb_worker_spawn(&attr, 0, &w), ZB_EINVAL, "at most 50000");
@@ -535,6 +536,10 @@ static double worker_outlives_trainer_by(useconds_t delay_us) {
  * 0.050 s at most over 155 deaths. The median must stay under 0.1 s, every one under 0.5 s. */
 static void test_trainer_death(void **state) {
     (void)state;
+    if (under_qemu_user("a killed trainer's worker exits (no PR_SET_CHILD_SUBREAPER there)")) {
+        skip();
+        return;
+    }
     static const useconds_t delays[] = {5000, 15000, 25000, 35000, 45000};
     expect_latencies(worker_outlives_trainer_by, delays, 0.1, 0.5, "worker gone");
 }
@@ -897,7 +902,8 @@ static void test_default_worker_path(void **state) {
     setenv("ZENFLOW_OPTIMIZER", saved, 1);
     free(saved);
     if (access(installed, X_OK) != 0) { /* not installed: the error names where it looked */
-        expect_status(st, ZB_EINVAL, installed);
+        if (!under_qemu_user("a missing default worker is EINVAL"))
+            expect_status(st, ZB_EINVAL, installed);
         return;
     }
     assert_int_equal(st, ZB_OK); /* installed: that is what runs */
@@ -915,6 +921,10 @@ static void test_default_worker_path(void **state) {
  * for the last NUMA node this process may use. On a one-node machine that node is also the
  * default (the optimizer CPUs' node), so only a multi-node machine tells the two apart. */
 static void test_mems_take_effect(void **state) {
+    if (under_qemu_user("the worker's NUMA policy")) {
+        skip();
+        return;
+    }
     (void)state;
     FILE *f = fopen("/proc/self/status", "r");
     assert_non_null(f);
@@ -998,10 +1008,14 @@ static void test_ten_thousand_steps_flat(void **state) {
      * instrumented worker alike, so private memory is checked only without it. */
     assert_int_equal(after.worker_rss_shmem, before.worker_rss_shmem);
 #if !defined(__SANITIZE_ADDRESS__) && !defined(ZB_ASAN)
-    assert_true(after.worker_rss_anon <= before.worker_rss_anon + 8192);
-    assert_true(after.trainer_rss_anon <= before.trainer_rss_anon + 8192);
-#endif
+    if (!under_qemu_user("private and resident memory stay flat")) {
+        assert_true(after.worker_rss_anon <= before.worker_rss_anon + 8192);
+        assert_true(after.trainer_rss_anon <= before.trainer_rss_anon + 8192);
+        assert_true(after.worker_rss <= before.worker_rss + (256u << 10));
+    }
+#else
     assert_true(after.worker_rss <= before.worker_rss + (256u << 10));
+#endif
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 

@@ -4,7 +4,6 @@
 #define _GNU_SOURCE
 #include <zenbind/worker.h>
 
-#include <immintrin.h> /* F16C conversions for fp16 gradients (built with -mf16c) */
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -43,6 +42,27 @@ static unsigned add(zb_worker_t *w, const spec *s, zb_group_buffers *b) {
     return id;
 }
 
+/* fp16 codes by truncation (for inputs any value will do; |g| < 2 here) and their exact values:
+ * portable, where F16C is x86-64 only. */
+static uint16_t f16_trunc(float g) {
+    const float a = fabsf(g);
+    uint16_t h;
+    if (a < 0x1p-14f) {
+        h = (uint16_t)(a * 0x1p24f); /* subnormal: a multiple of 2^-24 */
+    } else {
+        int e;
+        const float m = frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1) */
+        h = (uint16_t)(((e + 14) << 10) | (uint16_t)((m * 2.0f - 1.0f) * 1024.0f));
+    }
+    return (uint16_t)(h | (g < 0 ? 0x8000 : 0));
+}
+
+static float f16_value(uint16_t h) {
+    const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    const float v = e ? ldexpf((float)(1024 + m), e - 25) : ldexpf((float)m, -24);
+    return h & 0x8000 ? -v : v;
+}
+
 /* Deterministic gradients of a group for a step: the same on every worker that replays it. */
 static void fill(const zb_group_buffers *b, unsigned buffer, uint32_t seed) {
     for (size_t i = 0; i < b->numel; ++i) {
@@ -55,7 +75,7 @@ static void fill(const zb_group_buffers *b, unsigned buffer, uint32_t seed) {
         else if (b->grad == ZB_DTYPE_BF16)
             ((uint16_t *)b->grads[buffer])[i] = (uint16_t)(u >> 16);
         else
-            ((uint16_t *)b->grads[buffer])[i] = _cvtss_sh(g, _MM_FROUND_TO_NEAREST_INT);
+            ((uint16_t *)b->grads[buffer])[i] = f16_trunc(g);
     }
 }
 
@@ -315,7 +335,7 @@ static double to_double(const zb_group_buffers *b, unsigned buffer, size_t i, fl
         uint32_t u = (uint32_t)((const uint16_t *)b->grads[buffer])[i] << 16;
         memcpy(&g, &u, 4);
     } else {
-        g = _cvtsh_ss(((const uint16_t *)b->grads[buffer])[i]);
+        g = f16_value(((const uint16_t *)b->grads[buffer])[i]);
     }
     return (double)(g * scale);
 }

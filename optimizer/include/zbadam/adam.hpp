@@ -10,7 +10,10 @@ namespace zb::opt {
 
 enum class GradType : uint8_t { f32, bf16, f16 };
 enum class CopyType : uint8_t { none, bf16, f16 };
-enum class Isa : uint8_t { scalar, avx2, avx512 };
+// The kernels: the portable scalar one (the reference), and per architecture its vector paths:
+// AVX2 and AVX-512 on x86-64, NEON (every ARMv8 CPU) and SVE (any vector length) on aarch64. A
+// build has the scalar kernel and its own architecture's; isa_supported() tells which run here.
+enum class Isa : uint8_t { scalar, avx2, avx512, neon, sve };
 // How the vector paths write the streams they only write (copy-out, stale): `automatic` streams
 // them past the caches (non-temporal stores) when a step's bytes exceed the last-level cache, so
 // the read of each line before its overwrite is saved; below that, plain stores leave the results
@@ -69,10 +72,11 @@ uint64_t adam_step_in_team(const AdamBatch &batch, TeamShare &share);
 // first-touch memory use it to place pages.
 void adam_slice(size_t total, int thread, int threads, size_t &lo, size_t &hi);
 
-Isa best_isa();   // what this CPU supports
-Isa active_isa(); // what adam_step uses now
+Isa best_isa();              // the kernel adam_step uses unless told otherwise
+bool isa_supported(Isa isa); // built for this architecture, and this CPU and its OS can run it
+Isa active_isa();            // what adam_step uses now
 // Tests and benchmarks: makes adam_step use `isa`. Refuses (false, nothing changed) an ISA this
-// CPU lacks, so a caller cannot believe it ran a kernel it did not.
+// build or CPU lacks, so a caller cannot believe it ran a kernel it did not.
 [[nodiscard]] bool force_isa(Isa isa);
 const char *isa_name(Isa isa);
 

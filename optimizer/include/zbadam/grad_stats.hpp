@@ -27,8 +27,9 @@ inline size_t grad_stats_blocks(size_t n) {
     return (n + kGradStatsBlock - 1) / kGradStatsBlock;
 }
 
-// grad_block_stats as built for x86-64 ISA level 1 (the baseline), 3 (AVX2, F16C, FMA) or 4
-// (AVX-512), or null if this CPU cannot run it; grad_block_stats uses the highest it can. Every
+// grad_block_stats as built for level 1 (the architecture's baseline: SSE2 on x86-64, NEON on
+// aarch64) or, on x86-64, ISA level 3 (AVX2, F16C, FMA) or 4 (AVX-512); null if this build or CPU
+// cannot run it. grad_block_stats uses the highest it can. Every
 // level gives the same bits for finite gradients (NaN payloads may differ).
 using GradBlockStatsFn = GradStats (*)(const void *, GradType, size_t, size_t, float);
 GradBlockStatsFn grad_block_stats_for_level(int level);

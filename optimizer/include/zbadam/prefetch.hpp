@@ -7,8 +7,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include <xmmintrin.h>
-
 namespace zb::opt::detail {
 
 // One tensor's streams as the vector bodies take them (a tail passes padded copies instead).
@@ -55,11 +53,13 @@ template <size_t W, GradType G, Prefetch P>
 [[gnu::always_inline]] inline void prefetch_ahead(const Ptrs &t, size_t i) {
     static_assert(P != Prefetch::off);
     constexpr size_t gsize = G == GradType::f32 ? 4 : 2;
-    constexpr auto hint = P == Prefetch::l1 ? _MM_HINT_T0 : _MM_HINT_T1;
+    // Locality 3 and 2: PREFETCHT0 and PREFETCHT1 on x86-64, PRFM PLDL1KEEP and PLDL2KEEP on Arm.
+    constexpr int locality = P == Prefetch::l1 ? 3 : 2;
     const size_t at = i + kPrefetchAhead;
     // (A lambda for the one line would be shorter, but GCC 12 drops the prefetches made in it.)
 #define ZB_PREFETCH(base, offset)                                                                  \
-    _mm_prefetch(reinterpret_cast<const char *>(reinterpret_cast<uintptr_t>(base) + (offset)), hint)
+    __builtin_prefetch(                                                                            \
+        reinterpret_cast<const void *>(reinterpret_cast<uintptr_t>(base) + (offset)), 0, locality)
     ZB_UNROLL
     for (size_t b = 0; b < W * 4; b += 64) {
         ZB_PREFETCH(t.param, at * 4 + b);
