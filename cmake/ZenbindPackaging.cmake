@@ -24,6 +24,18 @@ if(ZB_BUILD_PLUGIN)
   list(APPEND CPACK_COMPONENTS_ALL slurm)
 endif()
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+# A cross build (the aarch64 preset) packages for the machine it builds for: CPack would take the
+# build machine's dpkg architecture. dpkg-shlibdeps reads the target's libraries from multiarch.
+if(CMAKE_CROSSCOMPILING)
+  if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64)$")
+    set(CPACK_DEBIAN_PACKAGE_ARCHITECTURE arm64)
+  elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
+    set(CPACK_DEBIAN_PACKAGE_ARCHITECTURE amd64)
+  else()
+    message(WARNING "cpack: no Debian architecture known for ${CMAKE_SYSTEM_PROCESSOR}")
+  endif()
+  set(CPACK_RPM_PACKAGE_ARCHITECTURE ${CMAKE_SYSTEM_PROCESSOR})
+endif()
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 # dpkg-shlibdeps finds libzenbind.so.N in the build tree; the Depends on libzenbindN is written
 # out below, since the package that provides its shlibs is built in the same run.

@@ -12,6 +12,9 @@ pkgs=(
   python3-matplotlib                                                # the demo's picture
   procps util-linux dpkg-dev lintian rpm                             # ps, taskset, prlimit; packages
   debootstrap qemu-system-x86 e2fsprogs                             # the Debian roots and their VMs (tests/roots)
+  g++-aarch64-linux-gnu qemu-user-static                            # the arm64 cross build, run under qemu-user
+  libhwloc-dev:arm64 libnuma-dev:arm64 libcmocka-dev:arm64          # its libraries (multiarch)
+  libgomp1:arm64 libstdc++6:arm64
 )
 
 missing=()
@@ -30,5 +33,7 @@ if [ ! -e "$policy" ]; then
   printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null && $SUDO chmod +x "$policy" && made_policy=1
 fi
 trap '[ $made_policy -eq 1 ] && $SUDO rm -f "$policy"' EXIT
+# The arm64 packages come from the same archive once dpkg knows the architecture.
+dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO dpkg --add-architecture arm64
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of zenflow-bind, exactly as CI does (.ci/run calls this):
 #   formatting, the default build with all test labels (unit, cli, python, slurm, package, roots),
-#   the unit tests again under ASan+UBSan, and a short libFuzzer run over the input parsers.
+#   the arm64 cross build (its unit tests under qemu-user, its packages), the unit tests again
+#   under ASan+UBSan, and a short libFuzzer run over the input parsers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +35,13 @@ cmake --preset default >/dev/null
 cmake --build --preset default
 ctest --preset default || { report_skips build/default; exit 1; }
 report_skips build/default
+
+step "arm64: cross build, unit tests under qemu-user, packages (aarch64 preset)"
+# After the default build: adam_digest_cross compares the kernels' bits with its test_adam.
+bash scripts/qemu-binfmt.sh
+cmake --preset aarch64 >/dev/null
+cmake --build --preset aarch64
+ctest --preset aarch64
 
 step "unit tests under ASan+UBSan (asan preset)"
 cmake --preset asan >/dev/null

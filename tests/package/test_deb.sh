@@ -2,6 +2,7 @@
 # Builds the Debian packages of this build tree with cpack, checks them with lintian, unpacks them
 # into a scratch root and checks the layout and the metadata each package needs.
 #   usage: test_deb.sh BUILD_DIR [OUT_DIR]   (OUT_DIR keeps the .debs, for test_apt.sh)
+# A cross build's packages (the aarch64 preset) are checked the same way, for their architecture.
 . "$(dirname "$0")/common.sh"
 build=$1
 out=${2:-$work/out}
@@ -24,7 +25,23 @@ done
 expect() { # expect PATH-GLOB DESCRIPTION
   if compgen -G "$root/$1" >/dev/null; then echo "ok   $2 ($1)"; else echo "FAIL $2: nothing at /$1"; fail=1; fi
 }
-multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
+# The architecture the packages are for, and what their programs must be built for.
+arch=$(dpkg-deb -f "$(deb_of libzenbind$so)" Architecture)
+multiarch=$(dpkg-architecture -a "$arch" -qDEB_HOST_MULTIARCH 2>/dev/null)
+case $arch in
+  amd64) machine="Advanced Micro Devices X86-64" loader='ld-linux-x86-64\.so\.2' ;;
+  arm64) machine="AArch64" loader='ld-linux-aarch64\.so\.1' ;;
+  *) echo "FAIL packages for $arch, which this test does not know"; exit 1 ;;
+esac
+echo "ok   packages for $arch ($multiarch)"
+for pkg in libzenbind$so libzenbind-dev zenflow-bind zenflow-bind-slurm; do
+  [ "$(dpkg-deb -f "$(deb_of "$pkg")" Architecture)" = "$arch" ] ||
+    { echo "FAIL $pkg is not for $arch"; fail=1; }
+done
+while IFS= read -r f; do
+  got=$(readelf -h "$f" 2>/dev/null | sed -n 's/^ *Machine: *//p')
+  [ -z "$got" ] || [ "$got" = "$machine" ] || { echo "FAIL ${f#"$root"} is for $got, not $arch"; fail=1; }
+done < <(find "$root" -type f \( -name '*.so*' -o -perm -u+x \))
 expect "usr/lib/$multiarch/libzenbind.so.$so" "library with its soname"
 expect "usr/lib/$multiarch/pkgconfig/zenbind.pc" "pkg-config file"
 expect "usr/lib/$multiarch/cmake/zenbind/zenbindConfig.cmake" "CMake package"
@@ -57,7 +74,7 @@ fi
 plugin_so="$root/usr/lib/$multiarch/slurm-wlm/zenflow_bind.so"
 if [ -f "$plugin_so" ]; then
   extra=$(readelf -d "$plugin_so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' |
-    grep -vxE 'libc\.so\.6|libm\.so\.6|ld-linux-x86-64\.so\.2' | tr '\n' ' ' || true)
+    grep -vxE "libc\\.so\\.6|libm\\.so\\.6|$loader" | tr '\n' ' ' || true)
   if [ -z "$extra" ]; then echo "ok   the plugin needs only the C library"
   else echo "FAIL the plugin loads more than the C library: $extra"; fail=1; fi
 fi
