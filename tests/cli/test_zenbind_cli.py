@@ -167,6 +167,61 @@ class Plan(unittest.TestCase):
         self.assertEqual(sum(1 for line in lines if line[:1].isdigit()), 8)
 
 
+class GraceHopper(unittest.TestCase):
+    """Two GH200 superchips (tests/topologies/README.md): 72 cores and one LPDDR5X node per
+    package, and each GPU's HBM as a CPU-less NUMA node of subtype GPUMemory beside it. Runs on
+    the arm64 build too (under qemu-user), which is how the planner and show are checked on an Arm
+    topology without Arm hardware."""
+
+    XML = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "topologies",
+                       "grace_hopper_2x.xml")
+    PACKAGES = (cpus("0-71"), cpus("72-143"))
+
+    def check_task(self, t, package, node, allowed):
+        train, opt = cpus(t["train_cpus"]), cpus(t["opt_cpus"])
+        self.assertFalse(train & opt, t)
+        self.assertTrue(train | opt <= self.PACKAGES[package] & allowed, t)
+        self.assertEqual((t["train_threads"], t["opt_threads"]), (len(train), len(opt)), t)
+        # The optimizer's state in the package's LPDDR5X, never in a GPU's HBM (nodes 2 and 3).
+        self.assertEqual(t["opt_mems"], str(node), t)
+        self.assertEqual(t["nodes"], str(node), t)
+
+    def test_one_task_per_superchip_beside_its_gpu(self):
+        p = plan("--tasks", "2", "--topology", self.XML, "--gpu-nodes", "0,1")
+        self.assertEqual(p["warnings"], [])
+        for i, t in enumerate(p["tasks"]):
+            self.check_task(t, i, i, cpus("0-143"))
+            self.assertEqual(t["cores"], 72)
+
+    def test_a_slurm_step_of_half_of_each_package(self):
+        allowed = "0-35,72-107"
+        p = plan("--tasks", "4", "--topology", self.XML, "--gpu-nodes", "0,0,1,1", "--cpuset",
+                 allowed)
+        used = set()
+        for i, t in enumerate(p["tasks"]):
+            self.check_task(t, i // 2, i // 2, cpus(allowed))
+            used |= cpus(t["train_cpus"]) | cpus(t["opt_cpus"])
+        self.assertEqual(used, cpus(allowed))
+
+    def test_one_task_over_both_packages_keeps_state_off_hbm(self):
+        (t,) = plan("--tasks", "1", "--topology", self.XML)["tasks"]
+        self.assertIn(t["opt_mems"], ("0", "1"))
+        self.assertEqual(cpus(t["nodes"]), {0, 1})
+
+    def test_show_lists_the_gpu_memory_nodes(self):
+        env = {**os.environ, "HWLOC_XMLFILE": self.XML, "HWLOC_THISSYSTEM": "1"}
+        r = subprocess.run([ZENBIND, "show", "--json"], capture_output=True, text=True,
+                           timeout=60, env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        d = json.loads(r.stdout)
+        self.assertEqual(d["machine"], "0-143")
+        kinds = {n["node"]: (n["cpus"], n["cores"], n["pus_per_core"], n["kind"])
+                 for n in d["nodes"]}
+        self.assertEqual(kinds, {0: ("0-71", 72, 1, "DRAM"), 1: ("72-143", 72, 1, "DRAM"),
+                                 2: ("0-71", 72, 1, "GPUMemory"),
+                                 3: ("72-143", 72, 1, "GPUMemory")})
+
+
 class Tune(unittest.TestCase):
     @unittest.skipIf(os.environ.get("ZB_TEST_QEMU_USER"), "qemu-user has no NUMA system calls")
     def test_tune_writes_a_profile_that_plan_reads(self):
