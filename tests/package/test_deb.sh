@@ -64,6 +64,16 @@ expect "etc/slurm/plugstack.conf.d/zenflow-bind.conf" "plugstack.conf.d snippet"
 if [ -f "$snippet" ] && grep -qE '^[[:space:]]*(required|optional)' "$snippet"; then
   echo "FAIL the plugstack.conf.d snippet is enabled; it must be installed disabled"; fail=1
 fi
+# Uncommenting a line of the snippet must load this package's plugin: its path is where the
+# package puts it (the multiarch directory of the packages' architecture).
+if [ -f "$snippet" ]; then
+  paths=$(sed -n 's/^#\(required\|optional\)[[:space:]]\+\([^[:space:]]*\).*/\2/p' "$snippet" | sort -u)
+  [ -n "$paths" ] || { echo "FAIL the snippet names no plugin"; fail=1; }
+  for p in $paths; do
+    if [ -f "$root$p" ]; then echo "ok   the snippet loads $p"
+    else echo "FAIL the snippet loads $p, which the package does not hold"; fail=1; fi
+  done
+fi
 conffiles=$(dpkg-deb -I "$(deb_of zenflow-bind-slurm)" conffiles 2>/dev/null || true)
 if ! grep -qx "/etc/slurm/plugstack.conf.d/zenflow-bind.conf" <<<"$conffiles"; then
   echo "FAIL the snippet is not a conffile: an upgrade would undo the admin's edit"; fail=1
