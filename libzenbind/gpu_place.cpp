@@ -1,4 +1,5 @@
 #include "gpu_place.hpp"
+#include "topology.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -50,6 +51,26 @@ std::string node_text(unsigned node) {
     return "NUMA node " + std::to_string(node);
 }
 
+// The node whose CPUs a GPU on node `g` is beside: `g` itself, or for a memory-only node (the
+// GPU's own HBM on a Grace Hopper, which the driver may report as the GPU's node) the nearest DRAM
+// node holding CPUs, the lowest number on a tie.
+unsigned cpu_side(hwloc_topology_t topo, const Distances &d, unsigned g) {
+    hwloc_obj_t node = hwloc_get_numanode_obj_by_os_index(topo, g);
+    if (!node || is_dram(node)) return g;
+    unsigned best = g;
+    unsigned long best_distance = ULONG_MAX;
+    for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr); n;
+         n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n)) {
+        if (!is_dram(n) || hwloc_bitmap_iszero(n->cpuset)) continue;
+        const unsigned long distance = d.between(g, n->os_index);
+        if (distance < best_distance || (distance == best_distance && n->os_index < best)) {
+            best = n->os_index;
+            best_distance = distance;
+        }
+    }
+    return best;
+}
+
 } // namespace
 
 // How far share `s` is from GPU node `g`: its nearest node's distance, then fewer cores there
@@ -69,6 +90,7 @@ GpuPlacement place_by_gpu(hwloc_topology_t topo, const std::vector<ShareNodes> &
     std::vector<bool> taken(n, false);
     std::vector<int> gpu(n, -1);
     bool any = false;
+    const Distances distances(topo);
     for (size_t t = 0; t < n; ++t) {
         if (gpu_nodes[t] < 0) continue;
         if (!hwloc_get_numanode_obj_by_os_index(topo, static_cast<unsigned>(gpu_nodes[t]))) {
@@ -76,10 +98,9 @@ GpuPlacement place_by_gpu(hwloc_topology_t topo, const std::vector<ShareNodes> &
                                            ", which is not in the topology: share taken in order");
             continue;
         }
-        gpu[t] = gpu_nodes[t];
+        gpu[t] = static_cast<int>(cpu_side(topo, distances, static_cast<unsigned>(gpu_nodes[t])));
         any = true;
     }
-    const Distances distances(topo);
     // The free share nearest task t's GPU, among those at distance 0 only when `local`.
     const auto nearest = [&](size_t t, bool local) {
         size_t best = SIZE_MAX;

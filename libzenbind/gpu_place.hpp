@@ -19,11 +19,12 @@ struct GpuPlacement {
 using ShareNodes = std::vector<std::pair<unsigned, unsigned>>;
 
 // `shares[s]`: share s's nodes; `step_nodes`: the nodes with CPUs of the step; `gpu_nodes[t]`:
-// task t's GPU node, -1 for none. First, in task order, each GPU task whose node holds cores of a
-// free share takes the free share with most cores there; then each remaining GPU task takes the
-// free share nearest its GPU (hwloc's NUMA distances, else the topology tree; more cores on the
-// nearest node first); ties go to the first share. Tasks without a GPU take what is left, in
-// order.
+// task t's GPU node, -1 for none (a memory-only node, such as a Grace Hopper GPU's own HBM,
+// stands for the nearest DRAM node with CPUs, silently: that is where the GPU's CPUs are). First,
+// in task order, each GPU task whose node holds cores of a free share takes the free share with
+// most cores there; then each remaining GPU task takes the free share nearest its GPU (hwloc's NUMA
+// distances, else the topology tree; more cores on the nearest node first); ties go to the first
+// share. Tasks without a GPU take what is left, in order.
 GpuPlacement place_by_gpu(hwloc_topology_t topo, const std::vector<ShareNodes> &shares,
                           hwloc_const_nodeset_t step_nodes, const int *gpu_nodes);
 

@@ -85,17 +85,14 @@ std::string list(hwloc_const_bitmap_t set) {
     return zb::format_cpulist(set);
 }
 
-// A CPU's home node is the first NUMA node, in topology order, whose locality holds it. hwloc
-// gives memory-only nodes (HBM, CXL, NVM) the locality of the CPUs near them too, so ordinary
-// DRAM nodes (no subtype, or "DRAM") are preferred over them: tasks are placed on home nodes only.
-bool is_dram(hwloc_obj_t node) {
-    return !node->subtype || std::string(node->subtype) == "DRAM";
-}
+// A CPU's home node is the first NUMA node, in topology order, whose locality holds it, DRAM
+// nodes before memory-only ones (is_dram in topology.hpp): tasks are placed on home nodes only.
 
 int home_node(const std::vector<hwloc_obj_t> &nodes, hwloc_const_cpuset_t pus) {
     for (int pass = 0; pass < 2; ++pass)
         for (size_t i = 0; i < nodes.size(); ++i)
-            if ((pass == 1 || is_dram(nodes[i])) && hwloc_bitmap_intersects(nodes[i]->cpuset, pus))
+            if ((pass == 1 || zb::is_dram(nodes[i])) &&
+                hwloc_bitmap_intersects(nodes[i]->cpuset, pus))
                 return static_cast<int>(i);
     return -1;
 }

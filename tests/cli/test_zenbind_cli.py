@@ -193,6 +193,15 @@ class GraceHopper(unittest.TestCase):
             self.check_task(t, i, i, cpus("0-143"))
             self.assertEqual(t["cores"], 72)
 
+    def test_gpus_reported_on_their_hbm_nodes(self):
+        # The driver may give a GH200 GPU its own HBM node: the GPU is still beside its package's
+        # CPUs, which is no reason to warn. GPU 0 on node 3 (package 1), GPU 1 on node 2.
+        p = plan("--tasks", "2", "--topology", self.XML, "--gpu-nodes", "3,2")
+        self.assertEqual(p["warnings"], [])
+        self.assertEqual([t["gpu_node"] for t in p["tasks"]], [3, 2])
+        for i, t in enumerate(p["tasks"]):
+            self.check_task(t, 1 - i, 1 - i, cpus("0-143"))
+
     def test_a_slurm_step_of_half_of_each_package(self):
         allowed = "0-35,72-107"
         p = plan("--tasks", "4", "--topology", self.XML, "--gpu-nodes", "0,0,1,1", "--cpuset",
