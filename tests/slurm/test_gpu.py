@@ -5,12 +5,13 @@ plugin in a fake sysfs tree, on a node that slurmd and the plugin both see as tw
     test_gpu.py PLUGIN_SO --task-plugin cgroup|affinity [unittest args]
 
 This host has one NUMA node and two cores, so the cluster's slurmd (and the slurmstepd it
-starts, where the plugin plans) gets hwloc's synthetic topology of two sockets with one core and
-one NUMA node each (HWLOC_SYNTHETIC, CPU numbers 0 and 1 as on the host), and the plugin's GPU
-discovery is pointed at a fake tree (ZENFLOW_BIND_GPU_ROOT): GPU 0 on NUMA node 1, GPU 1 on node
-0, the reverse of topology order. gres.conf's File= entries are character devices the test makes
-(mknod, /dev/null's numbers), as slurmd requires. A task bound beside its GPU therefore runs on the other core
-than the one it would get without GPU placement.
+starts, where the plugin plans) gets the topology of tests/topologies/gh200_two_cores.xml
+(HWLOC_XMLFILE): shaped like two NVIDIA GH200 superchips, two packages with one core, a DRAM node
+(0 and 1, CPU numbers 0 and 1 as on the host) and a CPU-less GPUMemory node (2 and 3) each. The
+plugin's GPU discovery is pointed at a fake tree (ZENFLOW_BIND_GPU_ROOT): GPU 0 on NUMA node 1,
+GPU 1 on node 0, the reverse of topology order. gres.conf's File= entries are character devices
+the test makes (mknod, /dev/null's numbers), as slurmd requires. A task bound beside its GPU
+therefore runs on the other core than the one it would get without GPU placement.
 """
 import os
 import re
@@ -22,10 +23,11 @@ import tempfile
 import slurm_case
 from slurm_case import REPORT, ClusterCase, cpus
 
-TOPOLOGY = "pack:2 [numa] core:1 pu:1"
-# GPU index -> (PCI address, NUMA node); NUMA node n holds CPU n in TOPOLOGY.
+TOPOLOGY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "topologies",
+                        "gh200_two_cores.xml")
+# GPU index -> (PCI address, NUMA node); NUMA node n holds CPU n in TOPOLOGY (n = 0, 1).
 GPUS = [("0000:41:00.0", 1), ("0000:c1:00.0", 0)]
-DAEMON_VARIABLES = ("HWLOC_SYNTHETIC", "HWLOC_THISSYSTEM", "ZENFLOW_BIND_GPU_ROOT",
+DAEMON_VARIABLES = ("HWLOC_XMLFILE", "HWLOC_THISSYSTEM", "ZENFLOW_BIND_GPU_ROOT",
                     "ZB_CLUSTER_GRES_GPUS")
 
 
@@ -57,7 +59,7 @@ class GpuPlacement(ClusterCase):
         write(os.path.join(vga, "vendor"), "0x1a03\n")
         # The daemons inherit the environment cluster.sh starts them with; the jobs must not.
         saved = {v: os.environ.get(v) for v in DAEMON_VARIABLES}
-        os.environ.update(HWLOC_SYNTHETIC=TOPOLOGY, HWLOC_THISSYSTEM="1",
+        os.environ.update(HWLOC_XMLFILE=TOPOLOGY, HWLOC_THISSYSTEM="1",
                           ZENFLOW_BIND_GPU_ROOT=cls.root, ZB_CLUSTER_GRES_GPUS=" ".join(devices))
         try:
             super().setUpClass()
@@ -147,6 +149,16 @@ class GpuPlacement(ClusterCase):
         tasks, p = self.tasks("-n2", "--gres=gpu:2", "--zenflow-bind")
         self.assertEqual([tasks[i].affinity for i in (0, 1)], [{0}, {1}], p.stderr)
         self.assertRegex(p.stderr, r"task 0 .*, GPU 0 on node 0")
+
+    def test_gpus_on_their_hbm_nodes_are_beside_their_package(self):
+        # A Grace Hopper's driver may give each GPU its own HBM node: GPU 0 on node 3 (package 1's
+        # HBM), GPU 1 on node 2. Each task goes to that package's core and DRAM, without warning.
+        self.plugstack("verbose,gpumap=" + self.gpu_map("0 3\n1 2\n"))
+        tasks, p = self.tasks("-n2", "--gres=gpu:2", "--zenflow-bind")
+        self.assertEqual([tasks[i].affinity for i in (0, 1)], [{1}, {0}], p.stderr)
+        self.assertEqual([tasks[i].mems for i in (0, 1)], ["1", "0"], p.stderr)
+        self.assertRegex(p.stderr, r"task 0 .*, GPU 0 on node 3")
+        self.assertNotRegex(p.stderr, r"warning: .*GPU")
 
     def test_bad_map_falls_back_with_a_warning(self):
         self.plugstack("gpumap=" + self.gpu_map("0 0\n0 1\n"))
