@@ -177,7 +177,8 @@ class IpcAndWorker(unittest.TestCase):
         r = subprocess.run([BENCH, "worker", "--elements", "1000"], capture_output=True, text=True,
                            timeout=60, env={**os.environ, "ZENFLOW_OPTIMIZER": "/nonexistent/w"})
         self.assertEqual(r.returncode, 1, r.stderr)
-        if not os.environ.get("ZB_TEST_QEMU_USER"):  # its posix_spawn cannot report the exec's error
+        # qemu-user's posix_spawn cannot report the exec's error
+        if not os.environ.get("ZB_TEST_QEMU_USER"):
             self.assertIn("cannot start the optimizer worker /nonexistent/w", r.stderr)
 
 
