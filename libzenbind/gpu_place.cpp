@@ -123,15 +123,16 @@ GpuPlacement place_by_gpu(hwloc_topology_t topo, const std::vector<ShareNodes> &
             p.share_of[t] = s;
             taken[s] = true;
             if (local) continue;
-            const unsigned g = static_cast<unsigned>(gpu[t]);
+            const unsigned g = static_cast<unsigned>(gpu_nodes[t]); // the node as reported
             std::string where;
             for (const auto &[node, cores] : shares[s])
                 where += (where.empty() ? "" : ",") + std::to_string(node);
-            p.warnings.emplace_back(t, "GPU on " + node_text(g) +
-                                           (hwloc_bitmap_isset(step_nodes, g)
-                                                ? ", whose shares went to earlier tasks"
-                                                : ", which has no CPU of the step") +
-                                           ": share on NUMA node " + where + ", the nearest left");
+            p.warnings.emplace_back(
+                t, "GPU on " + node_text(g) +
+                       (hwloc_bitmap_isset(step_nodes, static_cast<unsigned>(gpu[t]))
+                            ? ", whose shares went to earlier tasks"
+                            : ", which has no CPU of the step") +
+                       ": share on NUMA node " + where + ", the nearest left");
         }
     for (size_t t = 0, s = 0; t < n; ++t) {
         if (p.share_of[t] != SIZE_MAX) continue;

@@ -14,5 +14,7 @@ for entry in "$dir"/*; do
     case ${entry##*/} in register | status) continue ;; esac
     grep -q '^enabled' "$entry" && grep -q "^magic $magic" "$entry" && exit 0
 done
+# Ours, left disabled by an earlier run: enable it (registering the name again would fail).
+[ -e "$dir/zb-qemu-aarch64" ] && { echo 1 >"$dir/zb-qemu-aarch64"; exit 0; }
 printf '%s' ":zb-qemu-aarch64:M::\x7f\x45\x4c\x46\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00:\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff:$qemu:F" >"$dir/register"
 echo "qemu-binfmt: arm64 programs run through $qemu" >&2

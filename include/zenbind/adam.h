@@ -3,8 +3,9 @@
  * The kernel the zenflow-optimizer worker runs, for an optimizer that steps in the training
  * process itself (srun --zenflow-bind=mode=offload, FSDP2's CPUOffloadPolicy, a C++ trainer): one
  * fused pass over every tensor, AVX-512 or AVX2 on x86-64, SVE or NEON on aarch64, as the CPU
- * allows, the same bits on every path, architecture and thread count, the same arithmetic and
- * results as a worker step. See libzenbind(3), section IN-PROCESS ADAM.
+ * allows, the same bits on every path, architecture and thread count (but for the sign of a NaN
+ * an operation makes: negative on x86-64, positive on Arm), the same arithmetic and results as a
+ * worker step. See libzenbind(3), section IN-PROCESS ADAM.
  *
  * Conventions are those of <zenbind/zenbind.h>: a zb_status with a message in zb_last_error();
  * nothing is written when the arguments are refused.

@@ -5,8 +5,9 @@ process, in the style of torch.optim's functional forms.
     adamw_(params, grads, exp_avgs, exp_avg_sqs, step=t, lr=1e-3, weight_decay=0.01)
 
 One fused pass over every tensor (libzenbind's zb_adam_step: AVX-512 or AVX2 on x86-64, SVE or
-NEON on aarch64, as the CPU allows, the same bits on every path, architecture and thread count,
-and the same as a zenflow_bind.optim.AdamW step with the same arguments), on `threads` OpenMP
+NEON on aarch64, as the CPU allows, the same bits on every path, architecture and thread count
+(but for the sign of a NaN an operation makes, which differs between x86-64 and Arm), and the
+same as a zenflow_bind.optim.AdamW step with the same arguments), on `threads` OpenMP
 threads of this process. For an optimizer that steps where training runs: srun
 --zenflow-bind=mode=offload, FSDP2's CPUOffloadPolicy. See zenflow_bind.optim(3)."""
 

@@ -3,9 +3,9 @@
 # kernel configuration (test_adam --digest) from this build's test_adam, run under qemu-user on
 # CPUs without SVE and with SVE vectors of 128, 256 and 2048 bits, equals the digest of the
 # build machine's own test_adam (x86-64: scalar, AVX2, AVX-512).
-#   adam_digest_cross.sh NATIVE_TEST_ADAM CROSS_TEST_ADAM
+#   adam_digest_cross.sh NATIVE_TEST_ADAM CROSS_TEST_ADAM EMULATOR
 set -euo pipefail
-native=$1 cross=$2
+native=$1 cross=$2 emulator=$3
 skip() {
     if [ -n "${CI:-}" ] && [ "${ZB_ALLOW_SKIP:-}" != 1 ]; then
         echo "FAIL: CI=$CI and a test cannot run: $*" >&2
@@ -15,7 +15,7 @@ skip() {
     exit 77
 }
 [ -x "$native" ] || skip "no native test_adam at $native (build the default preset first)"
-want=$("$native" --digest 2>/dev/null)
+want=$("$native" --digest)
 echo "native: $(echo $want)"
 reference=$(echo "$want" | awk '$1 == "scalar" { print $2 }')
 [ -n "$reference" ] || { echo "FAIL: no scalar digest from $native" >&2; exit 1; }
@@ -23,7 +23,7 @@ echo "$want" | awk -v r="$reference" '$2 != r { bad = 1 } END { exit bad }' ||
     { echo "FAIL: the native ISAs disagree" >&2; exit 1; }
 status=0
 for cpu in cortex-a57 max,sve128=on max,sve256=on max,sve2048=on,sve-default-vector-length=256; do
-    got=$(QEMU_CPU=$cpu "$cross" --digest 2>/dev/null)
+    got=$(QEMU_CPU=$cpu "$emulator" "$cross" --digest)
     echo "QEMU_CPU=$cpu: $(echo $got)"
     while read -r isa digest; do
         if [ "$digest" != "$reference" ]; then
