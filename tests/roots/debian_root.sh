@@ -94,14 +94,7 @@ root_dir=$cache/$release-$key
 
 log() { echo "debian_root.sh $release: $*" >&2; }
 
-skip() {
-    if [ -n "${CI:-}" ] && [ "${ZB_ALLOW_SKIP:-}" != 1 ]; then
-        log "FAIL: CI=$CI and the $release root cannot be made: $* (ZB_ALLOW_SKIP=1 accepts the skip)"
-        exit 1
-    fi
-    echo "SKIP: $*" >&2
-    exit 77
-}
+. "$here/../skip.sh"
 
 # The Debian archive this machine installs from (deb822 URIs: or one-line deb entries).
 mirror() {
