@@ -14,22 +14,18 @@
 namespace zb::opt {
 namespace {
 
-// The AVX-512 kernel needs AVX-512F, FMA and F16C, the AVX2 one AVX2, FMA and F16C: levels 4 and
-// 3 hold them (one CPU test for the kernels and the gradient pre-pass alike). On aarch64 NEON is
-// the default and SVE is taken where its vectors are wider than NEON's 128 bits (A64FX 512,
-// Graviton 3 256): at 128 bits (Neoverse V2, Grace) the two move the same bytes per instruction
-// and NEON's loop carries no predicates. A choice from the instruction sets, not a measurement:
-// no Arm machine was at hand (force_isa() and zenflow-bench --isa compare them on one).
+// The widest kernel this CPU runs (isa_supported(): what each needs). On aarch64 SVE is taken only
+// where its vectors are wider than NEON's 128 bits (A64FX 512, Graviton 3 256): at 128 bits
+// (Neoverse V2, Grace) the two move the same bytes per instruction and NEON's loop carries no
+// predicates. A choice from the instruction sets, not a measurement: no Arm machine was at hand
+// (force_isa() and zenflow-bench --isa compare them on one).
 Isa detect() {
-#if defined(__x86_64__)
-    const int level = x86_level();
-    return level >= 4 ? Isa::avx512 : level >= 3 ? Isa::avx2 : Isa::scalar;
-#elif defined(__aarch64__)
-    if (arm_sve() && detail::sve_bytes() > 16) return Isa::sve;
-    return arm_neon() ? Isa::neon : Isa::scalar;
-#else
-    return Isa::scalar;
+    for (Isa isa : {Isa::avx512, Isa::avx2})
+        if (isa_supported(isa)) return isa;
+#if defined(__aarch64__)
+    if (isa_supported(Isa::sve) && detail::sve_bytes() > 16) return Isa::sve;
 #endif
+    return isa_supported(Isa::neon) ? Isa::neon : Isa::scalar;
 }
 
 std::atomic<Isa> &forced() {
@@ -231,6 +227,8 @@ Isa active_isa() {
     return forced().load(std::memory_order_relaxed);
 }
 
+// The AVX-512 kernel needs AVX-512F, FMA and F16C, the AVX2 one AVX2, FMA and F16C: x86-64 levels
+// 4 and 3 hold them (one CPU test for the kernels and the gradient pre-pass alike).
 bool isa_supported(Isa isa) {
     switch (isa) {
     case Isa::scalar:
