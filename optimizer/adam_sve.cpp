@@ -94,22 +94,19 @@ size_t sve_bytes() {
 
 uint64_t range_sve(const AdamTensor &t, const Consts &c, GradType g, CopyType cp, size_t lo,
                    size_t hi) {
+    // No non-temporal stores on this path: every batch takes the plain-store instantiations.
     return dispatch_types(g, cp, [&]<GradType G, CopyType C>() {
-        const auto with = [&]<bool AdamW, bool Stale>() -> uint64_t {
-            switch (c.prefetch) {
-            case Prefetch::l1:
-                return run<G, C, AdamW, Stale, Prefetch::l1>(t, c, lo, hi);
-            case Prefetch::l2:
-                return run<G, C, AdamW, Stale, Prefetch::l2>(t, c, lo, hi);
-            default:
-                return run<G, C, AdamW, Stale, Prefetch::off>(t, c, lo, hi);
-            }
-        };
-        if (c.adamw)
-            return t.stale ? with.template operator()<true, true>()
-                           : with.template operator()<true, false>();
-        return t.stale ? with.template operator()<false, true>()
-                       : with.template operator()<false, false>();
+        return dispatch_flags(c.adamw, t.stale != nullptr, false,
+                              [&]<bool AdamW, bool Stale, bool>() -> uint64_t {
+                                  switch (c.prefetch) {
+                                  case Prefetch::l1:
+                                      return run<G, C, AdamW, Stale, Prefetch::l1>(t, c, lo, hi);
+                                  case Prefetch::l2:
+                                      return run<G, C, AdamW, Stale, Prefetch::l2>(t, c, lo, hi);
+                                  default:
+                                      return run<G, C, AdamW, Stale, Prefetch::off>(t, c, lo, hi);
+                                  }
+                              });
     });
 }
 
