@@ -26,7 +26,7 @@ def load(path):
 
 
 def median(steps, key, first_steps):
-    values = [s[key] for s in steps if s["step"] not in first_steps and s[key] is not None]
+    values = [s[key] for s in steps if s["step"] not in first_steps and s.get(key) is not None]
     return statistics.median(values) if values else float("nan")
 
 
@@ -45,6 +45,7 @@ def row(label, steps, segments):
             "%.1f" % step_ms,
             "%.0f%%" % (100 * median(steps, "opt_ms", first) / step_ms),
             "%.1f" % median(steps, "blocked_ms", first),
+            "%.0f" % median(steps, "faults", first),
             "%.1f" % (sum(s["step_ms"] for s in steps) / 1e3),
             "%.4f" % segments[-1]["eval_loss"],
             joined(segments, "bytes_per_param", "{:.1f}"),
@@ -53,7 +54,7 @@ def row(label, steps, segments):
 
 
 HEADER = ["", "tokens/s", "optimizer step ms", "training step ms", "optimizer share of a step",
-          "waiting for optimizer ms", "total s",
+          "waiting for optimizer ms", "page faults per step", "total s",
           "final loss", "B/param", "training CPUs (threads)", "optimizer CPUs (threads)"]
 
 

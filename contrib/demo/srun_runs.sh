@@ -29,6 +29,14 @@ trap stop EXIT
 bash "$src/scripts/cluster.sh" start "$cluster" --task-plugin cgroup \
     --plugin "$build/spank_plugin/zenflow_bind.so" --lifetime 1800
 eval "$(bash "$src/scripts/cluster.sh" env "$cluster")"
+# Every run, whichever AdamW: glibc's malloc keeps the memory a step frees for the next one.
+# By default it hands large freed blocks back to the kernel, so the gradients backward allocates
+# after zero_grad() are fresh pages, faulted in and zeroed every step: tens of thousands of
+# faults, a third of this model's training step on a small machine, which would hide the
+# optimizer's share (the report's "page faults per step" row). A GLIBC_TUNABLES of the caller's
+# is kept.
+keep=glibc.malloc.trim_threshold=4294967295:glibc.malloc.mmap_threshold=33554432
+export GLIBC_TUNABLES=${GLIBC_TUNABLES-$keep}
 
 cpus=$(nproc)
 steps=${ZB_DEMO_STEPS:-200}
@@ -36,7 +44,8 @@ half=$((steps / 2))
 read -ra extra <<<"${ZB_DEMO_ARGS:-}"
 train=(python3 "$src/contrib/demo/train_gpt.py" --steps "$steps" --save-at "$half" "${extra[@]}")
 echo "== $(python3 -c 'import torch, transformers; print("torch", torch.__version__,
-    "transformers", transformers.__version__)'), $(srun --version), $cpus CPUs"
+    "transformers", transformers.__version__)'), $(srun --version), $cpus CPUs,
+    GLIBC_TUNABLES=$GLIBC_TUNABLES"
 
 # run NAME OPTIMIZER SRUN-OPTIONS...: the first half, stopped at its checkpoint, then the rest in a
 # new srun step

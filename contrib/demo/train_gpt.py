@@ -15,8 +15,9 @@ resumed from a checkpoint sees what a run that never stopped sees.
 
 --save-at K writes a torch.distributed.checkpoint (DCP) directory of the model and optimizer
 after step K; --stop-at-save ends the run there and --resume DIR continues from it, in another
-process (scripts/demo.sh: another srun step). --log FILE appends one JSON object per step and one
-per run segment (CPUs, memory, held-out loss); contrib/demo/report.py compares such logs.
+process (scripts/demo.sh: another srun step). --log FILE appends one JSON object per step (its
+times, and the page faults the training process took in it) and one per run segment (CPUs,
+memory, held-out loss); contrib/demo/report.py compares such logs.
 
 By hand, inside the forky root (`bash tests/roots/debian_root.sh forky shell`) after a build:
     PYTHONPATH=python ZENFLOW_BIND_LIB=build/.../libzenbind.so.2 \\
@@ -29,6 +30,7 @@ import glob
 import hashlib
 import json
 import os
+import resource
 import time
 import warnings
 
@@ -175,6 +177,7 @@ def main(argv=None):
     model.train()
     for step in range(start + 1, stop + 1):
         x, y = batch(train_text, args.seed, step, args, args.device)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = lm_loss(model, x, y)
@@ -188,12 +191,13 @@ def main(argv=None):
         opt.step()
         sync(args.device)
         t2 = time.perf_counter()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
         # the worker's own time for the whole step (buckets during backward and the rest), or
         # torch's step, which the training process runs itself
         opt_ms = opt.last_step_seconds * 1e3 if zenflow else (t2 - t1) * 1e3
         record = {"step": step, "loss": loss.item(), "step_ms": (t2 - t0) * 1e3,
                   "compute_ms": (t1 - t0) * 1e3, "blocked_ms": (t2 - t1) * 1e3,
-                  "opt_ms": opt_ms, "tokens": x.numel()}
+                  "opt_ms": opt_ms, "tokens": x.numel(), "faults": faults}
         if log:
             log.write(json.dumps(record) + "\n")
         if step % 10 == 0 or step == stop:

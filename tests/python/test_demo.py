@@ -103,6 +103,11 @@ class Demo(unittest.TestCase):
         second = report.row("a", slower, segments)
         self.assertAlmostEqual(float(second[1]) / float(first[1]), 0.5, delta=0.01)
         self.assertAlmostEqual(float(second[3]), 2 * float(first[3]), delta=0.11)
+        # the page faults of each step are counted, and the table shows their median
+        self.assertTrue(all(isinstance(r["faults"], int) and r["faults"] >= 0 for r in steps))
+        faulting = [dict(r, faults=1000 + r["step"]) for r in steps]  # steps 2-4 counted
+        at = report.HEADER.index("page faults per step")
+        self.assertEqual(report.row("a", faulting, segments)[at], "1003")
         # the verdict quotes bench/README.md's GPU table when the first run is slower
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
