@@ -10,6 +10,9 @@
 #                                that has torch: tests/python/test_gpu.py, bench/gpu_offload.py
 #                                ARGS, and (cpu) that machine's CPU: the kernel against its
 #                                roofline and against torch's fused AdamW, on one core and all
+#   bench/gpu_run.sh demo [ARGS] there, with transformers too: the demo (contrib/demo) on the
+#                                GPU, train_gpt.py ARGS added, its table and picture
+#                                (ZB_DEMO_OUT, default build/gpu-demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build/gpu
@@ -19,7 +22,7 @@ prepare() {
     cmake --build build/default -j"$(nproc)" --target zenbind zenflow-optimizer zenflow-bench
     rm -rf "$out" && mkdir -p "$out/debs"
     cp -L build/default/libzenbind/libzenbind.so.2 build/default/optimizer/zenflow-optimizer \
-        build/default/bench/zenflow-bench "$out/"
+        build/default/bench/zenflow-bench build/default/cli/zenbind "$out/"
     (cd "$out/debs" && apt-get download libhwloc15 libnuma1 libgomp1 libudev1 2>/dev/null)
     for deb in "$out"/debs/*.deb; do dpkg -x "$deb" "$out/root"; done
     rm -rf "$out/debs"
@@ -41,6 +44,9 @@ run() {
     if [ "$what" = bench ] || [ "$what" = all ]; then
         "${PYTHON:-python3}" bench/gpu_offload.py "$@"
     fi
+    if [ "$what" = demo ]; then
+        demo "$@"
+    fi
     if [ "$what" = cpu ] || [ "$what" = all ]; then
         local all
         all=$(nproc)
@@ -53,8 +59,46 @@ run() {
     fi
 }
 
+# The demo's runs on a GPU machine, which has no Slurm: each run gets by hand what srun would
+# give it. zenflow_bind.optim.AdamW gets `srun --zenflow-bind=train=2`'s split of this machine
+# (zenbind plan for one task: training bound by taskset with OMP_NUM_THREADS, the worker's CPUs
+# and NUMA node in ZENFLOW_OPT_*), torch's AdamWs every CPU, as under plain srun; each run stops
+# at a DCP checkpoint half-way and resumes in a new process (contrib/demo/srun_runs.sh does the
+# same under srun).
+demo() {
+    local py=${PYTHON:-python3} dir=${ZB_DEMO_OUT:-build/gpu-demo} steps=${ZB_DEMO_STEPS:-200}
+    local plan train opt train_threads opt_threads mems
+    plan=$("$out/zenbind" plan --tasks 1 --json --options "${ZB_DEMO_PLAN:-train=2}")
+    read -r train opt train_threads opt_threads mems < <("$py" -c '
+import json, sys
+t = json.load(sys.stdin)["tasks"][0]
+print(t["train_cpus"], t["opt_cpus"], t["train_threads"], t["opt_threads"], t["opt_mems"])' \
+        <<<"$plan")
+    mkdir -p "$dir"
+    rm -rf "$dir"/*.jsonl "$dir"/*.dcp
+    local train_gpt=("$py" contrib/demo/train_gpt.py --steps "$steps" --save-at $((steps / 2)))
+    local split=(env OMP_NUM_THREADS="$train_threads" ZENFLOW_TRAIN_CPUS="$train"
+        ZENFLOW_OPT_CPUS="$opt" ZENFLOW_OPT_THREADS="$opt_threads" ZENFLOW_OPT_MEMS="$mems"
+        taskset -c "$train")
+    echo "== zenflow: training on CPUs $train ($train_threads threads), the worker on $opt"
+    for name in zenflow torch torch-fused; do
+        local launch=()
+        [ "$name" = zenflow ] && launch=("${split[@]}")
+        local args=(--optimizer "$name" --checkpoint "$dir/$name.dcp" --log "$dir/$name.jsonl")
+        "${launch[@]}" "${train_gpt[@]}" "${args[@]}" --stop-at-save "$@"
+        "${launch[@]}" "${train_gpt[@]}" "${args[@]}" --resume "$dir/$name.dcp" "$@"
+    done
+    "${split[@]}" "${train_gpt[@]}" --optimizer zenflow --save-at 0 --quiet \
+        --log "$dir/zenflow-straight.jsonl" "$@"
+    "$py" contrib/demo/report.py --png "$dir/demo.png" --straight "$dir/zenflow-straight.jsonl" \
+        --resumed-in "a new process" \
+        "zenflow_bind.optim.AdamW, the worker on CPUs $opt=$dir/zenflow.jsonl" \
+        "torch.optim.AdamW()=$dir/torch.jsonl" "AdamW(fused=True)=$dir/torch-fused.jsonl"
+}
+
 case ${1:-all} in
 prepare) prepare ;;
 test | bench | cpu | all) run "${1:-all}" "${@:2}" ;;
-*) sed -n '2,12p' "$0" >&2; exit 2 ;;
+demo) run demo "${@:2}" ;;
+*) sed -n '2,15p' "$0" >&2; exit 2 ;;
 esac

@@ -1,14 +1,16 @@
 #!/usr/bin/python3
 """Compare runs of train_gpt.py: one table on stdout, loss and step time per step in a PNG.
 
-    report.py [--png demo.png] [--straight LOG] [--gpu-figures bench/README.md] "LABEL=LOG" ...
+    report.py [--png demo.png] [--straight LOG] [--gpu-figures bench/README.md]
+              [--resumed-in WHERE] "LABEL=LOG" ...
 
 Each LOG is a --log file of train_gpt.py, possibly written by several segments (a run stopped at
 its checkpoint and resumed). Per-step times are medians over the steps, leaving out each
 segment's first (imports, worker start, first allocations). --straight is a run of one segment
 whose final weights a resumed run of the same optimizer must equal; --gpu-figures quotes the GPU
-measurements of bench/README.md where the first run loses on this machine. Every figure comes
-from the logs and files given."""
+measurements of bench/README.md where the first run loses on this machine; --resumed-in says
+where a resumed segment ran (default "a new srun step"). Every figure comes from the logs and
+files given."""
 
 import argparse
 import json
@@ -75,7 +77,10 @@ def running_mean(values, n):
     return out
 
 
-def plot(path, runs):
+RESUMED_IN = "a new srun step"
+
+
+def plot(path, runs, resumed_in=RESUMED_IN):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -90,7 +95,7 @@ def plot(path, runs):
     for at in resumes:
         for ax in (top, bottom):
             ax.axvline(at - 0.5, color="grey", linestyle="--", linewidth=1)
-        top.annotate("checkpoint; resumed in a new srun step", (at - 0.5, 1), xytext=(4, -12),
+        top.annotate(f"checkpoint; resumed in {resumed_in}", (at - 0.5, 1), xytext=(4, -12),
                      xycoords=("data", "axes fraction"), textcoords="offset points", fontsize=9,
                      color="dimgrey")
     top.set_ylabel("training loss (mean of 10 steps)")
@@ -106,14 +111,14 @@ def plot(path, runs):
     fig.savefig(path, dpi=110)
 
 
-def resume_check(runs, straight):
+def resume_check(runs, straight, resumed_in=RESUMED_IN):
     """Whether the resumed run of the straight run's optimizer ended with its weights."""
     _, [whole] = load(straight)
     for label, _, segments in runs:
         if segments[0]["optimizer"] == whole["optimizer"] and len(segments) > 1:
             same = segments[-1]["params_sha256"] == whole["params_sha256"]
             return (f"{label}: stopped after step {segments[0]['last']}, resumed from its DCP "
-                    f"checkpoint in a new srun step; its final weights "
+                    f"checkpoint in {resumed_in}; its final weights "
                     f"{'equal' if same else 'DIFFER FROM'} those of a run that never stopped "
                     f"(SHA-256 {segments[-1]['params_sha256'][:16]} against "
                     f"{whole['params_sha256'][:16]})"), same
@@ -154,6 +159,7 @@ def main():
     ap.add_argument("--png", help="write the picture here")
     ap.add_argument("--straight", help="a run that never stopped, for the resume check")
     ap.add_argument("--gpu-figures", help="bench/README.md, quoted where the first run loses")
+    ap.add_argument("--resumed-in", default=RESUMED_IN, help="where resumed segments ran")
     ap.add_argument("runs", nargs="+", metavar="LABEL=LOG")
     args = ap.parse_args()
     runs = []
@@ -162,12 +168,15 @@ def main():
         runs.append((label, *load(path)))
     print_table([row(*run) for run in runs])
     if args.straight:
-        print("\n" + resume_check(runs, args.straight)[0])
+        print("\n" + resume_check(runs, args.straight, args.resumed_in)[0])
     if len(runs) > 1:
         verdict(runs, args.gpu_figures)
     if args.png:
-        plot(args.png, runs)
-        print(f"\npicture: {args.png}")
+        try:
+            plot(args.png, runs, args.resumed_in)
+            print(f"\npicture: {args.png}")
+        except ImportError as e:
+            print(f"\nno picture: {e.name} is not installed here")
 
 
 if __name__ == "__main__":

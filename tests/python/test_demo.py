@@ -72,6 +72,11 @@ class Demo(unittest.TestCase):
                     self.path(f"{optimizer}-straight"))
                 self.assertTrue(same, text)
                 self.assertIn("after step 3", text)
+                self.assertIn("in a new srun step;", text)
+                text, _ = report.resume_check(
+                    [("x", steps, [r for r in lines(log) if "segment" in r])],
+                    self.path(f"{optimizer}-straight"), resumed_in="a new process")
+                self.assertIn("in a new process;", text)
 
     def test_a_changed_step_shows(self):
         # the resume check compares weights: a run that trained differently after the
