@@ -57,7 +57,7 @@ def row(label, steps, segments):
 
 HEADER = ["", "tokens/s", "optimizer step ms", "training step ms", "optimizer share of a step",
           "waiting for optimizer ms", "page faults per step", "total s",
-          "final loss", "B/param", "training CPUs (threads)", "optimizer CPUs (threads)"]
+          "final loss", "host B/param", "training CPUs (threads)", "optimizer CPUs (threads)"]
 
 
 def print_table(rows):

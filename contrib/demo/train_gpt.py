@@ -124,12 +124,14 @@ def cpu_list(cpus):
 
 
 def host_bytes(model, opt):
-    """Bytes of parameters, gradients and optimizer state (torch's: every tensor of opt.state)."""
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters()
-                if p.grad is not None)
-    state = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
-                if torch.is_tensor(v))
+    """Bytes of parameters, gradients and optimizer state (torch's: every tensor of opt.state)
+    in host memory: none of a model and optimizer that live on the GPU."""
+    def size(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors
+                   if torch.is_tensor(t) and t.device.type == "cpu")
+    params = size(model.parameters())
+    grads = size(p.grad for p in model.parameters())
+    state = size(v for st in opt.state.values() for v in st.values())
     return params + grads + state
 
 

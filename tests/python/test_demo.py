@@ -122,6 +122,19 @@ class Demo(unittest.TestCase):
         self.assertIn("| tokens | gpu-fused | zenflow", out.getvalue())
         self.assertIn("H100", out.getvalue())
 
+    def test_host_bytes_are_the_hosts(self):
+        # parameters, gradients and state in host memory count; elsewhere (here: meta, on a GPU
+        # machine: CUDA) they do not
+        for device, expected in (("cpu", 4 * (16 + 4) * 4), ("meta", 0)):
+            model = torch.nn.Linear(4, 4, device=device)
+            opt = torch.optim.AdamW(model.parameters())
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+                opt.state[p] = {"exp_avg": torch.zeros_like(p),
+                                "exp_avg_sq": torch.zeros_like(p), "step": torch.tensor(0.0)}
+            # and each parameter's step, a 0-d fp32 tensor that torch keeps on the host
+            self.assertEqual(train_gpt.host_bytes(model, opt), expected + 2 * 4)
+
     def test_running_mean(self):
         self.assertEqual(report.running_mean([2.0, 4.0, 6.0, 8.0], 2), [2.0, 3.0, 5.0, 7.0])
         self.assertEqual(report.running_mean([1.0] * 5, 10), [1.0] * 5)
