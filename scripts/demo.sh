@@ -9,7 +9,9 @@
 # `--zenflow-bind=mode=offload`. Then prints them side by side and draws them
 # (contrib/demo/report.py). Needs root (debootstrap, chroot, slurmd).
 # Tunables: ZB_DEMO_STEPS (default 200), ZB_DEMO_ARGS (more train_gpt.py options), ZB_DEMO_OUT
-# (where the logs and the picture go, default build/demo).
+# (where the logs and the picture go, default build/demo), GLIBC_TUNABLES (default: glibc's malloc
+# keeps the memory a step frees, for every run alike, see contrib/demo/srun_runs.sh; set it empty
+# for glibc's own defaults).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "demo.sh: needs root (debootstrap, chroot, slurmd)" >&2; exit 1; }

@@ -379,6 +379,7 @@ run_demo() {
     mkdir -p "$out"
     in_root ${ZB_DEMO_STEPS:+ZB_DEMO_STEPS="$ZB_DEMO_STEPS"} \
         ${ZB_DEMO_ARGS:+ZB_DEMO_ARGS="$ZB_DEMO_ARGS"} \
+        ${GLIBC_TUNABLES+GLIBC_TUNABLES="$GLIBC_TUNABLES"} \
         bash "$src/contrib/demo/srun_runs.sh" "$work/build" "$(cd "$out" && pwd)"
 }
 
