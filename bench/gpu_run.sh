@@ -7,9 +7,10 @@
 #                                libhwloc15, libnuma1, libgomp1, libudev1 unpacked by dpkg -x)
 #   bench/gpu_run.sh [test|bench|cpu|all] [ARGS]
 #                                there, from the repository root, with $PYTHON (else python3)
-#                                that has torch: tests/python/test_gpu.py, bench/gpu_offload.py
-#                                ARGS, and (cpu) that machine's CPU: the kernel against its
-#                                roofline and against torch's fused AdamW, on one core and all
+#                                that has torch: tests/python/test_gpu.py and test_demo.py,
+#                                bench/gpu_offload.py ARGS, and (cpu) that machine's CPU: the
+#                                kernel against its roofline and against torch's fused AdamW, on
+#                                one core and all
 #   bench/gpu_run.sh demo [ARGS] there, with transformers too: the demo (contrib/demo) on the
 #                                GPU, train_gpt.py ARGS added, its table and picture
 #                                (ZB_DEMO_OUT, default build/gpu-demo)
@@ -39,7 +40,10 @@ run() {
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
     lscpu | grep -E '^(Model name|CPU\(s\)|NUMA node\(s\))' || true
     if [ "$what" = test ] || [ "$what" = all ]; then
-        (cd tests/python && "${PYTHON:-python3}" test_gpu.py -v)
+        # test_demo trains on the GPU there (train_gpt.py's default device): its resume through
+        # DCP, bit for bit, with the model on the GPU and the optimizer in the worker
+        (cd tests/python && "${PYTHON:-python3}" test_gpu.py -v &&
+            "${PYTHON:-python3}" test_demo.py -v)
     fi
     if [ "$what" = bench ] || [ "$what" = all ]; then
         "${PYTHON:-python3}" bench/gpu_offload.py "$@"
@@ -100,5 +104,5 @@ case ${1:-all} in
 prepare) prepare ;;
 test | bench | cpu | all) run "${1:-all}" "${@:2}" ;;
 demo) run demo "${@:2}" ;;
-*) sed -n '2,15p' "$0" >&2; exit 2 ;;
+*) sed -n '2,16p' "$0" >&2; exit 2 ;;
 esac
