@@ -2,6 +2,8 @@
 like DeepSpeed's ZenFlow (deepspeed.runtime.zenflow.zenflow_utils: _compute_zf_pt_affinity(
 zf_optimizer) called by start_optimizer_process). DeepSpeed is not a Debian package; the fake
 below is written here, with only the names and call structure the adapter checks."""
+import datetime
+import faulthandler
 import json
 import os
 import sys
@@ -77,7 +79,11 @@ def two_ranks(rank, store, envs, where):
     """One rank of a gloo job whose ranks have the environments envs: what its ZenFlow split
     came to, or the error, written to where/rank<N>."""
     import torch.distributed as dist
-    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    # A rank stuck for good (once in CI, in gloo or at start) shows its stack and ends, so the
+    # test fails in minutes and says where, instead of reaching ctest's timeout silently
+    faulthandler.dump_traceback_later(180, exit=True)
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))
     try:
         with FakeDeepSpeed(SHAPED_LIKE_DEEPSPEED) as zu:
             quiet(zd.use_plan, envs[rank])
@@ -90,6 +96,7 @@ def two_ranks(rank, store, envs, where):
         dist.destroy_process_group()
     with open(os.path.join(where, f"rank{rank}"), "w") as f:
         f.write(out)
+    faulthandler.cancel_dump_traceback_later()
 
 
 class PlanFromEnviron(unittest.TestCase):
