@@ -13,15 +13,6 @@ int zb_error(int status, const std::string &what) {
     return error(status, what + ": " + zb_last_error());
 }
 
-std::string cpulist(const zb_cpuset_t *set) {
-    const int n = zb_cpulist_format(set, nullptr, 0);
-    if (n < 0) return "infinite";
-    std::string out(static_cast<size_t>(n) + 1, '\0');
-    zb_cpulist_format(set, out.data(), out.size());
-    out.resize(static_cast<size_t>(n));
-    return out;
-}
-
 std::string json_string(const std::string &text) {
     std::string out = "\"";
     for (unsigned char c : text) {

@@ -1,6 +1,7 @@
 // Shared pieces of the zenbind subcommands: errors, cpu lists as text, JSON strings, topology.
 #pragma once
 
+#include <zbutil/cpulist_text.hpp>
 #include <zenbind/zenbind.h>
 
 #include <string>
@@ -15,7 +16,7 @@ int error(int status, const std::string &message);
 // The same with zb_last_error() appended after ": ".
 int zb_error(int status, const std::string &what);
 
-std::string cpulist(const zb_cpuset_t *set);
+using util::cpulist;
 std::string json_string(const std::string &text);
 
 // Reads the value of flag argv[i] into `value`, advancing i; false if it is missing.

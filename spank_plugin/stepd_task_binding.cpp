@@ -157,17 +157,6 @@ void load_step_gpus(spank_t sp, const zb_options &options, const char *fsroot, S
                       "=" + out.list + ") are on: " + zb_last_error();
 }
 
-std::string cpulist(const zb_cpuset_t *set) {
-    char small[256];
-    const int n = zb_cpulist_format(set, small, sizeof small);
-    if (n < 0) return "infinite";
-    if (static_cast<size_t>(n) < sizeof small) return small;
-    std::string big(static_cast<size_t>(n) + 1, '\0');
-    zb_cpulist_format(set, big.data(), big.size());
-    big.resize(static_cast<size_t>(n));
-    return big;
-}
-
 bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *profile,
                const StepGpus *step_gpus, const zb_cpuset_t *step_cpus, const zb_options &given,
                const TaskInfo &task, std::string &error) {

@@ -6,6 +6,7 @@
 #include "spank_api.hpp"
 #include "spank_env.hpp"
 #include "spank_tell.hpp"
+#include <zbutil/cpulist_text.hpp>
 #include <zenbind/zenbind.h>
 
 #include <cstdint>
@@ -46,7 +47,6 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
 // OMP_NUM_THREADS is left alone: it may be the user's own.
 
 // One line to the user's stderr (the task's, in remote context), written at once.
-// A set as a Linux cpu-list ("0-3,8").
-std::string cpulist(const zb_cpuset_t *set);
+using util::cpulist;
 
 } // namespace zb::spank
