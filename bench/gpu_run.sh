@@ -63,41 +63,37 @@ run() {
     fi
 }
 
-# The demo's runs on a GPU machine, which has no Slurm: each run gets by hand what srun would
-# give it. zenflow_bind.optim.AdamW gets `srun --zenflow-bind=train=2`'s split of this machine
-# (zenbind plan for one task: training bound by taskset with OMP_NUM_THREADS, the worker's CPUs
-# and NUMA node in ZENFLOW_OPT_*), torch's AdamWs every CPU, as under plain srun; each run stops
-# at a DCP checkpoint half-way and resumes in a new process (contrib/demo/srun_runs.sh does the
-# same under srun).
+# The demo's runs (contrib/demo/runs.sh) on a GPU machine, which has no Slurm: each run gets by
+# hand what srun would give it. zenflow_bind.optim.AdamW gets `srun --zenflow-bind=train=2`'s split
+# of this machine (zenbind plan for one task: training bound by taskset with OMP_NUM_THREADS, the
+# worker's CPUs and NUMA node in ZENFLOW_OPT_*), torch's AdamWs every CPU, as under plain srun.
 demo() {
-    local py=${PYTHON:-python3} dir=${ZB_DEMO_OUT:-build/gpu-demo} steps=${ZB_DEMO_STEPS:-200}
-    local plan train opt train_threads opt_threads mems
+    local py=${PYTHON:-python3} dir=${ZB_DEMO_OUT:-build/gpu-demo} plan
     plan=$("$out/zenbind" plan --tasks 1 --json --options "${ZB_DEMO_PLAN:-train=2}")
-    read -r train opt train_threads opt_threads mems < <("$py" -c '
+    read -r demo_train demo_opt demo_train_threads demo_opt_threads demo_mems < <("$py" -c '
 import json, sys
 t = json.load(sys.stdin)["tasks"][0]
 print(t["train_cpus"], t["opt_cpus"], t["train_threads"], t["opt_threads"], t["opt_mems"])' \
         <<<"$plan")
-    mkdir -p "$dir"
-    rm -rf "$dir"/*.jsonl "$dir"/*.dcp
-    local train_gpt=("$py" contrib/demo/train_gpt.py --steps "$steps" --save-at $((steps / 2)))
-    local split=(env OMP_NUM_THREADS="$train_threads" ZENFLOW_TRAIN_CPUS="$train"
-        ZENFLOW_OPT_CPUS="$opt" ZENFLOW_OPT_THREADS="$opt_threads" ZENFLOW_OPT_MEMS="$mems"
-        taskset -c "$train")
-    echo "== zenflow: training on CPUs $train ($train_threads threads), the worker on $opt"
-    for name in zenflow torch torch-fused; do
-        local launch=()
-        [ "$name" = zenflow ] && launch=("${split[@]}")
-        local args=(--optimizer "$name" --checkpoint "$dir/$name.dcp" --log "$dir/$name.jsonl")
-        "${launch[@]}" "${train_gpt[@]}" "${args[@]}" --stop-at-save "$@"
-        "${launch[@]}" "${train_gpt[@]}" "${args[@]}" --resume "$dir/$name.dcp" "$@"
-    done
-    "${split[@]}" "${train_gpt[@]}" --optimizer zenflow --save-at 0 --quiet \
-        --log "$dir/zenflow-straight.jsonl" "$@"
+    source contrib/demo/runs.sh
+    demo_runs "$dir" demo_launch "$@"
     "$py" contrib/demo/report.py --png "$dir/demo.png" --straight "$dir/zenflow-straight.jsonl" \
         --resumed-in "a new process" \
-        "zenflow_bind.optim.AdamW, the worker on CPUs $opt=$dir/zenflow.jsonl" \
+        "zenflow_bind.optim.AdamW, the worker on CPUs $demo_opt=$dir/zenflow.jsonl" \
         "torch.optim.AdamW()=$dir/torch.jsonl" "AdamW(fused=True)=$dir/torch-fused.jsonl"
+}
+
+# demo_launch NAME COMMAND...: zenflow on the plan's split, torch's AdamWs on every CPU
+demo_launch() {
+    if [ "$1" = zenflow ]; then
+        echo "   training on CPUs $demo_train ($demo_train_threads threads), the worker on $demo_opt"
+        env OMP_NUM_THREADS="$demo_train_threads" ZENFLOW_TRAIN_CPUS="$demo_train" \
+            ZENFLOW_OPT_CPUS="$demo_opt" ZENFLOW_OPT_THREADS="$demo_opt_threads" \
+            ZENFLOW_OPT_MEMS="$demo_mems" taskset -c "$demo_train" "${@:2}"
+    else
+        echo "   every CPU"
+        "${@:2}"
+    fi
 }
 
 case ${1:-all} in

@@ -10,7 +10,7 @@
 # (contrib/demo/report.py). Needs root (debootstrap, chroot, slurmd).
 # Tunables: ZB_DEMO_STEPS (default 200), ZB_DEMO_ARGS (more train_gpt.py options), ZB_DEMO_OUT
 # (where the logs and the picture go, default build/demo), GLIBC_TUNABLES (default: glibc's malloc
-# keeps the memory a step frees, for every run alike, see contrib/demo/srun_runs.sh; set it empty
+# keeps the memory a step frees, for every run alike, see contrib/demo/runs.sh; set it empty
 # for glibc's own defaults).
 set -euo pipefail
 cd "$(dirname "$0")/.."
