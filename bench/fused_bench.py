@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from machine import cpu_name, load
+from machine import cpu_name, load, memory_settings
 
 
 def flat(args, dtype):
@@ -95,6 +95,7 @@ def main():
     print(f"CPU {cpu_name()}, {os.cpu_count()} CPUs, affinity {sorted(os.sched_getaffinity(0))}; "
           f"torch {torch.__version__}; {args.threads} threads each; load average "
           f"{load()}")
+    print(f"memory: {memory_settings()}")
     if args.fsdp2:
         import torch.distributed as dist
         store = dist.FileStore(tempfile.mktemp(prefix="fused-bench-"), 1)

@@ -187,9 +187,10 @@ def run_variant(args):
 
 def describe():
     import torch
-    from machine import cpu_name, load
+    from machine import cpu_name, load, memory_settings
     print(f"GPU: {torch.cuda.get_device_name(0)}; CPU: {cpu_name()}, "
           f"{len(os.sched_getaffinity(0))} CPUs; load {load()}; torch {torch.__version__}")
+    print(f"memory: {memory_settings()}")
 
 
 def main():

@@ -43,25 +43,29 @@ template <class T> Buffer<T> untouched(size_t n, const char *who) {
     return Buffer<T>(static_cast<T *>(p));
 }
 
-// Where and when a run measured: the CPU model and the 1-minute load average at its start and its
+// Where and when a run measured: the CPU model, the kernel's transparent huge page mode (whether
+// the 2 MiB-aligned buffers can be huge pages) and the 1-minute load average at its start and its
 // end, which every subcommand prints beside its figures (a figure from a busy or unknown machine
 // is not one to compare).
 class Machine {
   public:
-    Machine() : cpu_(cpu_model()), load_start_(load()) {}
+    Machine() : cpu_(cpu_model()), thp_(thp_mode()), load_start_(load()) {}
 
-    // `"cpu": "...", "load_start": x, "load_end": y`, to close a JSON object's keys.
+    // `"cpu": "...", "thp": "...", "load_start": x, "load_end": y`, to close a JSON object's keys.
     std::string json() const {
-        char out[320];
-        std::snprintf(out, sizeof out, "\"cpu\": \"%s\", \"load_start\": %.2f, \"load_end\": %.2f",
-                      cpu_.c_str(), load_start_, load());
+        char out[384];
+        std::snprintf(out, sizeof out,
+                      "\"cpu\": \"%s\", \"thp\": \"%s\", \"load_start\": %.2f, \"load_end\": %.2f",
+                      cpu_.c_str(), thp_.c_str(), load_start_, load());
         return out;
     }
     // One line for a table.
     std::string text() const {
-        char out[320];
-        std::snprintf(out, sizeof out, "CPU %s, load %.2f at the start, %.2f at the end\n",
-                      cpu_.c_str(), load_start_, load());
+        char out[384];
+        std::snprintf(
+            out, sizeof out,
+            "CPU %s, transparent huge pages %s, load %.2f at the start, %.2f at the end\n",
+            cpu_.c_str(), thp_.c_str(), load_start_, load());
         return out;
     }
 
@@ -94,7 +98,25 @@ class Machine {
         return name.empty() ? "unknown" : name;
     }
 
-    std::string cpu_;
+    // The bracketed word of /sys/kernel/mm/transparent_hugepage/enabled (always, madvise, never);
+    // "unknown" when it cannot be read.
+    static std::string thp_mode() {
+        char mode[32] = "unknown";
+        if (FILE *f = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "re")) {
+            char word[64];
+            while (std::fscanf(f, "%63s", word) == 1) {
+                const size_t n = std::strlen(word);
+                if (n > 2 && n - 2 < sizeof mode && word[0] == '[' && word[n - 1] == ']') {
+                    std::memcpy(mode, word + 1, n - 2);
+                    mode[n - 2] = '\0';
+                }
+            }
+            std::fclose(f);
+        }
+        return mode;
+    }
+
+    std::string cpu_, thp_;
     double load_start_;
 };
 

@@ -21,7 +21,7 @@ import time
 import torch
 
 import zenflow_bind.optim
-from machine import cpu_name, load
+from machine import cpu_name, load, memory_settings
 
 
 def main():
@@ -55,6 +55,7 @@ def main():
     buckets = sum(len(l.buckets) for l in opt._layouts if l)
     print(f"CPU: {cpu_name()}; training on CPUs {train} ({len(train)} torch threads), worker on "
           f"{args.worker_cpus}; load average {load()}")
+    print(f"memory: {memory_settings()}")
     print(f"model: {args.layers} x Linear({args.width}, {args.width}), {numel / 1e6:.1f}M "
           f"{args.dtype} parameters in {buckets} buckets; batch {args.batch}; torch "
           f"{torch.__version__}")

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from machine import cpu_name, load
+from machine import cpu_name, load, memory_settings
 
 OPTIMIZERS = ("torch-foreach", "torch-loop", "zenflow", "zenflow-overlap")
 
@@ -144,6 +144,7 @@ def describe_machine(threads):
     cpus = sorted(os.sched_getaffinity(0))
     print(f"CPUs {cpus} ({cpu_name()}); torch threads = worker threads = {threads}; "
           f"load average {load()}")
+    print(f"memory: {memory_settings()}")
 
 
 def main():

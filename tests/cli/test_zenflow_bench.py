@@ -20,10 +20,17 @@ def run(*args):
 
 def assert_machine(test, d):
     """Every subcommand says where and when it measured: the CPU model (the first "model name" of
-    /proc/cpuinfo) and the 1-minute load average at the start and at the end of the run."""
+    /proc/cpuinfo), the transparent huge page mode (the bracketed word of the kernel's setting) and
+    the 1-minute load average at the start and at the end of the run."""
     with open("/proc/cpuinfo") as f:
         names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
     test.assertEqual(d["cpu"], names[0] if names else "unknown")
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp = [w[1:-1] for w in f.read().split() if w.startswith("[")][0]
+    except OSError:
+        thp = "unknown"
+    test.assertEqual(d["thp"], thp)
     for key in ("load_start", "load_end"):
         test.assertIsInstance(d[key], float)
         test.assertGreaterEqual(d[key], 0)
@@ -123,7 +130,7 @@ class IpcAndWorker(unittest.TestCase):
         d = bench_json("ipc", "--iterations", "1000")
         self.assertEqual(set(d), {"iterations", "trainer_cpu", "worker_cpu", "spin_us", "p50_us",
                                   "p99_us", "min_us", "futex_p50_us", "futex_p99_us", "cpu",
-                                  "load_start", "load_end"})
+                                  "thp", "load_start", "load_end"})
         assert_machine(self, d)
         allowed = os.sched_getaffinity(0)
         # this process on its first allowed CPU, the worker on its last, the default spin
@@ -138,7 +145,7 @@ class IpcAndWorker(unittest.TestCase):
                 "overhead_ratios", "bytes_per_param",
                 "bytes_per_param_layout", "worker_rss", "trainer_rss_anon", "worker_rss_growth",
                 "skip_step_s", "skip_ratio", "skip_ratios", "clip_step_s", "clip_ratio",
-                "clip_ratios", "cpu", "load_start", "load_end"}
+                "clip_ratios", "cpu", "thp", "load_start", "load_end"}
         # Unless told otherwise, the in-process side waits as the worker's team does: passively.
         d = bench_json("worker", "--elements", "1000000", "--iterations", "3",
                        cmd=["env", "-u", "OMP_WAIT_POLICY"])
