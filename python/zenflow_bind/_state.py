@@ -36,8 +36,23 @@ def _like_param(view, slot):
 
 
 def _versions(entry):
+    """{key: (value, version)}: what an entry holds, and each tensor's version counter."""
     return {k: (v, local(v)._version) if isinstance(v, torch.Tensor) else (v, None)
             for k, v in entry.items()}
+
+
+def _unchanged(entry, versions):
+    """Whether entry holds the very objects `versions` recorded, no tensor written since. By
+    identity: comparing tensors with == would compare their elements."""
+    if entry.keys() != versions.keys():
+        return False
+    for key, value in entry.items():
+        old, version = versions[key]
+        if value is not old:
+            return False
+        if isinstance(value, torch.Tensor) and local(value)._version != version:
+            return False
+    return True
 
 
 class Snapshot:
@@ -72,7 +87,7 @@ class Snapshot:
         edited = set()
         for param, (i, entry, versions) in self._taken.items():
             now = self.state.get(param)
-            if now is not entry or _versions(now) != versions:
+            if now is not entry or not _unchanged(now, versions):
                 edited.add(i)
         for param, entry in self.state.items():
             if param not in self._taken and entry and param in self._groups:

@@ -204,19 +204,19 @@ class AdamW(torch.optim.Optimizer):
 
     def _push_state_edits(self):
         """What a user or a library wrote into optimizer.state since it was read goes to the
-        worker; the snapshot is dropped (the next read brings the state out again)."""
-        snapshot, self._snapshot = self._snapshot, None
+        worker; the snapshot is dropped (the next read brings the state out again). A write the
+        worker cannot take (a wrong shape, say) raises here and stays in the snapshot, so it
+        raises again until it is mended: no edit is dropped unseen."""
+        snapshot = self._snapshot
         if snapshot is None:
             return
-        edited = snapshot.edited_groups()
-        if not edited:
-            return
         states = snapshot.state
-        for i in edited:
+        for i in snapshot.edited_groups():
             layout = self._layouts[i]
             prepared = prepare_group_state(layout, [states.get(s.param) for s in layout.slots],
                                            f"optimizer.state of param group {i}")
             self._apply_group_state(layout, prepared)
+        self._snapshot = None
 
     # -- groups -----------------------------------------------------------------------------
 
@@ -628,8 +628,7 @@ class AdamW(torch.optim.Optimizer):
         with self._exclusive("load_state_dict"):
             self._live()
             self._not_mid_step("load a state dict", torn_ok=True)
-            self._finish()
-            self._push_state_edits()
+            self._finish()  # writes into optimizer.state since it was read: the load replaces them
             for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
                 out = hook(self, state_dict)
                 if out is not None:
@@ -640,6 +639,7 @@ class AdamW(torch.optim.Optimizer):
             for layout, ready in zip(self._layouts, prepared):
                 if layout is not None:
                     self._apply_group_state(layout, ready)
+            self._snapshot = None
             # every master, moment and count rewritten: a step begun in a failed backward is gone
             self._torn, self._stream, self._stream_scale = False, None, None
             for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():

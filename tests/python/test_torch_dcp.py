@@ -4,6 +4,7 @@ torch.distributed.checkpoint (get/set_optimizer_state_dict, dcp.save/load), whic
 it. A test whose torch API this torch lacks says so and skips; CI runs this file on torch 1.13,
 2.6 and 2.14."""
 
+import copy
 import tempfile
 import unittest
 import warnings
@@ -48,18 +49,41 @@ class OptimizerState(unittest.TestCase):
                                                atol=1e-7)
 
     def test_writes_reach_the_worker(self):
-        a, b, data = mlp(), mlp(), batches(8)
+        def in_place(state):
+            state["exp_avg"].mul_(0.5)
+
+        def assigned(state):
+            state["exp_avg_sq"] = state["exp_avg_sq"] * 3
+
+        # each alone: a write in place elsewhere in the group must not be what reveals an
+        # assignment
+        for name, edit in (("in place", in_place), ("assigned", assigned)):
+            with self.subTest(name):
+                a, b, data = mlp(), mlp(), batches(8)
+                with ours(a.parameters(), lr=1e-2) as opt:
+                    ref = torch.optim.AdamW(b.parameters(), lr=1e-2)
+                    train(a, opt, data[:4])
+                    train(b, ref, data[:4])
+                    for o, model in ((opt, a), (ref, b)):
+                        edit(o.state[list(model.parameters())[2]])
+                    opt.state_dict()  # reads the state too, and sends the edit
+                    train(a, opt, data[4:])
+                    train(b, ref, data[4:])
+                    assert_close(self, a.parameters(), b.parameters())
+
+    def test_a_write_the_worker_cannot_take_is_not_dropped(self):
+        a, data = mlp(), batches(3)
         with ours(a.parameters(), lr=1e-2) as opt:
-            ref = torch.optim.AdamW(b.parameters(), lr=1e-2)
-            train(a, opt, data[:4])
-            train(b, ref, data[:4])
-            pa, pb = list(a.parameters()), list(b.parameters())
-            for o, ps in ((opt, pa), (ref, pb)):
-                o.state[ps[0]]["exp_avg"].mul_(0.5)                            # in place
-                o.state[ps[2]]["exp_avg_sq"] = o.state[ps[2]]["exp_avg_sq"] * 3  # assigned
-            train(a, opt, data[4:])
-            train(b, ref, data[4:])
-            assert_close(self, a.parameters(), b.parameters())
+            train(a, opt, data[:1])
+            saved = copy.deepcopy(opt.state_dict())  # as torch's, it shares opt.state's entries
+            p = next(a.parameters())
+            opt.state[p]["exp_avg"] = torch.zeros(3)
+            for _ in range(2):  # refused each time, not dropped after the first
+                with self.assertRaisesRegex(ValueError, "exp_avg has 3 elements"):
+                    train(a, opt, data[1:2])
+            opt.load_state_dict(saved)  # a load replaces it
+            train(a, opt, data[2:])
+            self.assertEqual(float(opt.state[p]["step"]), 2.0)
 
     def test_reading_it_changes_nothing(self):
         a, b, data = mlp(), mlp(), batches(6)
