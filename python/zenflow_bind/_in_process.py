@@ -7,15 +7,17 @@ DTensors for DTensor parameters), so torch's state_dict, hooks and distributed c
 it directly; each step is one zb_adam_step (functional.run) over every parameter with a gradient,
 on this process's threads. The format is the worker's, so a checkpoint moves between the modes."""
 
+import contextlib
 import math
 import numbers
+import threading
 
 import torch
 
 from . import _native
 from ._layout import local
-from .functional import StepResult, run
-from .optim import AdamW, _check_group, _saved_groups
+from .functional import StepResult, _number, run
+from .optim import AdamW, _check_group, _check_unique, _saved_groups
 
 _FLOAT16 = (torch.bfloat16, torch.float16)
 
@@ -23,6 +25,32 @@ _FLOAT16 = (torch.bfloat16, torch.float16)
 def _contiguous(t):
     """t itself when the kernel can write it in place, else a contiguous copy to write back."""
     return t if t.is_contiguous() else t.contiguous()
+
+
+def _identity(p):
+    """Which storage a parameter's local tensor is and how often it was written: a change means
+    a write (or a re-seating) by someone else."""
+    shard = local(p)
+    return shard.data_ptr(), shard._version
+
+
+def _kernel_ready(value, p, key, index):
+    """A state tensor as the kernel reads it: fp32, contiguous, on the CPU, with the parameter's
+    element count. One a user assigned otherwise (zeros_like(p) for a 16-bit parameter, a
+    transposed parameter's moments) is copied so, in the parameter's shape; a wrong count or a
+    non-tensor is refused before anything is written."""
+    where = f"optimizer.state of parameter {index}"
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{where}: {key} is a {type(value).__name__}, not a tensor")
+    t, shard = local(value), local(p)
+    if t.numel() != shard.numel():
+        raise ValueError(f"{where}: {key} has {t.numel()} elements, its parameter "
+                         f"{shard.numel()}")
+    if t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous():
+        return value
+    ready = value.detach().to(device="cpu", dtype=torch.float32,
+                              memory_format=torch.contiguous_format, copy=True)
+    return ready if local(ready) is not ready else ready.reshape(local(p).shape)  # DTensor: as is
 
 
 def _scaled_stats(grads, scale):
@@ -53,16 +81,49 @@ class InProcessAdamW(AdamW):
                                     not isinstance(threads, numbers.Integral) or threads < 1):
             raise ValueError(f"threads must be a count >= 1 or None, not {threads!r}")
         self.threads = threads
+        self._pending_scale = None  # given to step_during_backward(), for the step() after it
+        self._seen = {}  # 16-bit parameter -> (data_ptr, _version) after our last write
 
     @property
     def worker(self):
         """None: this optimizer steps in the calling process."""
         return None
 
+    def __getstate__(self):
+        """torch's (defaults, state, param_groups; no hooks) and this class's settings: copy.
+        deepcopy and pickle give a working optimizer, as torch's do."""
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("_busy", "step") and not k.startswith("_optimizer_")}
+
+    def __setstate__(self, state):
+        super().__setstate__(state)  # torch's: also what its load_state_dict() calls
+        if "_busy" not in self.__dict__:
+            self._busy = threading.Lock()
+
+    @contextlib.contextmanager
+    def step_during_backward(self, grad_scale=1.0):
+        """Nothing to overlap in this process: backward runs as it is, and step() steps every
+        parameter with grad_scale (the same bits as the worker's steps during backward), so a
+        loop written for the worker runs unchanged."""
+        if self._pending_scale is not None:
+            raise RuntimeError("step_during_backward() twice without step() between")
+        grad_scale = _number("grad_scale", grad_scale)
+        if not math.isfinite(grad_scale):
+            raise ValueError(f"invalid grad_scale {grad_scale}: must be finite")
+        self._pending_scale = grad_scale
+        ok = False
+        try:
+            yield self
+            ok = True
+        finally:
+            if not ok:  # backward raised: nothing was stepped, nothing is pending
+                self._pending_scale = None
+
     def add_param_group(self, param_group):
         torch.optim.Optimizer.add_param_group(self, param_group)
         try:
             _check_group(self.param_groups[-1])
+            _check_unique(self.param_groups[-1])
             for i, p in enumerate(self.param_groups[-1]["params"]):
                 if p.dtype not in (torch.float32,) + _FLOAT16:
                     raise TypeError(f"zenflow_bind.optim.AdamW optimizes fp32, bf16 and fp16 "
@@ -87,49 +148,38 @@ class InProcessAdamW(AdamW):
         return state
 
     @torch.no_grad()
-    def step(self, closure=None, *, grad_scale=1.0):
-        """One AdamW step over every parameter with a gradient, in this process."""
+    def step(self, closure=None, *, grad_scale=None):
+        """One AdamW step over every parameter with a gradient, in this process. grad_scale
+        multiplies every gradient first (None: 1, or the one step_during_backward() was given)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        given, self._pending_scale = self._pending_scale, None
+        if given is not None and grad_scale is not None and _number("grad_scale",
+                                                                     grad_scale) != given:
+            raise ValueError(f"step(grad_scale={grad_scale}) after step_during_backward("
+                             f"grad_scale={given}): give it once")
+        scale = given if given is not None else 1.0 if grad_scale is None else grad_scale
+        scale = _number("grad_scale", scale)
+        if not math.isfinite(scale):
+            raise ValueError(f"invalid grad_scale {scale}: must be finite")
         with self._exclusive("step"):
-            self._step(float(grad_scale))
+            self._step(scale)
         return loss
 
     def _step(self, grad_scale):
-        buckets, stepped, write_back, fresh = {}, [], [], []
+        buckets, stepped, write_back, fresh, sixteen = {}, [], [], [], []
         maximize = {bool(g["maximize"]) for g in self.param_groups}
         if len(maximize) > 1:
             raise ValueError("maximize must be the same in every param group: one step negates "
                              "every gradient at once")
-        for group in self.param_groups:
-            _check_group(group)
-            hyper = _native.hyper(float(group["lr"]), tuple(float(b) for b in group["betas"]),
-                                  float(group["eps"]), float(group["weight_decay"]),
-                                  group["adamw_mode"], group["bias_correction"])
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("zenflow_bind.optim.AdamW does not support sparse "
-                                       "gradients")
-                if not self.state[p]:
-                    fresh.append(p)
-                state = self._state_of(p)
-                shard = local(p)
-                master = local(state["master_param"]) if p.dtype in _FLOAT16 else shard
-                target = _contiguous(master)
-                copy = _contiguous(shard) if p.dtype in _FLOAT16 else None
-                grad = local(p.grad).to(p.dtype).contiguous()
-                count = int(state["step"]) + 1
-                key = (grad.dtype, copy.dtype if copy is not None else None)
-                buckets.setdefault(key, []).append(
-                    (target, grad, local(state["exp_avg"]), local(state["exp_avg_sq"]), copy,
-                     hyper, count))
-                stepped.append(state)
-                write_back += [(t, s) for t, s in ((target, master), (copy, shard))
-                               if t is not None and t is not s]
+        try:
+            self._gather(buckets, stepped, write_back, fresh, sixteen)
+        except BaseException:
+            for p in fresh:  # as if step() had not been called
+                self.state.pop(p, None)
+            raise
         if not buckets:
             return
         scale = -grad_scale if maximize.pop() else grad_scale
@@ -164,8 +214,61 @@ class InProcessAdamW(AdamW):
             return
         for target, original in write_back:
             original.copy_(target)
+        for p in sixteen:
+            self._seen[p] = _identity(p)
         for state in stepped:
             state["step"] += 1
+
+    def _gather(self, buckets, stepped, write_back, fresh, sixteen):
+        """Each parameter with a gradient into its bucket (one per gradient and copy-out dtype),
+        its state made ready for the kernel; what to write back after the kernel."""
+        index = -1
+        for group in self.param_groups:
+            _check_group(group)
+            hyper = _native.hyper(float(group["lr"]), tuple(float(b) for b in group["betas"]),
+                                  float(group["eps"]), float(group["weight_decay"]),
+                                  group["adamw_mode"], group["bias_correction"])
+            for p in group["params"]:
+                index += 1
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("zenflow_bind.optim.AdamW does not support sparse "
+                                       "gradients")
+                if not self.state[p]:
+                    fresh.append(p)
+                state = self._state_of(p)
+                shard = local(p)
+                for key in ("exp_avg", "exp_avg_sq", "master_param"):
+                    if key in state:
+                        state[key] = _kernel_ready(state[key], p, key, index)
+                if p.dtype in _FLOAT16:
+                    self._refresh_master(p, local(state["master_param"]))
+                    sixteen.append(p)
+                master = local(state["master_param"]) if p.dtype in _FLOAT16 else shard
+                target = _contiguous(master)
+                copy = _contiguous(shard) if p.dtype in _FLOAT16 else None
+                grad = local(p.grad).to(p.dtype).contiguous()
+                count = int(state["step"]) + 1
+                key = (grad.dtype, copy.dtype if copy is not None else None)
+                buckets.setdefault(key, []).append(
+                    (target, grad, local(state["exp_avg"]), local(state["exp_avg_sq"]), copy,
+                     hyper, count))
+                stepped.append(state)
+                write_back += [(t, s) for t, s in ((target, master), (copy, shard))
+                               if t is not None and t is not s]
+
+    def _refresh_master(self, p, master):
+        """A 16-bit parameter the user wrote since our last write (load_state_dict of the model,
+        copy_, a re-initialisation) becomes the master again, as in the worker, unless it holds
+        exactly what the master rounds to (a model and optimizer checkpoint loaded in either
+        order): then the master keeps the bits the parameter lacks."""
+        if self._seen.get(p) == _identity(p):
+            return
+        shard = local(p).detach()
+        if not torch.equal(master.to(shard.dtype), shard):
+            master.copy_(shard.reshape(master.shape))
+        self._seen[p] = _identity(p)
 
     def synchronize(self):
         """Nothing to wait for: every step completed in step()."""
@@ -181,15 +284,23 @@ class InProcessAdamW(AdamW):
         model's values (load the model first). Every entry is checked before anything changes."""
         with self._exclusive("load_state_dict"):
             params, saved = self._check_saved(state_dict)
+            before = [dict(g) for g in self.param_groups]
             torch.optim.Optimizer.load_state_dict(self, state_dict)
+            # torch replaces each group with the saved one: what it lacks (adamw_mode and
+            # bias_correction in torch.optim.AdamW's) stays as this optimizer has it
+            for group, old in zip(self.param_groups, before):
+                for key, value in old.items():
+                    group.setdefault(key, value)
+            self._seen = {}  # the masters below are compared with the model at the next step
             for p, entry in zip(params, saved):
                 if not entry:
                     continue
                 state = self.state[p]
                 for key in ("exp_avg", "exp_avg_sq", "master_param"):
-                    if key in entry:
-                        state[key] = entry[key].detach().to(device=p.device, dtype=torch.float32,
-                                                            copy=True)
+                    if key in entry:  # in the parameter's element order, as the kernel reads
+                        state[key] = entry[key].detach().to(
+                            device=p.device, dtype=torch.float32,
+                            memory_format=torch.contiguous_format, copy=True)
                 if p.dtype in _FLOAT16 and "master_param" not in entry:
                     state["master_param"] = p.detach().to(torch.float32, copy=True)
                 state["step"] = torch.tensor(float(entry["step"]))

@@ -12,6 +12,7 @@ threads of this process. For an optimizer that steps where training runs: srun
 --zenflow-bind=mode=offload, FSDP2's CPUOffloadPolicy. See zenflow_bind.optim(3)."""
 
 import ctypes
+import numbers
 
 import torch
 
@@ -25,7 +26,9 @@ _GRAD = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def _number(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
+    """A hyperparameter as a float: any real number (numpy's scalars too) or a one-element
+    tensor, never a bool."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, torch.Tensor)):
         raise TypeError(f"{name} must be a number, not {type(value).__name__} ({value!r})")
     if isinstance(value, torch.Tensor) and value.numel() != 1:
         raise ValueError(f"{name} as a tensor must have one element, not {value.numel()}")

@@ -52,9 +52,24 @@ def _check_group(group):
         raise TypeError(f"betas must be a pair of numbers, not {betas!r}")
     lr, eps, wd = (_number(k, group[k]) for k in ("lr", "eps", "weight_decay"))
     beta1, beta2 = (_number("betas", b) for b in betas)
+    for i, beta in enumerate((beta1, beta2)):
+        if beta < 1.0 and float(torch.tensor(beta, dtype=torch.float32)) == 1.0:
+            raise ValueError(f"invalid betas: betas[{i}] = {beta!r} is 1 in float32, which the "
+                             f"kernel computes in (its largest below 1 is 0.99999994)")
     # the ranges are libzenbind's (zb_adam_hyper_check), on the float32 values the kernel uses
     check_hyper(hyper(lr, (beta1, beta2), eps, wd, group.get("adamw_mode", True),
                       group.get("bias_correction", True)))
+
+
+def _check_unique(group):
+    """torch only warns of a parameter listed twice in one group (to be an error); stepping it
+    twice a step, or once with two step counts, is never what was meant."""
+    seen = set()
+    for i, p in enumerate(group["params"]):
+        if id(p) in seen:
+            raise ValueError(f"parameter {i} of the param group is listed twice in it: list each "
+                             "parameter once")
+        seen.add(id(p))
 
 
 def _saved_groups(param_groups, state_dict):
@@ -167,6 +182,11 @@ class AdamW(torch.optim.Optimizer):
         self._finalizer = weakref.finalize(self, _release, self._layouts, self._worker,
                                            self._gpu)
 
+    def __getstate__(self):
+        raise TypeError("a zenflow_bind.optim.AdamW cannot be pickled or copied: its master "
+                        "weights and moments live in its worker process. Save its state_dict() "
+                        "(torch.save, DCP) and load it into a new optimizer")
+
     @property
     def overlap(self):
         """Whether step() returns before the update lands (fixed at construction: without it
@@ -230,6 +250,7 @@ class AdamW(torch.optim.Optimizer):
         first = sum(len(g["params"]) for g in self.param_groups[:-1])
         try:
             _check_group(group)
+            _check_unique(group)
             for i, p in enumerate(group["params"]):
                 owner = _OWNERS.get(id(p), lambda: None)()
                 if owner is not None and owner is not self and not owner._worker.closed:

@@ -3,6 +3,7 @@ wrong: Ctrl-C during a step, optimizers dropped without close(), two threads ste
 load_state_dict that fails half-way, and bad input. Nothing may be lost or torn: each case ends
 where torch.optim.AdamW would, or with a clear error that names the parameter."""
 
+import copy
 import gc
 import os
 import signal
@@ -130,7 +131,7 @@ class LoadStateDict(unittest.TestCase):
             bad["state"][4]["exp_avg"] = torch.zeros(7)  # wrong size, in the last group
             with self.assertRaisesRegex(ValueError, "parameter 4.*exp_avg has 7 elements"):
                 opt.load_state_dict(bad)
-            missing = opt.state_dict()
+            missing = copy.deepcopy(opt.state_dict())  # its entries are opt.state's, as torch's
             del missing["state"][1]["exp_avg_sq"]
             with self.assertRaisesRegex(ValueError, "parameter 1.*no exp_avg_sq"):
                 opt.load_state_dict(missing)

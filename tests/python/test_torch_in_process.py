@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-from torch_cases import assert_close, batches, groups_of, mlp, train, twins
+from torch_cases import assert_close, batches, groups_of, mlp, ours, train, twins
 import zenflow_bind.optim as zt
 
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
@@ -17,6 +17,14 @@ warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 
 def local_opt(params, **kw):
     return zt.AdamW(params, worker=False, threads=2, **kw)
+
+
+def train16(model, opt, data):
+    """train() for a 16-bit model, the loss in fp32 (torch 1.13 has no bf16 mse_loss)."""
+    for x, y in data:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x.to(y.dtype)).float(), y.float()).backward()
+        opt.step()
 
 
 def bits(model):
@@ -130,6 +138,117 @@ class InProcess(unittest.TestCase):
             opt.load_state_dict(bad)
         self.assertTrue(all(torch.equal(opt.state[p]["exp_avg_sq"], good["state"][i]
                                         ["exp_avg_sq"]) for i, p in enumerate(model.parameters())))
+
+    def test_resumes_a_torch_adamw_checkpoint(self):
+        # torch's state dict lacks adamw_mode and bias_correction, and a transposed parameter's
+        # moments are laid out as the parameter is (not contiguous)
+        a, b = twins()
+        a[0].weight = torch.nn.Parameter(a[0].weight.detach().t().contiguous().t())
+        b[0].weight = torch.nn.Parameter(b[0].weight.detach().t().contiguous().t())
+        self.assertFalse(a[0].weight.is_contiguous())
+        data = batches(8)
+        ref = torch.optim.AdamW(b.parameters(), lr=1e-2, foreach=False)
+        train(b, ref, data[:4])
+        self.assertFalse(ref.state[b[0].weight]["exp_avg"].is_contiguous())
+        a.load_state_dict(b.state_dict())
+        opt = local_opt(a.parameters(), lr=1e-2)
+        opt.load_state_dict(copy.deepcopy(ref.state_dict()))
+        train(a, opt, data[4:])
+        train(b, ref, data[4:])
+        assert_close(self, a.parameters(), b.parameters())
+
+    def test_assigned_state_is_made_ready_for_the_kernel(self):
+        # zeros_like(p) of a bf16 parameter is bf16; of a transposed one, transposed: each is
+        # copied to fp32 in the parameter's element order, never read as something else
+        model = mlp(dtype=torch.bfloat16)
+        opt = local_opt(model.parameters(), lr=1e-2)
+        ref_model = copy.deepcopy(model)
+        ref = local_opt(ref_model.parameters(), lr=1e-2)
+        data = [(x.bfloat16(), y.bfloat16()) for x, y in batches(4)]
+        train16(model, opt, data[:2])
+        train16(ref_model, ref, data[:2])
+        for o, m in ((opt, model), (ref, ref_model)):
+            p = next(m.parameters())
+            reset = torch.zeros_like(p) if o is opt else torch.zeros_like(p, dtype=torch.float32)
+            o.state[p]["exp_avg"] = reset
+        train16(model, opt, data[2:])
+        train16(ref_model, ref, data[2:])
+        self.assertEqual(bits(model), bits(ref_model))
+        self.assertEqual(opt.state[next(model.parameters())]["exp_avg"].dtype, torch.float32)
+        opt.state[next(model.parameters())]["exp_avg"] = torch.zeros(3)
+        before = bits(model)
+        with self.assertRaisesRegex(ValueError, "parameter 0: exp_avg has 3 elements"):
+            train16(model, opt, data[:1])
+        self.assertEqual(bits(model), before)
+
+    def test_a_16_bit_parameter_written_by_the_user_becomes_the_master(self):
+        for worker in (True, False):
+            with self.subTest(worker=worker):
+                model = mlp(dtype=torch.bfloat16)
+                opt = zt.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0, worker=worker)
+                data = [(x.bfloat16(), y.bfloat16()) for x, y in batches(2)]
+                train16(model, opt, data[:1])
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.fill_(0.5)
+                train16(model, opt, data[1:])  # one step from 0.5, a few lr at most
+                for p in model.parameters():
+                    self.assertLess(float((p.float() - 0.5).abs().max()), 0.05)
+                opt.close()
+
+    def test_steps_during_backward_is_the_plain_step(self):
+        a, b = twins()
+        x, y = batches(1)[0]
+        opt_a, opt_b = local_opt(a.parameters()), local_opt(b.parameters())
+        with opt_a.step_during_backward(grad_scale=0.5):
+            torch.nn.functional.mse_loss(a(x), y).backward()
+        opt_a.step()
+        torch.nn.functional.mse_loss(b(x), y).backward()
+        opt_b.step(grad_scale=0.5)
+        self.assertEqual(bits(a), bits(b))
+        with opt_a.step_during_backward(grad_scale=0.5):
+            pass
+        with self.assertRaisesRegex(ValueError, "give it once"):
+            opt_a.step(grad_scale=2.0)
+        opt_a.step(grad_scale=None)  # None: 1
+
+    def test_copies_and_pickles_as_torch_adamw_does(self):
+        import pickle
+        model = mlp()
+        opt = local_opt(model.parameters(), lr=1e-2)
+        train(model, opt, batches(2))
+        for clone in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
+            params = clone.param_groups[0]["params"]
+            self.assertEqual(clone.threads, 2)
+            for p, q in zip(params, model.parameters()):
+                self.assertIsNot(p, q)
+                torch.testing.assert_close(clone.state[p]["exp_avg"], opt.state[q]["exp_avg"])
+            for p in params:
+                p.grad = torch.ones_like(p)
+            clone.step()
+            self.assertEqual(float(clone.state[params[0]]["step"]), 3.0)
+            self.assertIn("state", clone.state_dict())
+        with ours(model.parameters()) as worker_opt:
+            for copier in (copy.deepcopy, pickle.dumps):
+                with self.assertRaisesRegex(TypeError, "cannot be pickled or copied"):
+                    copier(worker_opt)
+
+    def test_hyperparameters_as_torch_takes_them_and_a_parameter_listed_once(self):
+        import numpy as np
+        a, b = twins()
+        data = batches(3)
+        opt_a = local_opt(a.parameters(), lr=np.float32(1e-2), betas=(np.float32(0.9), 0.999))
+        opt_b = torch.optim.AdamW(b.parameters(), lr=float(np.float32(1e-2)))
+        train(a, opt_a, data)
+        train(b, opt_b, data)
+        assert_close(self, a.parameters(), b.parameters())
+        p = next(mlp().parameters())
+        for worker in (True, False):
+            with self.assertRaisesRegex(ValueError, "listed twice"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's own: "will cause an error" one day
+                zt.AdamW([p, p], worker=worker)
+            with self.assertRaisesRegex(ValueError, "betas\\[1\\] = 0.99999999 is 1 in float32"):
+                zt.AdamW([p], betas=(0.9, 0.99999999), worker=worker)
 
     def test_what_needs_a_worker_is_refused(self):
         params = list(mlp().parameters())
