@@ -120,8 +120,15 @@ def _config_problems(config):
     if config is None:
         return None, []
     if isinstance(config, (str, os.PathLike)):
-        with open(config, encoding="utf-8") as f:
-            config = json.load(f)
+        try:
+            with open(config, encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError) as e:
+            # DeepSpeed also takes hjson files and base64-encoded JSON: its own to read and judge
+            return None, [f"the DeepSpeed config is not a JSON file this adapter can read "
+                          f"({type(e).__name__}), so it was not checked"]
+    if not isinstance(config, dict):
+        return None, ["the DeepSpeed config is not a JSON object, so it was not checked"]
     zero = config.get("zero_optimization") or {}
     offload = zero.get("offload_optimizer") or {}
     if offload.get("super_offload"):

@@ -203,6 +203,12 @@ class UsePlan(unittest.TestCase):
                 "zenflow": {"overlap_step": True, "pt_reserved_cores_perc": 0.3}}}))
             self.assertEqual(len(said), 1)
             self.assertIn("pt_reserved_cores_perc=0.3 is not used", said[0])
+            # DeepSpeed reads hjson and base64 configs too: not this adapter's to refuse
+            for config in ("eyJ0cmFpbl9iYXRjaF9zaXplIjogOH0=", "/no/such/ds_config.json"):
+                out, said = quiet(lambda: deepspeed.initialize(config=config))
+                self.assertEqual(out[0], "engine")
+                self.assertEqual(len(said), 1, said)
+                self.assertIn("was not checked", said[0])
 
     def test_ranks_with_and_without_a_plan_fail_together(self):
         with tempfile.TemporaryDirectory() as where:
