@@ -17,6 +17,8 @@ import torch
 from . import _native
 from ._layout import local
 from .functional import StepResult, _number, run
+from ._signals import deferred_interrupts
+from ._state import _count
 from .optim import AdamW, _check_group, _check_unique, _saved_groups
 
 _FLOAT16 = (torch.bfloat16, torch.float16)
@@ -164,7 +166,9 @@ class InProcessAdamW(AdamW):
         scale = _number("grad_scale", scale)
         if not math.isfinite(scale):
             raise ValueError(f"invalid grad_scale {scale}: must be finite")
-        with self._exclusive("step"):
+        # Ctrl-C waits for the end of the step: between two kernel calls, or between the kernel
+        # and the write-back and step counts, it would leave the state torn
+        with self._exclusive("step"), deferred_interrupts():
             self._step(scale)
         return loss
 
@@ -303,7 +307,7 @@ class InProcessAdamW(AdamW):
                             memory_format=torch.contiguous_format, copy=True)
                 if p.dtype in _FLOAT16 and "master_param" not in entry:
                     state["master_param"] = p.detach().to(torch.float32, copy=True)
-                state["step"] = torch.tensor(float(entry["step"]))
+                state["step"] = torch.tensor(float(_count(entry["step"], "")))
 
     def _check_saved(self, state_dict):
         groups, states, _ = _saved_groups(self.param_groups, state_dict)
@@ -317,9 +321,13 @@ class InProcessAdamW(AdamW):
                         raise ValueError(f"parameter {key!r}: its state has no "
                                          f"{', '.join(missing)}")
                     for k in ("exp_avg", "exp_avg_sq", "master_param"):
+                        if not isinstance(entry.get(k, torch.empty(0)), torch.Tensor):
+                            raise TypeError(f"parameter {key!r}: {k} is a "
+                                            f"{type(entry[k]).__name__}, not a tensor")
                         if k in entry and entry[k].numel() != p.numel():
                             raise ValueError(f"parameter {key!r}: {k} has {entry[k].numel()} "
                                              f"elements, its parameter {p.numel()}")
+                    _count(entry["step"], f"parameter {key!r}")  # before torch's load changes
                 params.append(p)
                 saved.append(entry)
         return params, saved

@@ -132,11 +132,12 @@ class Slot:
         backward goes on; step() then finds it there. buffer_now() says which buffer, or None
         once the optimizer is gone; landed(slot), when given, is told after each copy. A CUDA
         gradient's copy is queued on gpu's copy stream (_cuda.Gpu), and backward does not wait
-        for it. Not for a DTensor shard, whose gradient is FSDP2's."""
+        for it. Not for a DTensor shard, whose gradient is FSDP2's, nor for a non-leaf tensor
+        that retains its gradient (torch has no such hook for it): step() copies theirs."""
         p = self.param
         register = getattr(p, "register_post_accumulate_grad_hook", None)
         device = local(p).device.type
-        if register is None or self.sharded or not p.requires_grad or \
+        if register is None or self.sharded or not p.requires_grad or not p.is_leaf or \
                 not (device == "cpu" or (device == "cuda" and gpu is not None and gpu.active)):
             return  # (a frozen parameter's gradient, if any, is set by hand)
 

@@ -36,10 +36,14 @@ def _number(name, value):
 
 
 def _step(value):
-    """A step number as torch keeps it (an int, or a one-element tensor of a whole number)."""
+    """A step number as torch keeps it (an int, numpy's too, or a one-element tensor of a whole
+    number)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, int)) and \
+            float(value).is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"step must be a whole number >= 1, not {value!r}")
@@ -53,9 +57,11 @@ def _check(what, i, t, dtypes, numel):
         raise ValueError(f"{what}[{i}] is on {t.device}: this step runs on CPU tensors")
     if t.dtype not in dtypes:
         raise TypeError(f"{what}[{i}] is {t.dtype}, not one of {', '.join(map(str, dtypes))}")
+    if t.layout != torch.strided:
+        raise ValueError(f"{what}[{i}] is {t.layout}: this step runs on dense tensors")
     if not t.is_contiguous():
         raise ValueError(f"{what}[{i}] is not contiguous")
-    if t.is_sparse or t.numel() != numel:
+    if t.numel() != numel:
         raise ValueError(f"{what}[{i}] has {t.numel()} elements, its parameter {numel}")
 
 

@@ -48,7 +48,7 @@ def _check_group(group):
         if group.get(key):
             raise ValueError(why)
     betas = group["betas"]
-    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+    if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
         raise TypeError(f"betas must be a pair of numbers, not {betas!r}")
     lr, eps, wd = (_number(k, group[k]) for k in ("lr", "eps", "weight_decay"))
     beta1, beta2 = (_number("betas", b) for b in betas)
@@ -94,8 +94,9 @@ def _saved_groups(param_groups, state_dict):
 
 
 def _hyper(group):
-    return dict(lr=float(group["lr"]), betas=tuple(group["betas"]), eps=group["eps"],
-                weight_decay=group["weight_decay"], adamw=group["adamw_mode"],
+    return dict(lr=float(group["lr"]), betas=tuple(float(b) for b in group["betas"]),
+                eps=float(group["eps"]), weight_decay=float(group["weight_decay"]),
+                adamw=group["adamw_mode"],
                 bias_correction=group["bias_correction"])
 
 
@@ -124,9 +125,14 @@ class AdamW(torch.optim.Optimizer):
     """
 
     def __new__(cls, *args, worker=True, **kwargs):
-        if cls is AdamW and not worker:
+        if not worker:
             from ._in_process import InProcessAdamW
-            cls = InProcessAdamW
+            if cls is AdamW:
+                cls = InProcessAdamW
+            elif not issubclass(cls, InProcessAdamW):
+                raise TypeError(f"worker=False makes a zenflow_bind.optim.AdamW that steps in "
+                                f"this process, a class of its own; {cls.__name__}, a subclass "
+                                f"of the worker's, cannot be one")
         return super().__new__(cls)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
@@ -147,7 +153,11 @@ class AdamW(torch.optim.Optimizer):
         self.skip_nonfinite = bool(skip_nonfinite)
         self.max_grad_norm = max_grad_norm
         self._want_norm = bool(grad_norm) or self.max_grad_norm > 0
-        self.timeout_ms = timeout_ms
+        timeout = _number("timeout_ms", timeout_ms)
+        if not (timeout >= 0 and math.isfinite(timeout)):
+            raise ValueError(f"invalid timeout_ms {timeout_ms}: must be a count of milliseconds "
+                             ">= 0 (0: do not wait)")
+        self.timeout_ms = int(timeout)
         self.bucket_elements = int(bucket_elements)
         if self.bucket_elements < 1:
             raise ValueError(f"invalid bucket_elements {bucket_elements}: must be >= 1")
@@ -217,8 +227,9 @@ class AdamW(torch.optim.Optimizer):
 
     @state.setter
     def state(self, value):
-        # torch.optim.Optimizer.__init__ assigns an empty defaultdict; anything else is a load.
-        if value:
+        # torch.optim.Optimizer.__init__ assigns an empty defaultdict before any param group;
+        # anything else (an empty dict too: torch's way to reset) would be a load
+        if value or "param_groups" in self.__dict__:
             raise TypeError("assign optimizer.state through load_state_dict(), which checks it "
                             "and hands it to the worker")
 
@@ -248,6 +259,7 @@ class AdamW(torch.optim.Optimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         first = sum(len(g["params"]) for g in self.param_groups[:-1])
+        layout = None
         try:
             _check_group(group)
             _check_unique(group)
@@ -267,16 +279,20 @@ class AdamW(torch.optim.Optimizer):
                     if has_elements else None
             if layout is not None:
                 self._gpu.adopt(layout)  # pinned (CUDA parameters), or a refusal
-            self._layouts.append(layout)
             me = weakref.ref(self)
-            for p in group["params"]:
-                _OWNERS[id(p)] = me  # the optimizer holds p: its id is not reused meanwhile
             for slot in layout.slots if layout else ():
                 slot.watch(functools.partial(_filling, me), functools.partial(_landed, me),
                            self._gpu)
         except BaseException:
+            # as if never added: param_groups and layouts stay paired, one to one (the worker
+            # keeps the groups it made, unused: it has no call to drop one)
+            for slot in layout.slots if layout else ():
+                slot.detach()
             self.param_groups.pop()
             raise
+        self._layouts.append(layout)
+        for p in group["params"]:
+            _OWNERS[id(p)] = me  # the optimizer holds p: its id is not reused meanwhile
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -286,6 +302,10 @@ class AdamW(torch.optim.Optimizer):
         .grad is None is left alone). grad_scale multiplies every gradient first (1/loss_scale to
         unscale; after step_during_backward(), the one given there). In overlap mode the update
         lands at the next step() or synchronize()."""
+        if grad_scale is not None:
+            grad_scale = _number("grad_scale", grad_scale)
+            if not math.isfinite(grad_scale):
+                raise ValueError(f"invalid grad_scale {grad_scale}: must be finite")
         loss = None
         if closure is not None:
             with torch.enable_grad():

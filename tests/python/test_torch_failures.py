@@ -14,7 +14,8 @@ import unittest
 import torch
 
 from torch_cases import (alive, assert_close, assert_equal, batches, groups_of, mlp, ours,
-                         proc_stat, train)
+                         proc_stat, train, twins)
+import zenflow_bind.optim as zt
 
 
 def children():
@@ -157,6 +158,54 @@ class BadInput(unittest.TestCase):
             torch.nn.functional.mse_loss(a(batches(1)[0][0]), batches(1)[0][1]).backward()
             with self.assertRaisesRegex(TypeError, "lr must be a number"):
                 opt.step()
+
+    def test_bad_step_arguments_are_refused_before_the_step(self):
+        a = mlp()
+        with ours(a.parameters()) as opt:
+            before = [p.detach().clone() for p in a.parameters()]
+            torch.nn.functional.mse_loss(a(batches(1)[0][0]), batches(1)[0][1]).backward()
+            for scale, error in ((float("nan"), ValueError), (True, TypeError),
+                                 ("2", TypeError)):
+                with self.subTest(scale=scale), self.assertRaises(error):
+                    opt.step(grad_scale=scale)
+            assert_equal(self, a.parameters(), before)
+            opt.step(grad_scale=1.0)
+        for bad in (None, -1, float("inf")):
+            with self.subTest(timeout_ms=bad), self.assertRaises((TypeError, ValueError)):
+                ours(a.parameters(), timeout_ms=bad)
+
+    def test_a_failed_add_param_group_leaves_the_groups_as_they_were(self):
+        from unittest import mock
+        import zenflow_bind._layout as layout
+        a, b = twins()
+        first_a, first_b = list(a.parameters())[:2], list(b.parameters())[:2]
+        rest_a, rest_b = list(a.parameters())[2:], list(b.parameters())[2:]
+        with ours(first_a, lr=1e-2) as opt:
+            ref = torch.optim.AdamW(first_b, lr=1e-2)
+            with mock.patch.object(layout.Slot, "watch", side_effect=RuntimeError("injected")):
+                with self.assertRaisesRegex(RuntimeError, "injected"):
+                    opt.add_param_group({"params": rest_a[:2], "lr": 0.3})
+            self.assertEqual((len(opt.param_groups), len(opt._layouts)), (1, 1))
+            opt.add_param_group({"params": rest_a, "lr": 0.05})
+            ref.add_param_group({"params": rest_b, "lr": 0.05})
+            train(a, opt, batches(3))
+            train(b, ref, batches(3))
+            assert_close(self, a.parameters(), b.parameters())
+
+    def test_opt_state_is_not_reassigned(self):
+        a = mlp()
+        with ours(a.parameters()) as opt:
+            train(a, opt, batches(1))
+            for value in ({}, {next(a.parameters()): {}}):
+                with self.assertRaisesRegex(TypeError, "load_state_dict"):
+                    opt.state = value
+            self.assertEqual(len(opt.state), len(list(a.parameters())))
+
+    def test_a_subclass_cannot_drop_its_worker(self):
+        class Mine(zt.AdamW):
+            pass
+        with self.assertRaisesRegex(TypeError, "Mine, a subclass of the worker's"):
+            Mine(mlp().parameters(), worker=False)
 
     def test_a_parameter_given_another_shape_is_refused(self):
         a = mlp()

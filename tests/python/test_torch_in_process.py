@@ -250,6 +250,37 @@ class InProcess(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "betas\\[1\\] = 0.99999999 is 1 in float32"):
                 zt.AdamW([p], betas=(0.9, 0.99999999), worker=worker)
 
+    def test_a_bad_step_count_is_refused_before_anything_changes(self):
+        model = mlp()
+        opt = local_opt(model.parameters())
+        train(model, opt, batches(2))
+        good = copy.deepcopy(opt.state_dict())
+        for step in (-3, 2.5, "x"):
+            bad = copy.deepcopy(good)
+            bad["state"][1]["step"] = step
+            bad["param_groups"][0]["lr"] = 0.5
+            with self.subTest(step=step), self.assertRaisesRegex((TypeError, ValueError),
+                                                                  "parameter 1: step must be"):
+                opt.load_state_dict(bad)
+            self.assertEqual(opt.param_groups[0]["lr"], good["param_groups"][0]["lr"])
+            self.assertEqual(float(opt.state[list(model.parameters())[1]]["step"]), 2.0)
+
+    def test_a_non_leaf_tensor_that_retains_its_gradient(self):
+        # torch optimizes one; the worker has no hook for it and copies its gradient at step()
+        for worker in (True, False):
+            with self.subTest(worker=worker):
+                w = torch.nn.Parameter(torch.randn(6))
+                x, ref_x = w * 2, (w * 2).detach().requires_grad_()
+                x.retain_grad()
+                opt = zt.AdamW([x], lr=1e-2, worker=worker)
+                ref = torch.optim.AdamW([ref_x], lr=1e-2)
+                for t in (x, ref_x):
+                    t.sin().sum().backward(retain_graph=True)
+                opt.step()
+                ref.step()
+                torch.testing.assert_close(x.detach(), ref_x.detach())
+                opt.close()
+
     def test_what_needs_a_worker_is_refused(self):
         params = list(mlp().parameters())
         with self.assertRaisesRegex(ValueError, "needs worker=True"):
