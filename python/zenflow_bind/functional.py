@@ -22,6 +22,8 @@ from .worker import StepResult
 
 __all__ = ["adamw_", "StepResult"]
 
+_increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+
 _GRAD = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -140,5 +142,10 @@ def run(tensors, grad_dtype, copy_dtype, hyper, step, grad_scale, skip_nonfinite
     result = _native.Result()
     _native.check(lib.zb_adam_step(native, len(tensors), ctypes.byref(args),
                                    ctypes.byref(result)))
+    if not result.skipped and _increment_version is not None:
+        # written through their pointers: autograd and version checks see it, as after torch's
+        # in-place step (torch < 2.1 has no call for it)
+        _increment_version([t for p, _, m, v, c, _, _ in tensors
+                            for t in (p, m, v, c) if t is not None])
     return StepResult(int(result.nonfinite), float(result.grad_norm) if want_norm else None,
                       bool(result.skipped), float(result.seconds))

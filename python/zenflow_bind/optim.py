@@ -353,16 +353,19 @@ class AdamW(torch.optim.Optimizer):
             scale = self._set_hypers(grad_scale)
             flags = (STEP_SKIP_NONFINITE if self.skip_nonfinite else 0) | \
                 (STEP_GRAD_NORM if self._want_norm else 0)
-            with deferred_interrupts():  # submitted and recorded as in flight, or neither
+            # submitted and recorded as in flight, or neither; with overlap, backward fills the
+            # other buffer from then on (a Ctrl-C before the switch would let it write the one
+            # the worker reads)
+            with deferred_interrupts():
                 try:  # (_finish() settled the copies to the GPU)
                     self._worker.submit(0, grad_buffer=k, grad_scale=scale, flags=flags,
                                         max_grad_norm=self.max_grad_norm)
                 except ZenbindError as e:
                     raise _not_applied(e) from e
                 self._in_flight = pending
-            if self.overlap:
-                self._switch_buffer(k)
-            else:
+                if self.overlap:
+                    self._switch_buffer(k)
+            if not self.overlap:
                 self._finish()
             if twice is not None:
                 raise twice
@@ -614,9 +617,12 @@ class AdamW(torch.optim.Optimizer):
         self.last_step_seconds = result.seconds
         if result.skipped:
             return  # the worker wrote nothing
+        # every call to the worker first (a worker that dies now fails before the model is
+        # touched), then the write-backs into the model
         for layout, has, saved in pending:
             if saved is not None:
                 self._restore_missing(layout, saved)
+        for layout, has, saved in pending:
             for slot, h in zip(layout.slots, has):
                 if h:
                     self._steps[slot.param] = self._steps.get(slot.param, 0) + 1

@@ -58,6 +58,32 @@ class Interrupt(unittest.TestCase):
             assert_close(self, a.parameters(), b.parameters())
 
 
+    def test_ctrl_c_as_an_overlap_step_is_submitted_switches_the_buffer(self):
+        # the step goes to the worker on buffer k: backward must fill the other one from then
+        # on, Ctrl-C or not, or it would write the gradients the worker is reading
+        from unittest import mock
+        a = mlp()
+        with ours(a.parameters(), lr=1e-2, overlap=True) as opt:
+            x, y = batches(1)[0]
+            torch.nn.functional.mse_loss(a(x), y).backward()
+            k = opt._buffer
+            real = opt._worker.submit
+
+            def submit_then_ctrl_c(*args, **kwargs):
+                real(*args, **kwargs)
+                os.kill(os.getpid(), signal.SIGINT)
+
+            with mock.patch.object(opt._worker, "submit", side_effect=submit_then_ctrl_c):
+                with self.assertRaises(KeyboardInterrupt):
+                    opt.step()
+            self.assertEqual(opt._buffer, 1 - k)
+            slots = [s for layout in opt._layouts for s in layout.slots]
+            self.assertFalse(any(s.param.grad.data_ptr() == s.grads[k].data_ptr()
+                                 for s in slots))
+            opt.synchronize()  # the step in flight lands
+            self.assertEqual(float(opt.state_dict()["state"][0]["step"]), 1.0)
+
+
 class Lifetime(unittest.TestCase):
     def test_dropped_optimizers_free_their_workers_fds_and_memory(self):
         model = mlp()

@@ -281,6 +281,21 @@ class InProcess(unittest.TestCase):
                 torch.testing.assert_close(x.detach(), ref_x.detach())
                 opt.close()
 
+    def test_a_step_is_an_in_place_write_to_autograd(self):
+        # as after torch's step: a graph built before it cannot be backpropagated through
+        if not hasattr(getattr(torch.autograd, "graph", None), "increment_version"):
+            self.skipTest(f"torch {torch.__version__} has no increment_version")
+        model = mlp()
+        opt = local_opt(model.parameters())
+        x, y = batches(1)[0]
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        before = [p._version for p in model.parameters()]
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.step()
+        self.assertTrue(all(p._version > v for p, v in zip(model.parameters(), before)))
+        with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+            loss.backward()
+
     def test_what_needs_a_worker_is_refused(self):
         params = list(mlp().parameters())
         with self.assertRaisesRegex(ValueError, "needs worker=True"):
