@@ -68,17 +68,22 @@ class Slot:
             self.master.copy_(local(p))
         self.seen = _identity(p)
 
+    def check_shape(self):
+        """The parameter's local tensor, unless it was given another shape (.data =)."""
+        shard = local(self.param)
+        if shard.shape != self.master.shape:
+            raise ValueError(f"parameter {self.index} was {list(self.master.shape)} and is now "
+                             f"{list(shard.shape)}: an optimizer's parameters keep their "
+                             "shape (make a new optimizer for a resized model)")
+        return shard
+
     def refresh_if_changed(self):
         """A parameter the user wrote (load_state_dict, copy_) or re-seated (.data =) since our
         last write becomes the master again, unless it holds exactly what the master rounds to
         (a checkpoint of the model and of the optimizer with its fp32 master, loaded in either
         order): then the master keeps the bits a 16-bit parameter lacks."""
         p = self.param
-        shard = local(p)
-        if shard.shape != self.master.shape:
-            raise ValueError(f"parameter {self.index} was {list(self.master.shape)} and is now "
-                             f"{list(shard.shape)}: an optimizer's parameters keep their "
-                             "shape (make a new optimizer for a resized model)")
+        shard = self.check_shape()
         if _identity(p) == self.seen:
             return
         if shard.dtype != torch.float32 and \

@@ -698,6 +698,8 @@ class AdamW(torch.optim.Optimizer):
         saved_groups, saved_state, updates = _saved_groups(self.param_groups, state_dict)
         prepared = []
         for i, (saved, layout) in enumerate(zip(saved_groups, self._layouts)):
+            for slot in layout.slots if layout else ():
+                slot.check_shape()  # a master may come from the model
             prepared.append(None if layout is None else prepare_group_state(
                 layout, [saved_state.get(k) for k in saved["params"]],
                 f"param group {i} of the state dict", keys=saved["params"]))

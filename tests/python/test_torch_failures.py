@@ -241,6 +241,18 @@ class BadInput(unittest.TestCase):
             a[4].bias.grad = torch.randn(3)
             with self.assertRaisesRegex(ValueError, r"parameter 5 was \[4\] and is now \[3\]"):
                 opt.step()
+        # a load is refused whole, before any group changes
+        b = mlp()
+        with ours(groups_of(b), lr=1e-2) as opt:
+            train(b, opt, batches(1))
+            saved = copy.deepcopy(opt.state_dict())
+            saved["param_groups"][0]["lr"] = 0.5
+            before = [g["lr"] for g in opt.param_groups]
+            b[4].bias.grad = None
+            b[4].bias.data = torch.randn(3)
+            with self.assertRaisesRegex(ValueError, r"was \[4\] and is now \[3\]"):
+                opt.load_state_dict(saved)
+            self.assertEqual([g["lr"] for g in opt.param_groups], before)
 
     def test_built_under_inference_mode_the_model_still_trains(self):
         a, b = mlp(), mlp()
