@@ -95,12 +95,12 @@ class InProcessAdamW(AdamW):
         """torch's (defaults, state, param_groups; no hooks) and this class's settings: copy.
         deepcopy and pickle give a working optimizer, as torch's do."""
         return {k: v for k, v in self.__dict__.items()
-                if k not in ("_busy", "step") and not k.startswith("_optimizer_")}
+                if k not in ("_busy", "_busy_by", "step") and not k.startswith("_optimizer_")}
 
     def __setstate__(self, state):
         super().__setstate__(state)  # torch's: also what its load_state_dict() calls
         if "_busy" not in self.__dict__:
-            self._busy = threading.Lock()
+            self._busy, self._busy_by = threading.Lock(), (None, None)
 
     @contextlib.contextmanager
     def step_during_backward(self, grad_scale=1.0):

@@ -161,7 +161,8 @@ class AdamW(torch.optim.Optimizer):
         self.bucket_elements = int(bucket_elements)
         if self.bucket_elements < 1:
             raise ValueError(f"invalid bucket_elements {bucket_elements}: must be >= 1")
-        self._busy = threading.Lock()  # one step() or state call at a time
+        self._busy = threading.Lock()  # one step() or state call at a time (_exclusive)
+        self._busy_by = (None, None)  # (thread id, call) holding it
         self.last_step_skipped = False
         self.last_grad_norm = None
         self.last_nonfinite = 0
@@ -219,10 +220,13 @@ class AdamW(torch.optim.Optimizer):
         after a step. Writes to it (in place or by assignment) reach the worker at the next
         step() or state_dict()."""
         if self._snapshot is None:
-            self._live()
-            self._not_mid_step("read optimizer.state")
-            self._finish()
-            self._snapshot = Snapshot(self._layouts, self._steps)
+            # state_dict() and load_state_dict() (and their hooks) read it as their own part
+            inside = self._inside("state_dict", "load_state_dict")
+            with contextlib.nullcontext() if inside else self._exclusive("optimizer.state"):
+                self._live()
+                self._not_mid_step("read optimizer.state")
+                self._finish()
+                self._snapshot = Snapshot(self._layouts, self._steps)
         return self._snapshot.state
 
     @state.setter
@@ -252,6 +256,10 @@ class AdamW(torch.optim.Optimizer):
     # -- groups -----------------------------------------------------------------------------
 
     def add_param_group(self, param_group):
+        with self._exclusive("add_param_group"):
+            self._add_param_group(param_group)
+
+    def _add_param_group(self, param_group):
         self._live()
         self._not_mid_step("add a param group")
         self._finish()  # the worker takes no new group while a step is in flight
@@ -526,22 +534,33 @@ class AdamW(torch.optim.Optimizer):
 
     def synchronize(self):
         """Wait for the step in flight (overlap mode) and bring its update into the model."""
-        self._live()
-        self._finish()
+        with self._exclusive("synchronize"):
+            self._live()
+            self._finish()
 
     @contextlib.contextmanager
     def _exclusive(self, what):
-        """step(), state_dict() and load_state_dict() one at a time: a second thread is refused
-        before it changes anything (torch's optimizers are not thread-safe either, but would
-        apply both updates; here one would be lost)."""
+        """Every call that waits for the worker or changes what it holds (step(), state_dict(),
+        load_state_dict(), reading optimizer.state, synchronize(), add_param_group(), close())
+        one at a time: a second one is refused before it changes anything (torch's optimizers
+        are not thread-safe either, but would apply both updates; here one would be lost). The
+        second may come from another thread, or from this one: a signal handler that saves a
+        checkpoint, run in the middle of a step."""
         if not self._busy.acquire(blocking=False):
-            raise RuntimeError(f"zenflow_bind.optim.AdamW.{what}() was called while another "
-                               "thread is in step(), state_dict() or load_state_dict() of the "
-                               "same optimizer")
+            who = "this thread (a signal handler or a hook?)" if \
+                self._busy_by[0] == threading.get_ident() else "another thread"
+            raise RuntimeError(f"zenflow_bind.optim.AdamW.{what}() was called while {who} is "
+                               f"in {self._busy_by[1]}() of the same optimizer")
+        self._busy_by = (threading.get_ident(), what)
         try:
             yield
         finally:
+            self._busy_by = (None, None)
             self._busy.release()
+
+    def _inside(self, *calls):
+        """Whether this thread is in one of these calls of this optimizer (under _exclusive)."""
+        return self._busy_by[0] == threading.get_ident() and self._busy_by[1] in calls
 
     def _save_missing(self, layout, has):
         """What a step would wrongly change for parameters without a gradient: their master
@@ -730,6 +749,10 @@ class AdamW(torch.optim.Optimizer):
     def close(self):
         """Finish the step in flight, give the parameters and gradients private memory again
         and stop the worker. The optimizer cannot step afterwards."""
+        with self._exclusive("close"):
+            self._close()
+
+    def _close(self):
         if self._worker.closed:
             return
         stream, self._stream, self._stream_scale = self._stream, None, None

@@ -141,6 +141,39 @@ class Threads(unittest.TestCase):
             ref.step()  # one update, as the one step() that ran
             assert_close(self, a.parameters(), b.parameters())
 
+    def test_a_handler_run_inside_a_step_is_refused(self):
+        # a signal handler saving a checkpoint (SIGUSR1 on Slurm) runs on the thread in step():
+        # reading the state, synchronize() or close() there would finish the step twice
+        from unittest import mock
+        a, b = mlp(), mlp()
+        x, y = batches(1)[0]
+        with ours(a.parameters(), lr=1e-2) as opt:
+            ref = torch.optim.AdamW(b.parameters(), lr=1e-2)
+            train(a, opt, batches(1))
+            train(b, ref, batches(1))
+            for model in (a, b):
+                torch.nn.functional.mse_loss(model(x), y).backward()
+            errors, real = [], opt._worker.submit
+            calls = (opt.state_dict, lambda: opt.state, opt.synchronize, opt.close,
+                     lambda: opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))]}))
+
+            def submit_and_handler(*args, **kwargs):
+                real(*args, **kwargs)
+                for call in calls:
+                    try:
+                        call()
+                    except RuntimeError as e:
+                        errors.append(str(e))
+
+            with mock.patch.object(opt._worker, "submit", side_effect=submit_and_handler):
+                opt.step()
+            self.assertEqual(len(errors), len(calls), errors)
+            self.assertTrue(all("this thread (a signal handler or a hook?) is in step()" in e
+                                for e in errors), errors)
+            ref.step()
+            assert_close(self, a.parameters(), b.parameters())
+            self.assertEqual(float(opt.state_dict()["state"][0]["step"]), 2.0)
+
 
 class LoadStateDict(unittest.TestCase):
     def test_a_refused_state_dict_changes_nothing(self):
