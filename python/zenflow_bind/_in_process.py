@@ -15,7 +15,8 @@ import threading
 import torch
 
 from . import _native
-from ._layout import local
+from ._global_stats import clip_scale, sharded, stats
+from ._layout import _identity, local
 from .functional import StepResult, _number, run
 from ._signals import deferred_interrupts
 from ._state import _count
@@ -27,13 +28,6 @@ _FLOAT16 = (torch.bfloat16, torch.float16)
 def _contiguous(t):
     """t itself when the kernel can write it in place, else a contiguous copy to write back."""
     return t if t.is_contiguous() else t.contiguous()
-
-
-def _identity(p):
-    """Which storage a parameter's local tensor is and how often it was written: a change means
-    a write (or a re-seating) by someone else."""
-    shard = local(p)
-    return shard.data_ptr(), shard._version
 
 
 def _kernel_ready(value, p, key, index):
@@ -53,17 +47,6 @@ def _kernel_ready(value, p, key, index):
     ready = value.detach().to(device="cpu", dtype=torch.float32,
                               memory_format=torch.contiguous_format, copy=True)
     return ready if local(ready) is not ready else ready.reshape(local(p).shape)  # DTensor: as is
-
-
-def _scaled_stats(grads, scale):
-    """(non-finite count, sum of squares) of every gradient times scale, as the kernels' pre-pass
-    counts them: each product rounded to fp32, the squares summed in double."""
-    nonfinite, total = 0, 0.0
-    for g in grads:
-        x = g.float() * scale
-        nonfinite += int((~torch.isfinite(x)).sum())
-        total += float(x.double().square().sum())
-    return nonfinite, total
 
 
 class InProcessAdamW(AdamW):
@@ -173,31 +156,32 @@ class InProcessAdamW(AdamW):
         return loss
 
     def _step(self, grad_scale):
-        buckets, stepped, write_back, fresh, sixteen = {}, [], [], [], []
+        buckets, stepped, write_back, fresh, sixteen, grads = {}, [], [], [], [], {}
         maximize = {bool(g["maximize"]) for g in self.param_groups}
         if len(maximize) > 1:
             raise ValueError("maximize must be the same in every param group: one step negates "
                              "every gradient at once")
         try:
-            self._gather(buckets, stepped, write_back, fresh, sixteen)
+            self._gather(buckets, stepped, write_back, fresh, sixteen, grads)
         except BaseException:
             for p in fresh:  # as if step() had not been called
                 self.state.pop(p, None)
             raise
-        if not buckets:
+        skip, clip, norm = self.skip_nonfinite, self.max_grad_norm, self._want_norm
+        params = [p for g in self.param_groups for p in g["params"]]
+        together = sharded(params) and (skip or norm)  # every rank takes part, gradients or not
+        if not buckets and not together:
             return
         scale = -grad_scale if maximize.pop() else grad_scale
         threads = self.threads or torch.get_num_threads()
-        skip, clip, norm = self.skip_nonfinite, self.max_grad_norm, self._want_norm
         found = None
-        if len(buckets) > 1 and (skip or norm):
-            # One decision over every bucket before any is written: the pre-pass done here.
-            nonfinite, sum_squares = _scaled_stats(
-                [t[1] for tensors in buckets.values() for t in tensors], scale)
+        if (len(buckets) > 1 or together) and (skip or norm):
+            # One decision over every bucket before any is written, and over every rank's shards:
+            # the pre-pass done here.
+            nonfinite, sum_squares = stats(params, grads, scale)
             found = StepResult(nonfinite, math.sqrt(sum_squares), skip and nonfinite > 0, 0.0)
             if clip > 0 and not found.skipped:
-                q = clip / (math.sqrt(sum_squares) + 1e-6)  # as clip_coefficient() in C
-                scale *= float(torch.tensor(1.0 if q >= 1.0 else q, dtype=torch.float32))
+                scale *= clip_scale(clip, sum_squares)
             skip, clip, norm = False, 0.0, False
         results = []
         if found is None or not found.skipped:
@@ -223,7 +207,7 @@ class InProcessAdamW(AdamW):
         for state in stepped:
             state["step"] += 1
 
-    def _gather(self, buckets, stepped, write_back, fresh, sixteen):
+    def _gather(self, buckets, stepped, write_back, fresh, sixteen, grads):
         """Each parameter with a gradient into its bucket (one per gradient and copy-out dtype),
         its state made ready for the kernel; what to write back after the kernel."""
         index = -1
@@ -253,6 +237,7 @@ class InProcessAdamW(AdamW):
                 target = _contiguous(master)
                 copy = _contiguous(shard) if p.dtype in _FLOAT16 else None
                 grad = local(p.grad).to(p.dtype).contiguous()
+                grads[id(p)] = grad
                 count = int(state["step"]) + 1
                 key = (grad.dtype, copy.dtype if copy is not None else None)
                 buckets.setdefault(key, []).append(

@@ -29,9 +29,11 @@ def local(tensor):
 
 
 def _identity(param):
-    """Changes when the model's values may have: a write in place, or .data re-seated."""
+    """Changes when the model's values may have: a write in place, or .data re-seated. A write
+    through a DTensor (FSDP2: model.load_state_dict, copy_ under no_grad) counts on the DTensor's
+    own version, not its local shard's: both are watched."""
     shard = local(param)
-    return shard.data_ptr(), shard._version
+    return shard.data_ptr(), shard._version, param._version
 
 
 class Slot:

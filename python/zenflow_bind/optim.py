@@ -21,6 +21,7 @@ import weakref
 import torch
 
 from ._cuda import Gpu
+from ._global_stats import clip_scale, sharded, stats
 from ._layout import Layout, local
 from .functional import _number
 from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError, check_hyper, hyper
@@ -180,6 +181,7 @@ class AdamW(torch.optim.Optimizer):
         self._steps = {}        # param -> steps it took with a gradient: torch's state["step"]
         self._snapshot = None   # optimizer.state as last brought out of the worker
         self._in_flight = None  # what to do once the submitted step is done
+        self._decided = None    # (non-finite, norm) counted over every rank for it (FSDP2)
         self._buffer = 0        # the gradient buffer backward fills next
         self._stream = None     # step_during_backward()'s buckets, until step() completes them
         self._stream_open = False  # inside step_during_backward(): hooks submit buckets
@@ -356,21 +358,39 @@ class AdamW(torch.optim.Optimizer):
                     has.append(slot.stage_grad(k))
                 any_grad |= any(has)
                 pending.append((layout, has, self._save_missing(layout, has)))
-            if not any_grad:
+            params = [p for g in self.param_groups for p in g["params"]]
+            together = sharded(params) and (self.skip_nonfinite or self._want_norm)
+            if not any_grad and not together:
                 return loss  # as torch: nothing to do
             scale = self._set_hypers(grad_scale)
             flags = (STEP_SKIP_NONFINITE if self.skip_nonfinite else 0) | \
                 (STEP_GRAD_NORM if self._want_norm else 0)
+            max_norm, decided = self.max_grad_norm, None
+            if together:  # FSDP2: decided here over every rank's shards, not by each worker
+                staged = {id(s.param): s.grads[k] for layout, has, _ in pending
+                          for s, h in zip(layout.slots, has) if h}
+                nonfinite, sum_squares = stats(params, staged, scale)
+                decided = (nonfinite, math.sqrt(sum_squares))
+                skipped = bool(self.skip_nonfinite and nonfinite)
+                if not any_grad or skipped:
+                    self.last_step_skipped = skipped
+                    self.last_nonfinite = nonfinite
+                    self.last_grad_norm = decided[1] if self._want_norm else None
+                    self.last_step_seconds = 0.0
+                    return loss  # nothing stepped anywhere: as if step() had not been called
+                if max_norm > 0:
+                    scale *= clip_scale(max_norm, sum_squares)
+                flags, max_norm = 0, 0.0
             # submitted and recorded as in flight, or neither; with overlap, backward fills the
             # other buffer from then on (a Ctrl-C before the switch would let it write the one
             # the worker reads)
             with deferred_interrupts():
                 try:  # (_finish() settled the copies to the GPU)
                     self._worker.submit(0, grad_buffer=k, grad_scale=scale, flags=flags,
-                                        max_grad_norm=self.max_grad_norm)
+                                        max_grad_norm=max_norm)
                 except ZenbindError as e:
                     raise _not_applied(e) from e
-                self._in_flight = pending
+                self._in_flight, self._decided = pending, decided
                 if self.overlap:
                     self._switch_buffer(k)
             if not self.overlap:
@@ -423,7 +443,9 @@ class AdamW(torch.optim.Optimizer):
                 for slot in layout.slots if layout else ():
                     slot.refresh_if_changed()  # before any bucket takes its master
             stream = None
-            if not (self.overlap or self.skip_nonfinite or self.max_grad_norm > 0):
+            params = [p for g in self.param_groups for p in g["params"]]
+            if not (self.overlap or self.skip_nonfinite or self.max_grad_norm > 0 or
+                    (self._want_norm and sharded(params))):
                 scale = self._set_hypers(grad_scale)
                 stream = Stream(self._worker, self._layouts, self._buffer, scale,
                                 STEP_GRAD_NORM if self._want_norm else 0, self.timeout_ms,
@@ -634,6 +656,10 @@ class AdamW(torch.optim.Optimizer):
         self.last_nonfinite = result.nonfinite
         self.last_grad_norm = result.grad_norm if self._want_norm else None
         self.last_step_seconds = result.seconds
+        if self._decided is not None:  # counted over every rank before the step was sent
+            self.last_nonfinite, norm = self._decided
+            self.last_grad_norm = norm if self._want_norm else None
+            self._decided = None
         if result.skipped:
             return  # the worker wrote nothing
         # every call to the worker first (a worker that dies now fails before the model is

@@ -100,11 +100,62 @@ def checkpoint(rank, world, where, steps, load, worker=True):
         torch.save(params, os.path.join(where, f"{'resumed' if load else 'saved'}-{world}.pt"))
 
 
+def writes(rank, world, where, worker):
+    """Writes into the sharded parameters between steps (model.load_state_dict) become the
+    master: the DTensor's own version changes, its local shard's does not."""
+    data = batches(4, seed=11 + rank)
+    a, b, source = sharded(), sharded(), sharded(seed=3)
+    with ours(a, worker) as opt:
+        ref = reference(b)
+        train(a, opt, data[:2])
+        train(b, ref, data[:2])
+        a.load_state_dict(source.state_dict())
+        b.load_state_dict(source.state_dict())
+        train(a, opt, data[2:])
+        train(b, ref, data[2:])
+    got = {"ours": full(a), "torch": full(b)}
+    if rank == 0:
+        torch.save(got, os.path.join(where, "writes.pt"))
+
+
+def decisions(rank, world, where, worker):
+    """max_grad_norm clips by the norm over every rank's shards, as clip_grad_norm_; a non-finite
+    gradient on one rank skips the step on all of them."""
+    import zenflow_bind.optim
+    data = batches(3, seed=11 + rank)
+    a, b = sharded(), sharded()
+    opt = zenflow_bind.optim.AdamW(a.parameters(), lr=1e-2, weight_decay=0.05, threads=1,
+                                   worker=worker, max_grad_norm=0.05, skip_nonfinite=True)
+    ref = reference(b)
+    norms = []
+    for x, y in data[:2]:
+        for model, o in ((a, opt), (b, ref)):
+            o.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            if o is ref:
+                norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+                                   .full_tensor()))
+            o.step()
+        norms.append(opt.last_grad_norm)
+    before = full(a)
+    x, y = data[2]
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.mse_loss(a(x), y).backward()
+    if rank == world - 1:  # one rank's shard only
+        next(a.parameters()).grad.to_local().view(-1)[0] = float("nan")
+    opt.step()
+    got = {"ours": full(a), "torch": full(b), "norms": norms, "before": before,
+           "skipped": opt.last_step_skipped, "after": full(a)}
+    opt.close()
+    torch.save(got, os.path.join(where, f"decisions-{rank}.pt"))
+
+
 def rank_main(rank, world, where, store, job, args):
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank,
                             world_size=world)
     try:
-        {"parity": parity, "checkpoint": checkpoint}[job](rank, world, where, *args)
+        {"parity": parity, "checkpoint": checkpoint, "writes": writes,
+         "decisions": decisions}[job](rank, world, where, *args)
     finally:
         dist.destroy_process_group()
 
@@ -155,6 +206,32 @@ class FullyShard(unittest.TestCase):
             for a, b in zip(got["ours"], got["torch"]):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6,
                                            msg=f"{world} ranks, offload {offload}")
+
+    def test_writes_to_sharded_parameters_become_the_master(self):
+        for worker in (True, False):
+            with tempfile.TemporaryDirectory() as where:
+                spawn(2, where, "writes", worker)
+                got = torch.load(os.path.join(where, "writes.pt"))
+            for a, b in zip(got["ours"], got["torch"]):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"worker={worker}")
+
+    def test_clip_and_skip_decide_over_every_rank(self):
+        for worker in (True, False):
+            with tempfile.TemporaryDirectory() as where:
+                spawn(2, where, "decisions", worker)
+                ranks = [torch.load(os.path.join(where, f"decisions-{r}.pt")) for r in (0, 1)]
+            for got in ranks:
+                # steps 1 and 2: torch's clip_grad_norm_ total, then ours, the same
+                torch.testing.assert_close(got["norms"][1], got["norms"][0], rtol=1e-6,
+                                           atol=0.0)
+                torch.testing.assert_close(got["norms"][3], got["norms"][2], rtol=1e-6,
+                                           atol=0.0)
+                for a, b in zip(got["before"], got["torch"]):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6,
+                                               msg=f"worker={worker}")
+                self.assertTrue(got["skipped"], f"worker={worker}: a rank stepped")
+                for a, b in zip(got["after"], got["before"]):
+                    self.assertTrue(torch.equal(a, b), f"worker={worker}: torn by the skip")
 
     def test_a_worker_checkpoint_resumes_in_process(self):
         with tempfile.TemporaryDirectory() as where:
