@@ -35,6 +35,24 @@ def _like_param(view, slot):
                                        run_check=False, shape=p.shape, stride=p.stride())
 
 
+def _empty_like(p):
+    """An fp32 tensor of p's local shape (no elements here), placed as p when it is a DTensor."""
+    shard = local(p)
+    t = torch.zeros(shard.shape, dtype=torch.float32)
+    if shard is p:
+        return t
+    return _dtensor_class().from_local(t, p.device_mesh, p.placements, run_check=False,
+                                       shape=p.shape, stride=p.stride())
+
+
+def _empty_entry(p, step):
+    entry = {"step": torch.tensor(float(step)), "exp_avg": _empty_like(p),
+             "exp_avg_sq": _empty_like(p)}
+    if p.dtype != torch.float32:
+        entry["master_param"] = _empty_like(p)
+    return entry
+
+
 def _versions(entry):
     """{key: (value, version)}: what an entry holds, and each tensor's version counter."""
     return {k: (v, local(v)._version) if isinstance(v, torch.Tensor) else (v, None)
@@ -58,12 +76,17 @@ def _unchanged(entry, versions):
 class Snapshot:
     """optimizer.state as brought out of the worker, and how to tell what was written since."""
 
-    def __init__(self, layouts, steps):
+    def __init__(self, layouts, steps, param_groups):
         self.state = collections.defaultdict(dict)
         self._taken = {}   # param -> (group index, its entry, {key: (value, version)})
         self._groups = {}  # param -> group index, for every parameter the worker holds
         for i, layout in enumerate(layouts):
             if layout is None:
+                # no element here (an FSDP2 shard left empty on this rank): torch's state all the
+                # same, so every rank's state dict has the same entries for DCP's collectives
+                for p in param_groups[i]["params"]:
+                    if steps.get(p, 0):
+                        self.state[p] = _empty_entry(p, steps[p])
                 continue
             for slot in layout.slots:
                 self._groups[slot.param] = i

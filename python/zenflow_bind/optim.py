@@ -26,7 +26,7 @@ from ._layout import Layout, local
 from .functional import _number
 from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError, check_hyper, hyper
 from ._signals import deferred_interrupts
-from ._state import Snapshot, prepare_group_state
+from ._state import Snapshot, _count, prepare_group_state
 from ._stream import Stream
 from .worker import StepResult, Worker
 
@@ -182,6 +182,7 @@ class AdamW(torch.optim.Optimizer):
         self._snapshot = None   # optimizer.state as last brought out of the worker
         self._in_flight = None  # what to do once the submitted step is done
         self._decided = None    # (non-finite, norm) counted over every rank for it (FSDP2)
+        self._empty = []        # its parameters with no element here, counted once it completes
         self._buffer = 0        # the gradient buffer backward fills next
         self._stream = None     # step_during_backward()'s buckets, until step() completes them
         self._stream_open = False  # inside step_during_backward(): hooks submit buckets
@@ -228,7 +229,7 @@ class AdamW(torch.optim.Optimizer):
                 self._live()
                 self._not_mid_step("read optimizer.state")
                 self._finish()
-                self._snapshot = Snapshot(self._layouts, self._steps)
+                self._snapshot = Snapshot(self._layouts, self._steps, self.param_groups)
         return self._snapshot.state
 
     @state.setter
@@ -360,8 +361,13 @@ class AdamW(torch.optim.Optimizer):
                 pending.append((layout, has, self._save_missing(layout, has)))
             params = [p for g in self.param_groups for p in g["params"]]
             together = sharded(params) and (self.skip_nonfinite or self._want_norm)
+            # parameters of groups with no element here (FSDP2 shards left empty) step as
+            # torch's: counted, with nothing to compute
+            empty = [p for g, layout in zip(self.param_groups, self._layouts) if layout is None
+                     for p in g["params"] if p.grad is not None]
             if not any_grad and not together:
-                return loss  # as torch: nothing to do
+                self._count(empty)
+                return loss  # as torch: nothing else to do
             scale = self._set_hypers(grad_scale)
             flags = (STEP_SKIP_NONFINITE if self.skip_nonfinite else 0) | \
                 (STEP_GRAD_NORM if self._want_norm else 0)
@@ -377,7 +383,9 @@ class AdamW(torch.optim.Optimizer):
                     self.last_nonfinite = nonfinite
                     self.last_grad_norm = decided[1] if self._want_norm else None
                     self.last_step_seconds = 0.0
-                    return loss  # nothing stepped anywhere: as if step() had not been called
+                    if not skipped:
+                        self._count(empty)
+                    return loss  # nothing stepped here (or anywhere, if skipped)
                 if max_norm > 0:
                     scale *= clip_scale(max_norm, sum_squares)
                 flags, max_norm = 0, 0.0
@@ -390,7 +398,7 @@ class AdamW(torch.optim.Optimizer):
                                         max_grad_norm=max_norm)
                 except ZenbindError as e:
                     raise _not_applied(e) from e
-                self._in_flight, self._decided = pending, decided
+                self._in_flight, self._decided, self._empty = pending, decided, empty
                 if self.overlap:
                     self._switch_buffer(k)
             if not self.overlap:
@@ -512,6 +520,8 @@ class AdamW(torch.optim.Optimizer):
                         sum_squares += result.grad_norm ** 2
                 except ZenbindError as e:
                     raise _not_applied(e) from e
+                self._empty = [p for g, layout in zip(self.param_groups, self._layouts)
+                               if layout is None for p in g["params"] if p.grad is not None]
                 self._apply(pending, StepResult(nonfinite, math.sqrt(sum_squares), False,
                                                 seconds))
                 applied = True
@@ -660,6 +670,9 @@ class AdamW(torch.optim.Optimizer):
             self.last_nonfinite, norm = self._decided
             self.last_grad_norm = norm if self._want_norm else None
             self._decided = None
+        empty, self._empty = self._empty, []
+        if not result.skipped:
+            self._count(empty)
         if result.skipped:
             return  # the worker wrote nothing
         # every call to the worker first (a worker that dies now fails before the model is
@@ -673,6 +686,11 @@ class AdamW(torch.optim.Optimizer):
                     self._steps[slot.param] = self._steps.get(slot.param, 0) + 1
                     slot.write_back(self._gpu)
         self._gpu.publish()
+
+    def _count(self, params):
+        """One more step for each of these parameters, which have no element here."""
+        for p in params:
+            self._steps[p] = self._steps.get(p, 0) + 1
 
     def _restore_early(self):
         """A streamed step that cannot complete: the buckets that went back to the GPU get their
@@ -728,9 +746,14 @@ class AdamW(torch.optim.Optimizer):
             updates, prepared = self._check_state_dict(state_dict)
             for group, update in zip(self.param_groups, updates):
                 group.update(update)
-            for layout, ready in zip(self._layouts, prepared):
+            for group, layout, ready in zip(self.param_groups, self._layouts, prepared):
                 if layout is not None:
                     self._apply_group_state(layout, ready)
+                    continue
+                for p, count in zip(group["params"], ready):
+                    self._steps.pop(p, None)
+                    if count:
+                        self._steps[p] = count
             self._snapshot = None
             # every master, moment and count rewritten: a step begun in a failed backward is gone
             self._torn, self._stream, self._stream_scale = False, None, None
@@ -745,7 +768,12 @@ class AdamW(torch.optim.Optimizer):
         for i, (saved, layout) in enumerate(zip(saved_groups, self._layouts)):
             for slot in layout.slots if layout else ():
                 slot.check_shape()  # a master may come from the model
-            prepared.append(None if layout is None else prepare_group_state(
+            if layout is None:  # no element here: only the step counts
+                prepared.append([_count(saved_state[k]["step"], f"param group {i} of the "
+                                        f"state dict, parameter {k!r}")
+                                 if saved_state.get(k) else 0 for k in saved["params"]])
+                continue
+            prepared.append(prepare_group_state(
                 layout, [saved_state.get(k) for k in saved["params"]],
                 f"param group {i} of the state dict", keys=saved["params"]))
         return updates, prepared

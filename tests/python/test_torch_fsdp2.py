@@ -150,12 +150,45 @@ def decisions(rank, world, where, worker):
     torch.save(got, os.path.join(where, f"decisions-{rank}.pt"))
 
 
+def empty_shard(rank, world, where, worker):
+    """A group whose one parameter (a bias of 1 element) has nothing on rank 1: it still has
+    torch's state there, so a full state dict's collectives line up on every rank."""
+    import zenflow_bind.optim
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    def make():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+        for layer in (m[0], m[2], m):
+            fully_shard(layer)
+        return m
+
+    def groups(m):
+        return [{"params": [m[0].weight, m[0].bias, m[2].weight]},
+                {"params": [m[2].bias], "lr": 3e-3}]
+
+    a, b = make(), make()
+    opt = zenflow_bind.optim.AdamW(groups(a), lr=1e-2, threads=1, worker=worker)
+    ref = torch.optim.AdamW(groups(b), lr=1e-2)
+    for x, y in batches(3, seed=11 + rank):
+        for model, o in ((a, opt), (b, ref)):
+            o.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x).squeeze(1), y.sum(1)).backward()
+            o.step()
+    counts = (len(opt.state), len(ref.state))
+    _, osd = get_state_dict(a, opt, options=StateDictOptions(full_state_dict=True))
+    steps = sorted(float(e["step"]) for e in osd["state"].values())
+    got = {"counts": counts, "steps": steps, "ours": full(a), "torch": full(b)}
+    opt.close()
+    torch.save(got, os.path.join(where, f"empty-{rank}.pt"))
+
+
 def rank_main(rank, world, where, store, job, args):
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank,
                             world_size=world)
     try:
         {"parity": parity, "checkpoint": checkpoint, "writes": writes,
-         "decisions": decisions}[job](rank, world, where, *args)
+         "decisions": decisions, "empty_shard": empty_shard}[job](rank, world, where, *args)
     finally:
         dist.destroy_process_group()
 
@@ -232,6 +265,17 @@ class FullyShard(unittest.TestCase):
                 self.assertTrue(got["skipped"], f"worker={worker}: a rank stepped")
                 for a, b in zip(got["after"], got["before"]):
                     self.assertTrue(torch.equal(a, b), f"worker={worker}: torn by the skip")
+
+    def test_a_group_with_nothing_on_a_rank_has_torchs_state_there(self):
+        for worker in (True, False):
+            with tempfile.TemporaryDirectory() as where:
+                spawn(2, where, "empty_shard", worker)
+                ranks = [torch.load(os.path.join(where, f"empty-{r}.pt")) for r in (0, 1)]
+            for rank, got in enumerate(ranks):
+                self.assertEqual(got["counts"], (4, 4), f"worker={worker}, rank {rank}")
+                self.assertEqual(got["steps"], [3.0] * 4, f"worker={worker}, rank {rank}")
+                for a, b in zip(got["ours"], got["torch"]):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
     def test_a_worker_checkpoint_resumes_in_process(self):
         with tempfile.TemporaryDirectory() as where:
