@@ -20,7 +20,7 @@ from ._layout import _identity, local
 from .functional import StepResult, _number, run
 from ._signals import deferred_interrupts
 from ._state import _count
-from .optim import AdamW, _check_group, _check_unique, _saved_groups
+from .optim import AdamW, _check_group, _check_unique, _saved_groups, as_torch_groups
 
 _FLOAT16 = (torch.bfloat16, torch.float16)
 
@@ -265,19 +265,23 @@ class InProcessAdamW(AdamW):
     def state_dict(self):
         """torch's state dict of torch's optimizer.state: the worker's format."""
         with self._exclusive("state_dict"):
-            return torch.optim.Optimizer.state_dict(self)
+            out = torch.optim.Optimizer.state_dict(self)
+            as_torch_groups(out["param_groups"])
+            return out
 
     def load_state_dict(self, state_dict):
         """torch's load, with the moments and the master weights kept in fp32 (torch casts a
         state to its parameter's dtype); a 16-bit parameter without a saved master takes the
         model's values (load the model first). Every entry is checked before anything changes."""
         with self._exclusive("load_state_dict"):
-            params, saved = self._check_saved(state_dict)
+            params, saved, updates = self._check_saved(state_dict)
             before = [dict(g) for g in self.param_groups]
             torch.optim.Optimizer.load_state_dict(self, state_dict)
-            # torch replaces each group with the saved one: what it lacks (adamw_mode and
-            # bias_correction in torch.optim.AdamW's) stays as this optimizer has it
-            for group, old in zip(self.param_groups, before):
+            # torch replaces each group with the saved one: its settings in this optimizer's
+            # keys (adamw_mode for decoupled_weight_decay), and what it lacks as it was here
+            for group, old, update in zip(self.param_groups, before, updates):
+                group.pop("decoupled_weight_decay", None)
+                group.update(update)
                 for key, value in old.items():
                     group.setdefault(key, value)
             self._seen = {}  # the masters below are compared with the model at the next step
@@ -295,7 +299,7 @@ class InProcessAdamW(AdamW):
                 state["step"] = torch.tensor(float(_count(entry["step"], "")))
 
     def _check_saved(self, state_dict):
-        groups, states, _ = _saved_groups(self.param_groups, state_dict)
+        groups, states, updates = _saved_groups(self.param_groups, state_dict)
         params, saved = [], []
         for group, theirs in zip(self.param_groups, groups):
             for key, p in zip(theirs["params"], group["params"]):
@@ -315,7 +319,7 @@ class InProcessAdamW(AdamW):
                     _count(entry["step"], f"parameter {key!r}")  # before torch's load changes
                 params.append(p)
                 saved.append(entry)
-        return params, saved
+        return params, saved, updates
 
     def close(self):
         """Nothing to release: there is no worker."""

@@ -73,6 +73,42 @@ def _check_unique(group):
         seen.add(id(p))
 
 
+_TORCH_GROUP_KEYS = []  # the keys of this torch's torch.optim.AdamW param groups, once known
+
+
+def _torch_group_keys():
+    if not _TORCH_GROUP_KEYS:
+        probe = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+        _TORCH_GROUP_KEYS.append(frozenset(probe.param_groups[0]) - {"params"})
+    return _TORCH_GROUP_KEYS[0]
+
+
+def as_torch_groups(groups):
+    """A state dict's param groups in torch.optim.AdamW's keys, so that a checkpoint moves both
+    ways under DCP's strict key match: adamw_mode is torch's decoupled_weight_decay where this
+    torch's AdamW has it (2.14 does, 2.6 does not), and the DeepSpeed-style keys appear only
+    when they differ from torch's math (adamw_mode False without it, bias_correction False)."""
+    for g in groups:
+        adamw, correct = g.pop("adamw_mode", True), g.pop("bias_correction", True)
+        if "decoupled_weight_decay" in _torch_group_keys():
+            g["decoupled_weight_decay"] = bool(adamw)
+        elif not adamw:
+            g["adamw_mode"] = False
+        if not correct:
+            g["bias_correction"] = False
+    return groups
+
+
+def _from_saved(saved):
+    """A saved param group's settings in this optimizer's keys (see as_torch_groups); what a
+    group saved by torch.optim.AdamW lacks is torch's math."""
+    update = {k: v for k, v in saved.items() if k != "params"}
+    decoupled = update.pop("decoupled_weight_decay", True)
+    update.setdefault("adamw_mode", bool(decoupled))
+    update.setdefault("bias_correction", True)
+    return update
+
+
 def _saved_groups(param_groups, state_dict):
     """A state dict's param groups, its state and each group's new settings, checked against
     param_groups; nothing is changed here."""
@@ -88,7 +124,7 @@ def _saved_groups(param_groups, state_dict):
         if len(saved["params"]) != len(group["params"]):
             raise ValueError(f"param group {i} has {len(group['params'])} parameters, the state "
                              f"dict's {len(saved['params'])}")
-        update = {k: v for k, v in saved.items() if k != "params"}
+        update = _from_saved(saved)
         _check_group({**group, **update})
         updates.append(update)
     return saved_groups, saved_state, updates
@@ -721,14 +757,16 @@ class AdamW(torch.optim.Optimizer):
     def state_dict(self):
         """torch's format and hooks: state[i] = {"step": tensor, "exp_avg", "exp_avg_sq"} (fp32)
         for each parameter that took a step, plus "master_param" (its fp32 master) for a
-        bf16/fp16 parameter; param_groups as torch's (param_names included), with adamw_mode
-        and bias_correction."""
+        bf16/fp16 parameter; param_groups in torch.optim.AdamW's keys (param_names included;
+        see as_torch_groups), so that DCP moves a checkpoint to and from torch's."""
         with self._exclusive("state_dict"):
             self._live()
             self._not_mid_step("take a state dict")
             self._finish()
             self._push_state_edits()
-            return super().state_dict()  # reads self.state: the worker's, brought out once
+            out = super().state_dict()  # reads self.state: the worker's, brought out once
+            as_torch_groups(out["param_groups"])  # copies: the optimizer's groups keep theirs
+            return out
 
     def load_state_dict(self, state_dict):
         """Load a state dict of this class or of torch.optim.AdamW (moments cast to fp32). The

@@ -102,6 +102,17 @@ class OptimizerState(unittest.TestCase):
             with self.assertRaisesRegex(TypeError, "load_state_dict"):
                 opt.state = {next(a.parameters()): {"step": torch.tensor(1.0)}}
 
+    def test_adam_with_l2_and_no_bias_correction_survive_a_round_trip(self):
+        a = mlp()
+        with ours(a.parameters(), adamw_mode=False, bias_correction=False) as opt:
+            train(a, opt, batches(1))
+            sd = opt.state_dict()
+            with ours(mlp().parameters()) as other:
+                other.load_state_dict(sd)
+                self.assertEqual((other.param_groups[0]["adamw_mode"],
+                                  other.param_groups[0]["bias_correction"]), (False, False))
+        self.assertNotIn("decoupled_weight_decay", opt.param_groups[0])
+
 
 class Hooks(unittest.TestCase):
     def test_step_hooks(self):
@@ -198,6 +209,38 @@ class DistributedCheckpoint(unittest.TestCase):
                     self.assertEqual(float(opt.state[resumed[0].weight]["step"]), 5.0)
                     train(resumed, opt, data[5:])
             assert_equal(self, resumed.parameters(), straight.parameters())
+
+    def test_checkpoints_move_to_and_from_torch_adamw(self):
+        # DCP loads the keys the optimizer's own state dict has, strictly: both kinds must have
+        # torch.optim.AdamW's, in both modes
+        def make(kind, model):
+            if kind == "torch":
+                return torch.optim.AdamW(groups_of(model), lr=1e-2, foreach=False)
+            return ours(groups_of(model), lr=1e-2, worker=kind == "worker")
+
+        data = batches(6)
+        for src, dst in (("torch", "worker"), ("torch", "in process"), ("worker", "torch"),
+                         ("in process", "torch")):
+            with self.subTest(f"{src} to {dst}"), tempfile.TemporaryDirectory() as where:
+                a, b, c = mlp(), mlp(), mlp(seed=9)
+                opt_a, opt_b = make(src, a), make(dst, b)
+                train(a, opt_a, data[:3])
+                train(b, opt_b, data[:3])
+                self.assertEqual(set(opt_a.state_dict()["param_groups"][0]),
+                                 set(opt_b.state_dict()["param_groups"][0]))
+                dcp.save({"model": get_model_state_dict(a),
+                          "optim": get_optimizer_state_dict(a, opt_a)}, checkpoint_id=where)
+                opt_c = make(dst, c)
+                sd = {"model": get_model_state_dict(c),
+                      "optim": get_optimizer_state_dict(c, opt_c)}
+                dcp.load(sd, checkpoint_id=where)
+                set_model_state_dict(c, sd["model"])
+                set_optimizer_state_dict(c, opt_c, sd["optim"])
+                train(b, opt_b, data[3:])
+                train(c, opt_c, data[3:])
+                assert_close(self, c.parameters(), b.parameters())
+                for o in (opt_a, opt_b, opt_c):
+                    getattr(o, "close", lambda: None)()
 
 
 if __name__ == "__main__":
