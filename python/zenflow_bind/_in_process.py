@@ -23,6 +23,7 @@ from ._state import _count
 from .optim import AdamW, _check_group, _check_unique, _saved_groups, as_torch_groups
 
 _FLOAT16 = (torch.bfloat16, torch.float16)
+_STATE_KEYS = ("exp_avg", "exp_avg_sq", "master_param")
 
 
 def _contiguous(t):
@@ -68,6 +69,7 @@ class InProcessAdamW(AdamW):
         self.threads = threads
         self._pending_scale = None  # given to step_during_backward(), for the step() after it
         self._seen = {}  # 16-bit parameter -> (data_ptr, _version) after our last write
+        self._ready = {}  # parameter -> its state tensors as last made ready for the kernel
 
     @property
     def worker(self):
@@ -227,9 +229,14 @@ class InProcessAdamW(AdamW):
                     fresh.append(p)
                 state = self._state_of(p)
                 shard = local(p)
-                for key in ("exp_avg", "exp_avg_sq", "master_param"):
-                    if key in state:
-                        state[key] = _kernel_ready(state[key], p, key, index)
+                ready = self._ready.get(p)
+                if ready is None or ready[0] is not state.get("exp_avg") or \
+                        ready[1] is not state.get("exp_avg_sq") or \
+                        ready[2] is not state.get("master_param"):
+                    for key in _STATE_KEYS:  # tensors not seen before: checked once
+                        if key in state:
+                            state[key] = _kernel_ready(state[key], p, key, index)
+                    self._ready[p] = tuple(state.get(key) for key in _STATE_KEYS)
                 if p.dtype in _FLOAT16:
                     self._refresh_master(p, local(state["master_param"]))
                     sixteen.append(p)
