@@ -11,6 +11,7 @@ import contextlib
 import math
 import numbers
 import threading
+import weakref
 
 import torch
 
@@ -29,6 +30,11 @@ _STATE_KEYS = ("exp_avg", "exp_avg_sq", "master_param")
 def _contiguous(t):
     """t itself when the kernel can write it in place, else a contiguous copy to write back."""
     return t if t.is_contiguous() else t.contiguous()
+
+
+def _weak(t):
+    """A callable giving t back while it lives (None stays None)."""
+    return (lambda: None) if t is None else weakref.ref(t)
 
 
 def _kernel_ready(value, p, key, index):
@@ -80,12 +86,13 @@ class InProcessAdamW(AdamW):
         """torch's (defaults, state, param_groups; no hooks) and this class's settings: copy.
         deepcopy and pickle give a working optimizer, as torch's do."""
         return {k: v for k, v in self.__dict__.items()
-                if k not in ("_busy", "_busy_by", "step") and not k.startswith("_optimizer_")}
+                if k not in ("_busy", "_busy_by", "_ready", "step") and
+                not k.startswith("_optimizer_")}
 
     def __setstate__(self, state):
         super().__setstate__(state)  # torch's: also what its load_state_dict() calls
         if "_busy" not in self.__dict__:
-            self._busy, self._busy_by = threading.Lock(), (None, None)
+            self._busy, self._busy_by, self._ready = threading.Lock(), (None, None), {}
 
     @contextlib.contextmanager
     def step_during_backward(self, grad_scale=1.0):
@@ -229,14 +236,14 @@ class InProcessAdamW(AdamW):
                     fresh.append(p)
                 state = self._state_of(p)
                 shard = local(p)
-                ready = self._ready.get(p)
-                if ready is None or ready[0] is not state.get("exp_avg") or \
-                        ready[1] is not state.get("exp_avg_sq") or \
-                        ready[2] is not state.get("master_param"):
+                ready = self._ready.get(p)  # weak: a replaced tensor is not kept alive
+                if ready is None or ready[0]() is not state.get("exp_avg") or \
+                        ready[1]() is not state.get("exp_avg_sq") or \
+                        ready[2]() is not state.get("master_param"):
                     for key in _STATE_KEYS:  # tensors not seen before: checked once
                         if key in state:
                             state[key] = _kernel_ready(state[key], p, key, index)
-                    self._ready[p] = tuple(state.get(key) for key in _STATE_KEYS)
+                    self._ready[p] = tuple(_weak(state.get(key)) for key in _STATE_KEYS)
                 if p.dtype in _FLOAT16:
                     self._refresh_master(p, local(state["master_param"]))
                     sixteen.append(p)
@@ -292,6 +299,7 @@ class InProcessAdamW(AdamW):
                 for key, value in old.items():
                     group.setdefault(key, value)
             self._seen = {}  # the masters below are compared with the model at the next step
+            self._ready = {}
             for p, entry in zip(params, saved):
                 if not entry:
                     continue
