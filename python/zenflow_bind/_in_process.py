@@ -177,7 +177,7 @@ class InProcessAdamW(AdamW):
                 self.state.pop(p, None)
             raise
         skip, clip, norm = self.skip_nonfinite, self.max_grad_norm, self._want_norm
-        params = [p for g in self.param_groups for p in g["params"]]
+        params = self._all_params()
         together = sharded(params) and (skip or norm)  # every rank takes part, gradients or not
         if not buckets and not together:
             return

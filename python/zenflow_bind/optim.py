@@ -395,14 +395,11 @@ class AdamW(torch.optim.Optimizer):
                     has.append(slot.stage_grad(k))
                 any_grad |= any(has)
                 pending.append((layout, has, self._save_missing(layout, has)))
-            params = [p for g in self.param_groups for p in g["params"]]
+            params = self._all_params()
             together = sharded(params) and (self.skip_nonfinite or self._want_norm)
-            # parameters of groups with no element here (FSDP2 shards left empty) step as
-            # torch's: counted, with nothing to compute
-            empty = [p for g, layout in zip(self.param_groups, self._layouts) if layout is None
-                     for p in g["params"] if p.grad is not None]
+            empty = self._empty_with_grads()
             if not any_grad and not together:
-                self._count(empty)
+                self._count_steps(empty)
                 return loss  # as torch: nothing else to do
             scale = self._set_hypers(grad_scale)
             flags = (STEP_SKIP_NONFINITE if self.skip_nonfinite else 0) | \
@@ -420,7 +417,7 @@ class AdamW(torch.optim.Optimizer):
                     self.last_grad_norm = decided[1] if self._want_norm else None
                     self.last_step_seconds = 0.0
                     if not skipped:
-                        self._count(empty)
+                        self._count_steps(empty)
                     return loss  # nothing stepped here (or anywhere, if skipped)
                 if max_norm > 0:
                     scale *= clip_scale(max_norm, sum_squares)
@@ -487,7 +484,7 @@ class AdamW(torch.optim.Optimizer):
                 for slot in layout.slots if layout else ():
                     slot.refresh_if_changed()  # before any bucket takes its master
             stream = None
-            params = [p for g in self.param_groups for p in g["params"]]
+            params = self._all_params()
             if not (self.overlap or self.skip_nonfinite or self.max_grad_norm > 0 or
                     (self._want_norm and sharded(params))):
                 scale = self._set_hypers(grad_scale)
@@ -556,8 +553,7 @@ class AdamW(torch.optim.Optimizer):
                         sum_squares += result.grad_norm ** 2
                 except ZenbindError as e:
                     raise _not_applied(e) from e
-                self._empty = [p for g, layout in zip(self.param_groups, self._layouts)
-                               if layout is None for p in g["params"] if p.grad is not None]
+                self._empty = self._empty_with_grads()
                 self._apply(pending, StepResult(nonfinite, math.sqrt(sum_squares), False,
                                                 seconds))
                 applied = True
@@ -708,7 +704,7 @@ class AdamW(torch.optim.Optimizer):
             self._decided = None
         empty, self._empty = self._empty, []
         if not result.skipped:
-            self._count(empty)
+            self._count_steps(empty)
         if result.skipped:
             return  # the worker wrote nothing
         # every call to the worker first (a worker that dies now fails before the model is
@@ -723,7 +719,17 @@ class AdamW(torch.optim.Optimizer):
                     slot.write_back(self._gpu)
         self._gpu.publish()
 
-    def _count(self, params):
+    def _all_params(self):
+        """Every parameter of every group, in the same order on every rank."""
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _empty_with_grads(self):
+        """Parameters with a gradient in groups with no element here (FSDP2 shards left empty):
+        they step as torch's, counted, with nothing to compute."""
+        return [p for g, layout in zip(self.param_groups, self._layouts) if layout is None
+                for p in g["params"] if p.grad is not None]
+
+    def _count_steps(self, params):
         """One more step for each of these parameters, which have no element here."""
         for p in params:
             self._steps[p] = self._steps.get(p, 0) + 1
