@@ -12,8 +12,12 @@
 #                                kernel against its roofline and against torch's fused AdamW, on
 #                                one core and all
 #   bench/gpu_run.sh demo [ARGS] there, with transformers too: the demo (contrib/demo) on the
-#                                GPU, train_gpt.py ARGS added, its table and picture
+#                                GPU, train_gpt.py --deterministic ARGS, its table and picture
 #                                (ZB_DEMO_OUT, default build/gpu-demo)
+#   bench/gpu_run.sh repeat [ARGS]
+#                                there: train_gpt.py ARGS twice straight with each AdamW, as the
+#                                demo runs it, and whether the two runs are bit-identical (which
+#                                side, if any, is not deterministic run to run on that GPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build/gpu
@@ -48,8 +52,8 @@ run() {
     if [ "$what" = bench ] || [ "$what" = all ]; then
         "${PYTHON:-python3}" bench/gpu_offload.py "$@"
     fi
-    if [ "$what" = demo ]; then
-        demo "$@"
+    if [ "$what" = demo ] || [ "$what" = repeat ]; then
+        "$what" "$@"
     fi
     if [ "$what" = cpu ] || [ "$what" = all ]; then
         local all
@@ -68,19 +72,43 @@ run() {
 # of this machine (zenbind plan for one task: training bound by taskset with OMP_NUM_THREADS, the
 # worker's CPUs and NUMA node in ZENFLOW_OPT_*), torch's AdamWs every CPU, as under plain srun.
 demo() {
-    local py=${PYTHON:-python3} dir=${ZB_DEMO_OUT:-build/gpu-demo} plan
+    local py=${PYTHON:-python3} dir=${ZB_DEMO_OUT:-build/gpu-demo}
+    plan_split
+    source contrib/demo/runs.sh
+    # --deterministic: on a GPU two runs of one command differ from a few steps on, whichever
+    # AdamW (`repeat` shows it), and the resumed run could not be compared with the straight one
+    demo_runs "$dir" demo_launch --deterministic "$@"
+    "$py" contrib/demo/report.py --png "$dir/demo.png" --straight "$dir/zenflow-straight.jsonl" \
+        --resumed-in "a new process" \
+        "zenflow_bind.optim.AdamW, the worker on CPUs $demo_opt=$dir/zenflow.jsonl" \
+        "torch.optim.AdamW()=$dir/torch.jsonl" "AdamW(fused=True)=$dir/torch-fused.jsonl"
+}
+
+# The split `srun --zenflow-bind=train=2` would give one task on this machine (ZB_DEMO_PLAN).
+plan_split() {
+    local plan
     plan=$("$out/zenbind" plan --tasks 1 --json --options "${ZB_DEMO_PLAN:-train=2}")
     read -r demo_train demo_opt demo_train_threads demo_opt_threads demo_mems < <("$py" -c '
 import json, sys
 t = json.load(sys.stdin)["tasks"][0]
 print(t["train_cpus"], t["opt_cpus"], t["train_threads"], t["opt_threads"], t["opt_mems"])' \
         <<<"$plan")
+}
+
+# Each AdamW's straight run twice, launched as the demo launches it (bench/repeat_report.py).
+repeat() {
+    local py=${PYTHON:-python3} dir=${ZB_DEMO_OUT:-build/gpu-repeat} name k
+    plan_split
+    mkdir -p "$dir" && rm -f "$dir"/*.jsonl
     source contrib/demo/runs.sh
-    demo_runs "$dir" demo_launch "$@"
-    "$py" contrib/demo/report.py --png "$dir/demo.png" --straight "$dir/zenflow-straight.jsonl" \
-        --resumed-in "a new process" \
-        "zenflow_bind.optim.AdamW, the worker on CPUs $demo_opt=$dir/zenflow.jsonl" \
-        "torch.optim.AdamW()=$dir/torch.jsonl" "AdamW(fused=True)=$dir/torch-fused.jsonl"
+    export GLIBC_TUNABLES=${GLIBC_TUNABLES-$demo_tunables}
+    for name in zenflow torch-fused torch; do
+        for k in 1 2; do
+            demo_launch "$name" "$py" contrib/demo/train_gpt.py --optimizer "$name" --save-at 0 \
+                --quiet --log "$dir/$name-$k.jsonl" "$@"
+        done
+        "$py" bench/repeat_report.py "$name" "$dir/$name-1.jsonl" "$dir/$name-2.jsonl"
+    done
 }
 
 # demo_launch NAME COMMAND...: zenflow on the plan's split, torch's AdamWs on every CPU
@@ -99,6 +127,6 @@ demo_launch() {
 case ${1:-all} in
 prepare) prepare ;;
 test | bench | cpu | all) run "${1:-all}" "${@:2}" ;;
-demo) run demo "${@:2}" ;;
-*) sed -n '2,16p' "$0" >&2; exit 2 ;;
+demo | repeat) run "$1" "${@:2}" ;;
+*) sed -n '2,20p' "$0" >&2; exit 2 ;;
 esac

@@ -17,7 +17,8 @@ resumed from a checkpoint sees what a run that never stopped sees.
 after step K; --stop-at-save ends the run there and --resume DIR continues from it, in another
 process (scripts/demo.sh: another srun step). --log FILE appends one JSON object per step (its
 times, and the page faults the training process took in it) and one per run segment (CPUs,
-memory, held-out loss); contrib/demo/report.py compares such logs.
+memory, held-out loss); contrib/demo/report.py compares such logs. On a GPU, two runs of one
+command are bit-identical only with --deterministic (bench/gpu_run.sh demo passes it).
 
 By hand, inside the forky root (`bash tests/roots/debian_root.sh forky shell`) after a build:
     PYTHONPATH=python ZENFLOW_BIND_LIB=build/.../libzenbind.so.2 \\
@@ -80,6 +81,17 @@ def make_model(args):
                         bos_token_id=None, eos_token_id=None)
     torch.manual_seed(args.seed)
     return GPT2LMHeadModel(config)
+
+
+def deterministic():
+    """A GPU's training, otherwise not bit-reproducible run to run: cuBLAS's split reductions,
+    atomics in backward kernels (torch's deterministic algorithms) and SDPA's fused attention
+    backward (the math kernel instead). A CPU run is deterministic without it."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    for name in ("enable_flash_sdp", "enable_mem_efficient_sdp", "enable_cudnn_sdp"):
+        if hasattr(torch.backends.cuda, name):
+            getattr(torch.backends.cuda, name)(False)
 
 
 def make_optimizer(name, model, args):
@@ -158,12 +170,17 @@ def parse(argv=None):
                     help="where the model trains (default: the GPU when there is one); the "
                          "zenflow optimizer steps on the CPU beside it in every case")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="torch's deterministic kernels on a GPU (and math attention): two runs "
+                         "of one command give the same weights, bit for bit")
     return ap.parse_args(argv)
 
 
 def main(argv=None):
     """Run (a segment of) the training; returns the model, its weights after the last step."""
     args = parse(argv)
+    if args.deterministic:
+        deterministic()
     train_text, held_out, nfiles = corpus(args.root)
     model = make_model(args).to(args.device)
     numel = sum(p.numel() for p in model.parameters())

@@ -29,8 +29,10 @@ if missing is None:
     import report
     import train_gpt
 
+# --deterministic: bit-identical resumes on a GPU (bench/gpu_run.sh test) need it; on a CPU it
+# must change nothing but run
 TINY = ["--width", "64", "--layers", "2", "--heads", "2", "--seq", "16", "--batch", "2",
-        "--quiet"]
+        "--quiet", "--deterministic"]
 
 
 def lines(path):
