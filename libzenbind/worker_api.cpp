@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -287,6 +288,29 @@ zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const f
         w.ctl->step = step;
         w.ctl->transfer = seg ? 1 : 0;
         w.run_state_command("set the optimizer state of group " + std::to_string(group));
+    });
+}
+
+zb_status zb_worker_group_set_lags(zb_worker_t *worker, unsigned group, const zb_step_lag *lags,
+                                   size_t count) {
+    static_assert(sizeof(zb_step_lag) == sizeof(proto::StepLag) &&
+                  offsetof(zb_step_lag, lag) == offsetof(proto::StepLag, lag));
+    return zb::guard([&] {
+        zb_worker &w = state_handle(worker, group, "zb_worker_group_set_lags");
+        if (count && !lags) fail(ZB_EINVAL, "zb_worker_group_set_lags: lags is NULL");
+        if (count > w.ctl->groups[group].numel)
+            fail(ZB_EINVAL, "zb_worker_group_set_lags: more ranges than the group has elements");
+        std::optional<zb::shm::Segment> seg;
+        if (count) {
+            seg.emplace("zenflow step lags", count * sizeof(zb_step_lag), w.mems);
+            std::memcpy(seg->base(), lags, count * sizeof(zb_step_lag));
+            send_segment(w.sock, seg->fd(), group, "step lags' shared memory");
+        }
+        w.ctl->command = proto::Command::set_lags;
+        w.ctl->ngroups = group;
+        w.ctl->step = static_cast<int64_t>(count);
+        w.ctl->transfer = seg ? 1 : 0;
+        w.run_state_command("set the step lags of group " + std::to_string(group));
     });
 }
 

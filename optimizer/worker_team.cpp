@@ -49,6 +49,11 @@ struct Group {
     CopyType copy = CopyType::none;
     int64_t steps = 0;      // steps applied: the next step with number 0 is steps + 1
     size_t first_block = 0; // its gradient-statistics blocks in Team::blocks
+    // Ranges behind the group's count (set_lags), and a step's cut of the group at them: the
+    // pieces, and the hyperparameters of the lagging ones (the group's, with step - lag).
+    std::vector<proto::StepLag> lags;
+    std::vector<AdamTensor> pieces;
+    std::vector<AdamHyper> lagged;
 };
 
 // What the whole team does once the master has taken a command. Commands the master answers on
@@ -164,6 +169,93 @@ Work add_group(Team &t) {
     return Work::zero_moments;
 }
 
+// Master only: the group cut at its lagging ranges for this step (no cut without any), each
+// range stepped with its own step number. Returns why the step cannot be taken, or "".
+std::string cut_at_lags(Group &g) {
+    g.pieces.clear();
+    g.lagged.clear();
+    g.lagged.reserve(g.lags.size()); // no reallocation: the pieces point into it
+    const size_t grad_size = g.grad == GradType::f32 ? 4 : 2;
+    const auto piece = [&](size_t from, size_t n, const AdamHyper *hyper) {
+        AdamTensor p = g.tensor;
+        p.param += from;
+        p.exp_avg += from;
+        p.exp_avg_sq += from;
+        p.grad = static_cast<const char *>(g.tensor.grad) + grad_size * from;
+        if (p.copy_out) p.copy_out = static_cast<char *>(p.copy_out) + 2 * from;
+        if (p.stale) p.stale += from;
+        p.n = n;
+        p.hyper = hyper;
+        g.pieces.push_back(p);
+    };
+    size_t at = 0;
+    for (const proto::StepLag &r : g.lags) {
+        if (r.lag >= g.hyper.step)
+            return "the range at element " + std::to_string(r.offset) + " lags " +
+                   std::to_string(r.lag) + " steps behind its group: step number " +
+                   std::to_string(g.hyper.step) + " would leave it none";
+        if (r.offset > at) piece(at, r.offset - at, &g.hyper);
+        AdamHyper &h = g.lagged.emplace_back(g.hyper);
+        h.step -= r.lag;
+        piece(r.offset, r.numel, &h);
+        at = r.offset + r.numel;
+    }
+    if (!g.lags.empty() && at < g.numel) piece(at, g.numel - at, &g.hyper);
+    return "";
+}
+
+// Master only: a group's lagging ranges, replaced whole (checked first: a refused table changes
+// nothing).
+Work set_lags(Team &t) {
+    const uint32_t index = t.ctl.ngroups;
+    const int64_t count = t.ctl.step;
+    uint32_t tag = 0;
+    const int fd = t.ctl.transfer ? proto::receive_fd(t.sock, tag) : -1;
+    if (t.ctl.transfer && fd < 0) {
+        t.answer(ZB_EINTERNAL, "no shared-memory fd arrived with the step lags");
+        return Work::answered;
+    }
+    struct stat st {};
+    const bool known = index < t.groups.size() && (fd < 0 || tag == index) && count >= 0 &&
+                       uint64_t(count) <= t.groups[index].numel && (count > 0) == (fd >= 0);
+    const uint64_t size = known ? uint64_t(count) * sizeof(proto::StepLag) : 0;
+    if (!known || (fd >= 0 && (fstat(fd, &st) != 0 || uint64_t(st.st_size) != size))) {
+        if (fd >= 0) close(fd);
+        t.answer(ZB_EINTERNAL, "the step lags' group, count or segment does not match");
+        return Work::answered;
+    }
+    std::vector<proto::StepLag> lags(static_cast<size_t>(count));
+    if (fd >= 0) {
+        void *p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+        const int map_err = errno;
+        close(fd);
+        if (p == MAP_FAILED) {
+            t.answer(ZB_ENOMEM,
+                     (std::string("cannot map the step lags: ") + std::strerror(map_err)).c_str());
+            return Work::answered;
+        }
+        std::memcpy(lags.data(), p, size);
+        munmap(p, size);
+    }
+    Group &g = t.groups[index];
+    uint64_t end = 0;
+    for (const proto::StepLag &r : lags) {
+        if (r.offset < end || r.numel == 0 || r.numel > g.numel || r.offset > g.numel - r.numel ||
+            r.lag <= 0) {
+            t.answer(ZB_EINVAL, ("step lags of group " + std::to_string(index) +
+                                 ": each range non-empty, inside the group, after the one "
+                                 "before, and lagging by at least 1 (element " +
+                                 std::to_string(r.offset) + ")")
+                                    .c_str());
+            return Work::answered;
+        }
+        end = r.offset + r.numel;
+    }
+    g.lags = std::move(lags);
+    t.answer(ZB_OK, "");
+    return Work::answered;
+}
+
 // Master only: copy this step's hyperparameters, step numbers and gradient buffer into the
 // tensors, and decide whether the gradients need a pre-pass.
 Work prepare_step(Team &t) {
@@ -210,6 +302,10 @@ Work prepare_step(Team &t) {
             t.answer(ZB_EINVAL, ("group " + std::to_string(i) + " has no gradient buffer " +
                                  std::to_string(ctl.grad_buffer & 1))
                                     .c_str());
+            return Work::answered;
+        }
+        if (const std::string why = cut_at_lags(g); !why.empty()) {
+            t.answer(ZB_EINVAL, ("group " + std::to_string(i) + ": " + why).c_str());
             return Work::answered;
         }
     }
@@ -272,6 +368,8 @@ Work serve(Team &t, proto::Command command) {
         return take_state(t, Work::state_out);
     case proto::Command::set_state:
         return take_state(t, Work::state_in);
+    case proto::Command::set_lags:
+        return set_lags(t);
     case proto::Command::none:
         break;
     }
@@ -353,8 +451,12 @@ void decide_step(Team &t) {
     t.skip = (ctl.flags & proto::kStepSkipNonfinite) && t.found.nonfinite > 0;
     if (t.skip || !(ctl.max_grad_norm > 0)) return;
     const float coefficient = clip_coefficient(ctl.max_grad_norm, t.found.sum_squares);
-    for (size_t i = t.first; i < t.end; ++i)
-        t.groups[i].hyper.grad_scale = ctl.grad_scale * coefficient;
+    for (size_t i = t.first; i < t.end; ++i) {
+        Group &g = t.groups[i];
+        g.hyper.grad_scale = ctl.grad_scale * coefficient;
+        for (AdamHyper &h : g.lagged)
+            h.grad_scale = g.hyper.grad_scale;
+    }
 }
 
 // Master only, once the team is done: record what the work changed and answer.
@@ -472,7 +574,11 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
                 uint64_t bad = 0;
                 for (size_t i = t.first; i < t.end; ++i) {
                     const Group &g = t.groups[i];
-                    bad += adam_step_in_team(AdamBatch{g.grad, g.copy, &g.tensor, 1}, t.share);
+                    const bool cut = !g.pieces.empty();
+                    bad += adam_step_in_team(AdamBatch{g.grad, g.copy,
+                                                       cut ? g.pieces.data() : &g.tensor,
+                                                       cut ? g.pieces.size() : 1},
+                                             t.share);
                 }
                 t.nonfinite.fetch_add(bad, std::memory_order_relaxed);
                 break;

@@ -220,6 +220,24 @@ zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *
 zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const float *exp_avg,
                                     const float *exp_avg_sq, int64_t step);
 
+/* A range of a group's elements, [offset, offset + numel), that took `lag` fewer steps than the
+ * group: a parameter without a gradient at some steps, which torch counts per parameter. A step
+ * numbered S (the group's count + 1 by default) updates the range as step S - lag, so its bias
+ * correction is that of its own count; nothing else differs. */
+typedef struct zb_step_lag {
+    uint64_t offset;
+    uint64_t numel;
+    int64_t lag;
+} zb_step_lag;
+
+/* Replaces the group's lagging ranges with these `count` (sorted, disjoint, inside the group,
+ * numel >= 1, lag >= 1; else ZB_EINVAL and the old ones stay); count 0 clears them. They hold
+ * across steps, set_state included, until replaced: when a parameter's count falls further
+ * behind, set its range again. A step whose number S is not above a range's lag is ZB_EINVAL.
+ * Between steps only. (ZENBIND_2.1) */
+zb_status zb_worker_group_set_lags(zb_worker_t *worker, unsigned group, const zb_step_lag *lags,
+                                   size_t count);
+
 /* Memory in bytes. Per buffer kind, what the layout needs (shared buffers are counted once);
  * per process, what /proc/PID/status says now (VmRSS = RssAnon + RssFile + RssShmem; the shared
  * buffers appear in the RssShmem of each process that touched them). */

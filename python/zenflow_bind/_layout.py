@@ -285,8 +285,28 @@ class Layout:
             self.slots += bucket
             self.buckets.append(bucket)
         self.group = Buckets(groups)
+        self.lags = [[] for _ in groups]  # each bucket's ranges as its worker group has them
         for s in self.slots:
             s.load_from_model()
+
+    def set_lags(self, behind):
+        """behind[i]: how many steps slot i took fewer than the group (torch counts steps per
+        parameter; the worker, per group). Each bucket whose ranges change is told: those
+        parameters are stepped with their own step number, for bias correction."""
+        i = 0
+        for b, (group, bucket) in enumerate(zip(self.group.groups, self.buckets)):
+            table, at = [], 0
+            for slot in bucket:
+                lag = behind[i]
+                i += 1
+                if lag and table and table[-1][2] == lag and sum(table[-1][:2]) == at:
+                    table[-1] = (table[-1][0], table[-1][1] + slot.numel, lag)
+                elif lag and slot.numel:
+                    table.append((at, slot.numel, lag))
+                at += slot.numel
+            if table != self.lags[b]:
+                group.set_lags(table)
+                self.lags[b] = table
 
     @property
     def numel(self):

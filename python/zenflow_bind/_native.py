@@ -57,6 +57,11 @@ class Buffers(ctypes.Structure):
                 ("stale", ctypes.c_void_p), ("grad", ctypes.c_int), ("copy", ctypes.c_int)]
 
 
+class StepLag(ctypes.Structure):
+    """zb_step_lag: elements [offset, offset + numel) of a group are `lag` steps behind it."""
+    _fields_ = [("offset", ctypes.c_uint64), ("numel", ctypes.c_uint64), ("lag", ctypes.c_int64)]
+
+
 class Step(ctypes.Structure):
     _fields_ = [("step", ctypes.c_int64), ("grad_scale", ctypes.c_float),
                 ("grad_buffer", ctypes.c_uint), ("hypers", ctypes.POINTER(Hyper)),
@@ -140,6 +145,8 @@ _PROTOS = {
                                                  ctypes.c_void_p, _P(ctypes.c_int64)]),
     "zb_worker_group_set_state": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p,
                                                  ctypes.c_void_p, ctypes.c_int64]),
+    "zb_worker_group_set_lags": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, _P(StepLag),
+                                                ctypes.c_size_t]),
     "zb_adam_args_init_size": (None, [_P(AdamArgs), ctypes.c_size_t]),
     "zb_adam_step": (ctypes.c_int, [_P(AdamTensor), ctypes.c_size_t, _P(AdamArgs), _P(Result)]),
 }
@@ -150,7 +157,8 @@ _lib = None
 # The C structs mirrored above, by their names in zenbind/worker.h.
 _MIRRORS = {"zb_worker_attr": Attr, "zb_adam_hyper": Hyper, "zb_group_attr": GroupAttr,
             "zb_group_buffers": Buffers, "zb_worker_step": Step, "zb_worker_result": Result,
-            "zb_worker_memory": Memory, "zb_adam_tensor": AdamTensor, "zb_adam_args": AdamArgs}
+            "zb_worker_memory": Memory, "zb_adam_tensor": AdamTensor, "zb_adam_args": AdamArgs,
+            "zb_step_lag": StepLag}
 
 
 def _check_api(lib, path):

@@ -712,6 +712,10 @@ class AdamW(torch.optim.Optimizer):
         for layout, has, saved in pending:
             if saved is not None:
                 self._restore_missing(layout, saved)
+                if saved[2]:  # the group's count went on without those: they fell behind it
+                    count = layout.group.get_state()
+                    layout.set_lags([count - self._steps.get(s.param, 0) - h
+                                     for s, h in zip(layout.slots, has)])
         for layout, has, saved in pending:
             for slot, h in zip(layout.slots, has):
                 if h:
@@ -835,7 +839,9 @@ class AdamW(torch.optim.Optimizer):
         for slot, count in zip(layout.slots, steps):
             if count:
                 self._steps[slot.param] = count
-        layout.group.set_state(m, v, max(steps, default=0))
+        count = max(steps, default=0)
+        layout.group.set_state(m, v, count)
+        layout.set_lags([count - c for c in steps])
 
     # -- lifetime ---------------------------------------------------------------------------
 

@@ -78,6 +78,14 @@ class Group:
             self.worker._live(), self.index, _address(exp_avg, self.numel),
             _address(exp_avg_sq, self.numel), step))
 
+    def set_lags(self, lags):
+        """Ranges (offset, numel, lag) of the group that took `lag` fewer steps than it: each is
+        stepped with its own step number (bias correction). Sorted and disjoint; replaces the
+        previous ones ([] clears them) and holds across steps. Between steps only."""
+        table = (_native.StepLag * max(len(lags), 1))(*[_native.StepLag(*r) for r in lags])
+        check(library().zb_worker_group_set_lags(self.worker._live(), self.index, table,
+                                                 len(lags)))
+
 
 def _address(array, numel):
     """The address of a C-contiguous float32 array of numel elements: a numpy array or a CPU

@@ -153,6 +153,42 @@ class WithoutGrad(unittest.TestCase):
                                            atol=1e-6)
         opt_a.close()
 
+    def test_parameters_that_missed_steps_keep_their_own_bias_correction(self):
+        # torch counts steps per parameter. In one group with the others, layer 2's bias has no
+        # gradient at steps 3-6 and goes on after; layer 4's weight is frozen for the first 5
+        # steps. Each is bias-corrected by its own count, not the group's; so again after a
+        # state dict with such counts is loaded (here torch's, into a fresh optimizer).
+        a, b = twins()
+        for m in (a, b):
+            m[4].weight.requires_grad_(False)
+        opt_a = ours(a.parameters(), lr=1e-2, weight_decay=0.1)
+        opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2, weight_decay=0.1)
+        for i, (x, y) in enumerate(batches(14)):
+            if i == 5:
+                for m in (a, b):
+                    m[4].weight.requires_grad_(True)
+            for model, opt in ((a, opt_a), (b, opt_b)):
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                if 2 <= i <= 5:
+                    model[2].bias.grad = None
+                opt.step()
+        assert_close(self, a.parameters(), b.parameters())
+        index = {id(p): i for i, p in enumerate(a.parameters())}
+        state_a = opt_a.state_dict()["state"]
+        self.assertEqual(float(state_a[index[id(a[2].bias)]]["step"]), 10.0)
+        self.assertEqual(float(state_a[index[id(a[4].weight)]]["step"]), 9.0)
+        self.assertEqual(float(state_a[index[id(a[0].weight)]]["step"]), 14.0)
+        opt_a.close()
+        c, _ = twins()
+        c.load_state_dict(b.state_dict())
+        opt_c = ours(c.parameters(), lr=1e-2, weight_decay=0.1)
+        opt_c.load_state_dict(opt_b.state_dict())
+        for model, opt in ((b, opt_b), (c, opt_c)):
+            train(model, opt, batches(3, seed=5))
+        assert_close(self, c.parameters(), b.parameters())
+        opt_c.close()
+
     def test_adam_l2_leaves_parameters_without_grad_alone(self):
         # With Adam's L2 term (adamw_mode=False) a zero gradient is not zero once the decay is
         # added: a frozen parameter must keep its weights and get no moments in the worker.

@@ -1,6 +1,6 @@
 /* The optimizer's state and step control through the worker: checkpoint and resume are
- * bit-identical to never stopping, per-group step counts, skipping steps with non-finite
- * gradients, the global gradient norm and clipping by it. */
+ * bit-identical to never stopping, per-group step counts, ranges that lag their group's count,
+ * skipping steps with non-finite gradients, the global gradient norm and clipping by it. */
 #define _GNU_SOURCE
 #include <zenbind/worker.h>
 
@@ -268,6 +268,80 @@ static void test_explicit_step(void **state) {
     zb_worker_destroy(y);
 }
 
+/* Ranges that lag their group's count are stepped with their own step number, bit for bit as a
+ * group of that count, clipping included, across steps; the rest of the group as before. A
+ * refused table changes nothing; count 0 clears it; a step number not above a lag is refused. */
+static void test_step_lags(void **state) {
+    (void)state;
+    const spec s = {3000, ZB_DTYPE_BF16, ZB_DTYPE_BF16, 1};
+    const int64_t counts[3] = {3, 0, 9}; /* the references: lag 6, lag 9, none */
+    zb_group_buffers a, r[3];
+    zb_worker_t *w = spawn_threads(2), *ref[3];
+    const unsigned ia = add(w, &s, &a);
+    assert_int_equal(zb_worker_group_set_state(w, ia, NULL, NULL, 9), ZB_OK);
+    unsigned ir[3];
+    for (int k = 0; k < 3; ++k) {
+        ref[k] = spawn_threads(k + 1);
+        ir[k] = add(ref[k], &s, &r[k]);
+        assert_int_equal(zb_worker_group_set_state(ref[k], ir[k], NULL, NULL, counts[k]), ZB_OK);
+    }
+    const zb_step_lag lags[2] = {{100, 700, 6}, {1000, 33, 9}};
+    assert_int_equal(zb_worker_group_set_lags(w, ia, lags, 2), ZB_OK);
+    /* Refused whole: out of order, overlapping, empty, past the end, no lag, NULL. */
+    const zb_step_lag bad[][2] = {{{1000, 33, 9}, {100, 700, 6}},
+                                  {{100, 700, 6}, {799, 3, 1}},
+                                  {{100, 0, 6}, {1000, 1, 1}},
+                                  {{100, 700, 6}, {2990, 11, 1}},
+                                  {{100, 700, 0}, {1000, 1, 1}}};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; ++k)
+        expect_status(zb_worker_group_set_lags(w, ia, bad[k], 2), ZB_EINVAL, "step lags");
+    expect_status(zb_worker_group_set_lags(w, ia, NULL, 1), ZB_EINVAL, "NULL");
+    expect_status(zb_worker_group_set_lags(w, 5, lags, 1), ZB_EINVAL, "unknown group");
+    /* Two steps, the first clipped (each group alone in its worker: the same norm). */
+    for (int step = 0; step < 2; ++step) {
+        fill(&a, 0, 40u + (uint32_t)step);
+        for (int k = 0; k < 3; ++k)
+            fill(&r[k], 0, 40u + (uint32_t)step);
+        const float clip = step == 0 ? 1.0f : 0.0f;
+        step_ok(w, 0, 0, 0.5f, 0, clip);
+        for (int k = 0; k < 3; ++k)
+            step_ok(ref[k], 0, 0, 0.5f, 0, clip);
+        const size_t from[3] = {100, 1000, 0}, to[3] = {800, 1033, 100};
+        for (int k = 0; k < 3; ++k) {
+            assert_memory_equal(a.params + from[k], r[k].params + from[k], 4 * (to[k] - from[k]));
+            assert_memory_equal(a.stale + from[k], r[k].stale + from[k], 4 * (to[k] - from[k]));
+            assert_memory_equal((uint16_t *)a.copy_out + from[k],
+                                (uint16_t *)r[k].copy_out + from[k], 2 * (to[k] - from[k]));
+        }
+        assert_memory_equal(a.params + 800, r[2].params + 800, 4 * 200);
+        assert_memory_equal(a.params + 1033, r[2].params + 1033, 4 * (3000 - 1033));
+    }
+    int64_t n = -1;
+    assert_int_equal(zb_worker_group_get_state(w, ia, NULL, NULL, &n), ZB_OK);
+    assert_int_equal(n, 11); /* the group's own count */
+    /* A step number the lag of 9 would take to 0 or below: refused, nothing written. */
+    snapshot before = take(w, ia, &a);
+    expect_status(step_ex(w, 9, 0, 1.0f, 0, 0.0f, NULL), ZB_EINVAL, "lags 9 steps");
+    snapshot after = take(w, ia, &a);
+    same(&before, &after, &a);
+    drop(&before);
+    drop(&after);
+    /* Cleared: every element steps as the group, the first range as step 12 (its reference
+     * given the group's count, its moments kept). */
+    assert_int_equal(zb_worker_group_set_lags(w, ia, NULL, 0), ZB_OK);
+    snapshot kept = take(ref[0], ir[0], &r[0]);
+    assert_int_equal(zb_worker_group_set_state(ref[0], ir[0], kept.m, kept.v, 11), ZB_OK);
+    drop(&kept);
+    fill(&a, 0, 7);
+    fill(&r[0], 0, 7);
+    step_ok(w, 0, 0, 0.5f, 0, 0.0f);
+    step_ok(ref[0], 0, 0, 0.5f, 0, 0.0f);
+    assert_memory_equal(a.params + 100, r[0].params + 100, 4 * 700);
+    zb_worker_destroy(w);
+    for (int k = 0; k < 3; ++k)
+        zb_worker_destroy(ref[k]);
+}
+
 /* An fp16 overflow under ZB_STEP_SKIP_NONFINITE writes nothing; without the flag it is applied.
  * On finite gradients the flag changes nothing. */
 static void test_skip_nonfinite(void **state) {
@@ -465,7 +539,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_resume), cmocka_unit_test(test_per_group_counts),
         cmocka_unit_test(test_explicit_step),     cmocka_unit_test(test_skip_nonfinite),
         cmocka_unit_test(test_grad_norm),         cmocka_unit_test(test_clipping),
-        cmocka_unit_test(test_state_arguments),
+        cmocka_unit_test(test_state_arguments),   cmocka_unit_test(test_step_lags),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

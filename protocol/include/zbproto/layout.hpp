@@ -15,7 +15,7 @@
 namespace zb::proto {
 
 inline constexpr uint64_t kMagic = 0x314d5357464e455aULL; // "ZENFWSM1" little-endian
-inline constexpr uint32_t kVersion = 4;
+inline constexpr uint32_t kVersion = 5;
 inline constexpr uint32_t kMaxGroups = 256;
 inline constexpr uint32_t kMaxThreads = 1024;
 inline constexpr uint32_t kMaxNodes = 64;
@@ -42,7 +42,17 @@ enum class Command : uint32_t {
     add_group = 2,
     exit = 3,
     get_state = 4, // a group's moments out through a transfer segment, and its step count
-    set_state = 5  // and in
+    set_state = 5, // and in
+    set_lags = 6   // a group's StepLag ranges (Control::step of them) through a transfer segment
+};
+
+// A range of a group whose elements took `lag` fewer steps than the group (a parameter that had
+// no gradient at some steps: torch counts steps per parameter). A step numbered S updates it as
+// step S - lag; bias correction is all the number changes. A group's ranges are sorted, disjoint
+// and inside it, with lag > 0; they hold until replaced.
+struct StepLag {
+    uint64_t offset, numel;
+    int64_t lag;
 };
 
 // Control::flags of a step; the same bits as ZB_STEP_* of <zenbind/worker.h>.
@@ -111,7 +121,8 @@ struct alignas(64) Control {
     Command command;
     uint32_t ngroups; // groups the step covers / index of the group being added, read or written
     uint32_t first_group; // a step covers groups first_group .. first_group + ngroups - 1
-    int64_t step; // a step's number (0: each group's count + 1) / the step count set_state sets
+    int64_t step; // a step's number (0: each group's count + 1) / the step count set_state sets /
+                  // set_lags: how many StepLag ranges
     float grad_scale;
     uint32_t grad_buffer;
     uint32_t flags; // kStep* of a step
