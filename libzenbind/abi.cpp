@@ -22,7 +22,7 @@ extern "C" size_t zb_struct_size(const char *name) {
         {"zb_worker_step", sizeof(zb_worker_step)},
         {"zb_worker_result", sizeof(zb_worker_result)},
         {"zb_worker_memory", sizeof(zb_worker_memory)},
-        {"zb_step_lag", sizeof(zb_step_lag)},
+        {"zb_step_range", sizeof(zb_step_range)},
         {"zb_adam_tensor", sizeof(zb_adam_tensor)},
         {"zb_adam_args", sizeof(zb_adam_args)},
     };

@@ -291,26 +291,26 @@ zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const f
     });
 }
 
-zb_status zb_worker_group_set_lags(zb_worker_t *worker, unsigned group, const zb_step_lag *lags,
-                                   size_t count) {
-    static_assert(sizeof(zb_step_lag) == sizeof(proto::StepLag) &&
-                  offsetof(zb_step_lag, lag) == offsetof(proto::StepLag, lag));
+zb_status zb_worker_group_set_ranges(zb_worker_t *worker, unsigned group,
+                                     const zb_step_range *ranges, size_t count) {
+    static_assert(sizeof(zb_step_range) == sizeof(proto::StepRange) &&
+                  offsetof(zb_step_range, idle) == offsetof(proto::StepRange, idle));
     return zb::guard([&] {
-        zb_worker &w = state_handle(worker, group, "zb_worker_group_set_lags");
-        if (count && !lags) fail(ZB_EINVAL, "zb_worker_group_set_lags: lags is NULL");
+        zb_worker &w = state_handle(worker, group, "zb_worker_group_set_ranges");
+        if (count && !ranges) fail(ZB_EINVAL, "zb_worker_group_set_ranges: ranges is NULL");
         if (count > w.ctl->groups[group].numel)
-            fail(ZB_EINVAL, "zb_worker_group_set_lags: more ranges than the group has elements");
+            fail(ZB_EINVAL, "zb_worker_group_set_ranges: more ranges than the group has elements");
         std::optional<zb::shm::Segment> seg;
         if (count) {
-            seg.emplace("zenflow step lags", count * sizeof(zb_step_lag), w.mems);
-            std::memcpy(seg->base(), lags, count * sizeof(zb_step_lag));
-            send_segment(w.sock, seg->fd(), group, "step lags' shared memory");
+            seg.emplace("zenflow step ranges", count * sizeof(zb_step_range), w.mems);
+            std::memcpy(seg->base(), ranges, count * sizeof(zb_step_range));
+            send_segment(w.sock, seg->fd(), group, "step ranges' shared memory");
         }
-        w.ctl->command = proto::Command::set_lags;
+        w.ctl->command = proto::Command::set_ranges;
         w.ctl->ngroups = group;
         w.ctl->step = static_cast<int64_t>(count);
         w.ctl->transfer = seg ? 1 : 0;
-        w.run_state_command("set the step lags of group " + std::to_string(group));
+        w.run_state_command("set the step ranges of group " + std::to_string(group));
     });
 }
 

@@ -49,9 +49,10 @@ struct Group {
     CopyType copy = CopyType::none;
     int64_t steps = 0;      // steps applied: the next step with number 0 is steps + 1
     size_t first_block = 0; // its gradient-statistics blocks in Team::blocks
-    // Ranges behind the group's count (set_lags), and a step's cut of the group at them: the
-    // pieces, and the hyperparameters of the lagging ones (the group's, with step - lag).
-    std::vector<proto::StepLag> lags;
+    // Ranges that lag the group's count or are idle (set_ranges), and a step's cut of the group
+    // at them: the pieces it updates (none of an idle range), and the hyperparameters of the
+    // lagging ones (the group's, with step - lag).
+    std::vector<proto::StepRange> ranges;
     std::vector<AdamTensor> pieces;
     std::vector<AdamHyper> lagged;
 };
@@ -169,12 +170,13 @@ Work add_group(Team &t) {
     return Work::zero_moments;
 }
 
-// Master only: the group cut at its lagging ranges for this step (no cut without any), each
-// range stepped with its own step number. Returns why the step cannot be taken, or "".
-std::string cut_at_lags(Group &g) {
+// Master only: the group cut at its ranges for this step (no cut without any): a lagging range
+// stepped with its own step number, an idle one not at all. Returns why the step cannot be
+// taken, or "".
+std::string cut_at_ranges(Group &g) {
     g.pieces.clear();
     g.lagged.clear();
-    g.lagged.reserve(g.lags.size()); // no reallocation: the pieces point into it
+    g.lagged.reserve(g.ranges.size()); // no reallocation: the pieces point into it
     const size_t grad_size = g.grad == GradType::f32 ? 4 : 2;
     const auto piece = [&](size_t from, size_t n, const AdamHyper *hyper) {
         AdamTensor p = g.tensor;
@@ -189,69 +191,71 @@ std::string cut_at_lags(Group &g) {
         g.pieces.push_back(p);
     };
     size_t at = 0;
-    for (const proto::StepLag &r : g.lags) {
+    for (const proto::StepRange &r : g.ranges) {
+        if (r.offset > at) piece(at, r.offset - at, &g.hyper);
+        at = r.offset + r.numel;
+        if (r.idle) continue;
         if (r.lag >= g.hyper.step)
             return "the range at element " + std::to_string(r.offset) + " lags " +
                    std::to_string(r.lag) + " steps behind its group: step number " +
                    std::to_string(g.hyper.step) + " would leave it none";
-        if (r.offset > at) piece(at, r.offset - at, &g.hyper);
         AdamHyper &h = g.lagged.emplace_back(g.hyper);
         h.step -= r.lag;
         piece(r.offset, r.numel, &h);
-        at = r.offset + r.numel;
     }
-    if (!g.lags.empty() && at < g.numel) piece(at, g.numel - at, &g.hyper);
+    if (!g.ranges.empty() && at < g.numel) piece(at, g.numel - at, &g.hyper);
     return "";
 }
 
-// Master only: a group's lagging ranges, replaced whole (checked first: a refused table changes
+// Master only: a group's ranges, replaced whole (checked first: a refused table changes
 // nothing).
-Work set_lags(Team &t) {
+Work set_ranges(Team &t) {
     const uint32_t index = t.ctl.ngroups;
     const int64_t count = t.ctl.step;
     uint32_t tag = 0;
     const int fd = t.ctl.transfer ? proto::receive_fd(t.sock, tag) : -1;
     if (t.ctl.transfer && fd < 0) {
-        t.answer(ZB_EINTERNAL, "no shared-memory fd arrived with the step lags");
+        t.answer(ZB_EINTERNAL, "no shared-memory fd arrived with the step ranges");
         return Work::answered;
     }
     struct stat st {};
     const bool known = index < t.groups.size() && (fd < 0 || tag == index) && count >= 0 &&
                        uint64_t(count) <= t.groups[index].numel && (count > 0) == (fd >= 0);
-    const uint64_t size = known ? uint64_t(count) * sizeof(proto::StepLag) : 0;
+    const uint64_t size = known ? uint64_t(count) * sizeof(proto::StepRange) : 0;
     if (!known || (fd >= 0 && (fstat(fd, &st) != 0 || uint64_t(st.st_size) != size))) {
         if (fd >= 0) close(fd);
-        t.answer(ZB_EINTERNAL, "the step lags' group, count or segment does not match");
+        t.answer(ZB_EINTERNAL, "the step ranges' group, count or segment does not match");
         return Work::answered;
     }
-    std::vector<proto::StepLag> lags(static_cast<size_t>(count));
+    std::vector<proto::StepRange> ranges(static_cast<size_t>(count));
     if (fd >= 0) {
         void *p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
         const int map_err = errno;
         close(fd);
         if (p == MAP_FAILED) {
-            t.answer(ZB_ENOMEM,
-                     (std::string("cannot map the step lags: ") + std::strerror(map_err)).c_str());
+            t.answer(
+                ZB_ENOMEM,
+                (std::string("cannot map the step ranges: ") + std::strerror(map_err)).c_str());
             return Work::answered;
         }
-        std::memcpy(lags.data(), p, size);
+        std::memcpy(ranges.data(), p, size);
         munmap(p, size);
     }
     Group &g = t.groups[index];
     uint64_t end = 0;
-    for (const proto::StepLag &r : lags) {
+    for (const proto::StepRange &r : ranges) {
         if (r.offset < end || r.numel == 0 || r.numel > g.numel || r.offset > g.numel - r.numel ||
-            r.lag <= 0) {
-            t.answer(ZB_EINVAL, ("step lags of group " + std::to_string(index) +
-                                 ": each range non-empty, inside the group, after the one "
-                                 "before, and lagging by at least 1 (element " +
+            r.lag < 0 || r.idle > 1 || r.reserved != 0 || (r.lag == 0 && !r.idle)) {
+            t.answer(ZB_EINVAL, ("step ranges of group " + std::to_string(index) +
+                                 ": each non-empty, inside the group, after the one before, "
+                                 "and lagging by at least 1 or idle (element " +
                                  std::to_string(r.offset) + ")")
                                     .c_str());
             return Work::answered;
         }
         end = r.offset + r.numel;
     }
-    g.lags = std::move(lags);
+    g.ranges = std::move(ranges);
     t.answer(ZB_OK, "");
     return Work::answered;
 }
@@ -304,7 +308,7 @@ Work prepare_step(Team &t) {
                                     .c_str());
             return Work::answered;
         }
-        if (const std::string why = cut_at_lags(g); !why.empty()) {
+        if (const std::string why = cut_at_ranges(g); !why.empty()) {
             t.answer(ZB_EINVAL, ("group " + std::to_string(i) + ": " + why).c_str());
             return Work::answered;
         }
@@ -368,8 +372,8 @@ Work serve(Team &t, proto::Command command) {
         return take_state(t, Work::state_out);
     case proto::Command::set_state:
         return take_state(t, Work::state_in);
-    case proto::Command::set_lags:
-        return set_lags(t);
+    case proto::Command::set_ranges:
+        return set_ranges(t);
     case proto::Command::none:
         break;
     }
@@ -574,7 +578,8 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
                 uint64_t bad = 0;
                 for (size_t i = t.first; i < t.end; ++i) {
                     const Group &g = t.groups[i];
-                    const bool cut = !g.pieces.empty();
+                    const bool cut = !g.ranges.empty();
+                    if (cut && g.pieces.empty()) continue; // every element idle (all threads)
                     bad += adam_step_in_team(AdamBatch{g.grad, g.copy,
                                                        cut ? g.pieces.data() : &g.tensor,
                                                        cut ? g.pieces.size() : 1},

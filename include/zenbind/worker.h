@@ -220,23 +220,31 @@ zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *
 zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const float *exp_avg,
                                     const float *exp_avg_sq, int64_t step);
 
-/* A range of a group's elements, [offset, offset + numel), that took `lag` fewer steps than the
- * group: a parameter without a gradient at some steps, which torch counts per parameter. A step
- * numbered S (the group's count + 1 by default) updates the range as step S - lag, so its bias
- * correction is that of its own count; nothing else differs. */
-typedef struct zb_step_lag {
+/* A range of a group's elements, [offset, offset + numel), that steps differently from the rest:
+ * torch counts steps per parameter and leaves a parameter without a gradient alone, where the
+ * worker steps and counts whole groups.
+ *  - lag >= 1: the range took `lag` fewer steps than the group (a parameter that had no gradient
+ *    at some steps). A step numbered S (the group's count + 1 by default) updates it as step
+ *    S - lag, so its bias correction is that of its own count; nothing else differs.
+ *  - idle != 0: steps leave the range alone, its weights, moments, copy-out and snapshot (a
+ *    parameter without a gradient now); the group's count goes on, so the range falls behind it.
+ *    Its lag (>= 0) does not matter while it is idle. */
+typedef struct zb_step_range {
     uint64_t offset;
     uint64_t numel;
     int64_t lag;
-} zb_step_lag;
+    uint32_t idle;
+    uint32_t reserved; /* 0 */
+} zb_step_range;
 
-/* Replaces the group's lagging ranges with these `count` (sorted, disjoint, inside the group,
- * numel >= 1, lag >= 1; else ZB_EINVAL and the old ones stay); count 0 clears them. They hold
- * across steps, set_state included, until replaced: when a parameter's count falls further
- * behind, set its range again. A step whose number S is not above a range's lag is ZB_EINVAL.
- * Between steps only. (ZENBIND_2.1) */
-zb_status zb_worker_group_set_lags(zb_worker_t *worker, unsigned group, const zb_step_lag *lags,
-                                   size_t count);
+/* Replaces the group's ranges with these `count` (sorted, disjoint, inside the group, numel >= 1,
+ * each lagging or idle; else ZB_EINVAL and the old ones stay); count 0 clears them. They hold
+ * across steps and set_state until replaced: the caller updates a lag when its range falls
+ * further behind, and clears idle when the parameter has gradients again. A step whose number S
+ * is not above the lag of a range it updates is ZB_EINVAL, writing nothing. Between steps only.
+ * (ZENBIND_2.1) */
+zb_status zb_worker_group_set_ranges(zb_worker_t *worker, unsigned group,
+                                     const zb_step_range *ranges, size_t count);
 
 /* Memory in bytes. Per buffer kind, what the layout needs (shared buffers are counted once);
  * per process, what /proc/PID/status says now (VmRSS = RssAnon + RssFile + RssShmem; the shared

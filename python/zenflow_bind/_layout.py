@@ -285,28 +285,38 @@ class Layout:
             self.slots += bucket
             self.buckets.append(bucket)
         self.group = Buckets(groups)
-        self.lags = [[] for _ in groups]  # each bucket's ranges as its worker group has them
+        self.behind = [0] * len(self.slots)  # steps each parameter took fewer than the group
+        self.ranges = [[] for _ in groups]  # each bucket's ranges as its worker group has them
         for s in self.slots:
             s.load_from_model()
 
-    def set_lags(self, behind):
-        """behind[i]: how many steps slot i took fewer than the group (torch counts steps per
-        parameter; the worker, per group). Each bucket whose ranges change is told: those
-        parameters are stepped with their own step number, for bias correction."""
+    def set_ranges(self, behind=None, idle=None):
+        """torch counts steps per parameter and leaves one without a gradient alone; the worker
+        steps and counts whole groups. behind[i]: how many steps slot i took fewer than the
+        group (None: as last given); idle[i]: the next steps leave it alone (None: none). Each
+        bucket whose ranges change is told (one round trip)."""
+        if behind is not None:
+            self.behind = list(behind)
         i = 0
         for b, (group, bucket) in enumerate(zip(self.group.groups, self.buckets)):
             table, at = [], 0
             for slot in bucket:
-                lag = behind[i]
+                lag, still = self.behind[i], bool(idle and idle[i])
                 i += 1
-                if lag and table and table[-1][2] == lag and sum(table[-1][:2]) == at:
-                    table[-1] = (table[-1][0], table[-1][1] + slot.numel, lag)
-                elif lag and slot.numel:
-                    table.append((at, slot.numel, lag))
+                lag = 0 if still else lag  # an idle range's lag is not read: keep it constant
+                last = table[-1] if table else None
+                if last and last[2:] == (lag, still) and last[0] + last[1] == at:
+                    table[-1] = (last[0], last[1] + slot.numel, lag, still)
+                elif (lag or still) and slot.numel:
+                    table.append((at, slot.numel, lag, still))
                 at += slot.numel
-            if table != self.lags[b]:
-                group.set_lags(table)
-                self.lags[b] = table
+            if table != self.ranges[b]:
+                group.set_ranges(table)
+                self.ranges[b] = table
+
+    def idle_now(self):
+        """Whether some bucket's ranges leave a parameter idle."""
+        return any(r[3] for table in self.ranges for r in table)
 
     @property
     def numel(self):

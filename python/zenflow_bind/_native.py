@@ -57,9 +57,11 @@ class Buffers(ctypes.Structure):
                 ("stale", ctypes.c_void_p), ("grad", ctypes.c_int), ("copy", ctypes.c_int)]
 
 
-class StepLag(ctypes.Structure):
-    """zb_step_lag: elements [offset, offset + numel) of a group are `lag` steps behind it."""
-    _fields_ = [("offset", ctypes.c_uint64), ("numel", ctypes.c_uint64), ("lag", ctypes.c_int64)]
+class StepRange(ctypes.Structure):
+    """zb_step_range: elements [offset, offset + numel) of a group are `lag` steps behind it, or
+    idle (left alone by steps)."""
+    _fields_ = [("offset", ctypes.c_uint64), ("numel", ctypes.c_uint64), ("lag", ctypes.c_int64),
+                ("idle", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
 
 
 class Step(ctypes.Structure):
@@ -145,8 +147,8 @@ _PROTOS = {
                                                  ctypes.c_void_p, _P(ctypes.c_int64)]),
     "zb_worker_group_set_state": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p,
                                                  ctypes.c_void_p, ctypes.c_int64]),
-    "zb_worker_group_set_lags": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, _P(StepLag),
-                                                ctypes.c_size_t]),
+    "zb_worker_group_set_ranges": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint,
+                                                  _P(StepRange), ctypes.c_size_t]),
     "zb_adam_args_init_size": (None, [_P(AdamArgs), ctypes.c_size_t]),
     "zb_adam_step": (ctypes.c_int, [_P(AdamTensor), ctypes.c_size_t, _P(AdamArgs), _P(Result)]),
 }
@@ -158,7 +160,7 @@ _lib = None
 _MIRRORS = {"zb_worker_attr": Attr, "zb_adam_hyper": Hyper, "zb_group_attr": GroupAttr,
             "zb_group_buffers": Buffers, "zb_worker_step": Step, "zb_worker_result": Result,
             "zb_worker_memory": Memory, "zb_adam_tensor": AdamTensor, "zb_adam_args": AdamArgs,
-            "zb_step_lag": StepLag}
+            "zb_step_range": StepRange}
 
 
 def _check_api(lib, path):

@@ -394,7 +394,7 @@ class AdamW(torch.optim.Optimizer):
                     slot.refresh_if_changed()
                     has.append(slot.stage_grad(k))
                 any_grad |= any(has)
-                pending.append((layout, has, self._save_missing(layout, has)))
+                pending.append((layout, has, not all(has)))
             params = self._all_params()
             together = sharded(params) and (self.skip_nonfinite or self._want_norm)
             empty = self._empty_with_grads()
@@ -427,6 +427,7 @@ class AdamW(torch.optim.Optimizer):
             # the worker reads)
             with deferred_interrupts():
                 try:  # (_finish() settled the copies to the GPU)
+                    self._leave_idle(pending)
                     self._worker.submit(0, grad_buffer=k, grad_scale=scale, flags=flags,
                                         max_grad_norm=max_norm)
                 except ZenbindError as e:
@@ -483,6 +484,8 @@ class AdamW(torch.optim.Optimizer):
             for layout in self._layouts:
                 for slot in layout.slots if layout else ():
                     slot.refresh_if_changed()  # before any bucket takes its master
+                if layout is not None and layout.idle_now():
+                    layout.set_ranges()  # a step that failed left some idle: none is now
             stream = None
             params = self._all_params()
             if not (self.overlap or self.skip_nonfinite or self.max_grad_norm > 0 or
@@ -532,13 +535,14 @@ class AdamW(torch.optim.Optimizer):
                         has.append(True)
                     else:
                         has.append(slot.stage_grad(k))
-                pending.append((layout, has, self._save_missing(layout, has)))
+                pending.append((layout, has, not all(has)))
                 rest += [b[0].group.index for b in layout.buckets
                          if b[0].group.index not in stream.stepped]
             nonfinite, seconds = stream.nonfinite, stream.seconds
             sum_squares = stream.sum_squares
             with deferred_interrupts():  # Ctrl-C waits until the step is applied, or not
                 try:
+                    self._leave_idle(pending)
                     for first, end in _runs(rest):
                         self._worker.submit(0, grad_buffer=k, grad_scale=stream.grad_scale,
                                             flags=stream.flags, groups=range(first, end))
@@ -626,42 +630,19 @@ class AdamW(torch.optim.Optimizer):
         """Whether this thread is in one of these calls of this optimizer (under _exclusive)."""
         return self._busy_by[0] == threading.get_ident() and self._busy_by[1] in calls
 
-    def _save_missing(self, layout, has):
-        """What a step would wrongly change for parameters without a gradient: their master
-        weights (decayed), and, once they have state, their moments. Saved to be restored."""
-        missing = [s for s, h in zip(layout.slots, has) if not h]
-        if not missing:
-            return None
-        saved = [(s, s.master.clone()) for s in missing]
-        moments = None
-        if any(self._steps.get(s.param, 0) for s in missing):
-            m, v = torch.empty(layout.numel), torch.empty(layout.numel)
-            layout.group.get_state(m, v)
-            moments = m, v
-        return saved, moments, any(has)
+    def _leave_idle(self, pending):
+        """The parameters without a gradient are left alone by the step about to be submitted:
+        no decay, no moment update (torch's rule), told to the worker as idle ranges."""
+        for layout, has, missing in pending:  # (and none idle that has a gradient now)
+            layout.set_ranges(idle=[not h for h in has] if missing else None)
 
-    def _restore_missing(self, layout, saved):
-        slots, moments, stepped = saved
-        for slot, master in slots:
-            slot.master.copy_(master)  # the model was never written: write_back skips them
-        # Adam's L2 term (adamw_mode=False) adds weight_decay * p to a zero gradient, which moves
-        # the moments; AdamW's decoupled decay does not.
-        l2 = not layout.group.hyper.adamw and layout.group.hyper.weight_decay > 0
-        if moments is None and stepped and not l2:
-            return  # the missing ones have no state: zero gradients left their moments at 0
-        m = v = None
-        if moments is not None or l2:
-            m, v = torch.empty(layout.numel), torch.empty(layout.numel)
-        count = layout.group.get_state(m, v)
-        for slot, _ in slots:
-            cut = slice(slot.offset, slot.offset + slot.numel)
-            if moments is not None:
-                m[cut], v[cut] = moments[0][cut], moments[1][cut]
-            elif m is not None:
-                m[cut], v[cut] = 0.0, 0.0
-        # a group none of whose parameters had a gradient took no step (None moments: zeros,
-        # right when none has state)
-        layout.group.set_state(m, v, count if stepped else count - 1)
+    @staticmethod
+    def _count_behind(pending):
+        """After a step that counted: the parameters that were idle in it fell one step further
+        behind their group (the worker keeps them idle until the next step says otherwise)."""
+        for layout, has, missing in pending:
+            if missing:
+                layout.behind = [b + (not h) for b, h in zip(layout.behind, has)]
 
     def _finish(self):
         """Wait for the step in flight and bring it into the model. The wait goes in slices so
@@ -707,16 +688,8 @@ class AdamW(torch.optim.Optimizer):
             self._count_steps(empty)
         if result.skipped:
             return  # the worker wrote nothing
-        # every call to the worker first (a worker that dies now fails before the model is
-        # touched), then the write-backs into the model
-        for layout, has, saved in pending:
-            if saved is not None:
-                self._restore_missing(layout, saved)
-                if saved[2]:  # the group's count went on without those: they fell behind it
-                    count = layout.group.get_state()
-                    layout.set_lags([count - self._steps.get(s.param, 0) - h
-                                     for s, h in zip(layout.slots, has)])
-        for layout, has, saved in pending:
+        self._count_behind(pending)
+        for layout, has, missing in pending:
             for slot, h in zip(layout.slots, has):
                 if h:
                     self._steps[slot.param] = self._steps.get(slot.param, 0) + 1
@@ -841,7 +814,7 @@ class AdamW(torch.optim.Optimizer):
                 self._steps[slot.param] = count
         count = max(steps, default=0)
         layout.group.set_state(m, v, count)
-        layout.set_lags([count - c for c in steps])
+        layout.set_ranges([count - c for c in steps])  # (and none idle)
 
     # -- lifetime ---------------------------------------------------------------------------
 

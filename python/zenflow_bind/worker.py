@@ -78,13 +78,15 @@ class Group:
             self.worker._live(), self.index, _address(exp_avg, self.numel),
             _address(exp_avg_sq, self.numel), step))
 
-    def set_lags(self, lags):
-        """Ranges (offset, numel, lag) of the group that took `lag` fewer steps than it: each is
-        stepped with its own step number (bias correction). Sorted and disjoint; replaces the
-        previous ones ([] clears them) and holds across steps. Between steps only."""
-        table = (_native.StepLag * max(len(lags), 1))(*[_native.StepLag(*r) for r in lags])
-        check(library().zb_worker_group_set_lags(self.worker._live(), self.index, table,
-                                                 len(lags)))
+    def set_ranges(self, ranges):
+        """Ranges (offset, numel, lag, idle) of the group that step differently: `lag` (> 0)
+        steps behind the group, stepped with their own step number (bias correction), or idle
+        (left alone by steps). Sorted and disjoint; replaces the previous ones ([] clears them)
+        and holds across steps. Between steps only."""
+        table = (_native.StepRange * max(len(ranges), 1))(
+            *[_native.StepRange(o, n, lag, int(idle), 0) for o, n, lag, idle in ranges])
+        check(library().zb_worker_group_set_ranges(self.worker._live(), self.index, table,
+                                                   len(ranges)))
 
 
 def _address(array, numel):

@@ -2,9 +2,14 @@
 schedulers, late groups, parameters without gradients. Tolerance: the worker's kernel orders its
 float operations differently (FMA), a few ulps per step; after 50 steps rtol = atol = 1e-5."""
 
+import collections
+import contextlib
 import unittest
+from unittest import mock
 
 import torch
+
+from zenflow_bind import worker
 
 from torch_cases import assert_close, batches, groups_of, ours, train, twins
 
@@ -188,6 +193,37 @@ class WithoutGrad(unittest.TestCase):
             train(model, opt, batches(3, seed=5))
         assert_close(self, c.parameters(), b.parameters())
         opt_c.close()
+
+    def test_parameters_without_grad_cost_no_state_transfer(self):
+        # The worker leaves them alone (idle ranges): no copy of the group's moments out and back
+        # in those steps, and the ranges are sent only when the set of idle parameters changes
+        # (the bias goes idle at step 3, comes back at step 7).
+        a, b = twins()
+        opt_a = ours(a.parameters(), lr=1e-2, weight_decay=0.1)
+        opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2, weight_decay=0.1)
+        calls = collections.Counter()
+
+        def counted(name):
+            original = getattr(worker.Group, name)
+
+            def call(*args, **kwargs):
+                calls[name] += 1
+                return original(*args, **kwargs)
+            return call
+        with contextlib.ExitStack() as patches:
+            for name in ("get_state", "set_state", "set_ranges"):
+                patches.enter_context(mock.patch.object(worker.Group, name, counted(name)))
+            for i, (x, y) in enumerate(batches(10)):
+                for model, opt in ((a, opt_a), (b, opt_b)):
+                    opt.zero_grad(set_to_none=True)
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    if 2 <= i <= 5:
+                        model[2].bias.grad = None
+                    opt.step()
+        self.assertEqual(calls["get_state"] + calls["set_state"], 0)
+        self.assertEqual(calls["set_ranges"], 2)
+        assert_close(self, a.parameters(), b.parameters())
+        opt_a.close()
 
     def test_adam_l2_leaves_parameters_without_grad_alone(self):
         # With Adam's L2 term (adamw_mode=False) a zero gradient is not zero once the decay is

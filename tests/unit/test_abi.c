@@ -49,7 +49,7 @@ static void struct_sizes_are_the_headers(void **state) {
     SIZE(zb_worker_step);
     SIZE(zb_worker_result);
     SIZE(zb_worker_memory);
-    SIZE(zb_step_lag);
+    SIZE(zb_step_range);
     SIZE(zb_adam_tensor);
     SIZE(zb_adam_args);
 #undef SIZE
@@ -80,9 +80,9 @@ static void every_symbol_is_versioned(void **state) {
                                         "zb_worker_attr_init_size",
                                         "zb_adam_args_init_size",
                                         "zb_worker_wait_result",
-                                        "zb_worker_group_set_lags",
+                                        "zb_worker_group_set_ranges",
                                         NULL};
-    static const char *const in_2_1[] = {"zb_worker_group_set_lags", NULL};
+    static const char *const in_2_1[] = {"zb_worker_group_set_ranges", NULL};
     static const char *const removed[] = {"zb_plan_compute_gpus",
                                           "zb_worker_wait",
                                           "zb_worker_last_step_seconds",

@@ -1,5 +1,6 @@
 /* The optimizer's state and step control through the worker: checkpoint and resume are
- * bit-identical to never stopping, per-group step counts, ranges that lag their group's count,
+ * bit-identical to never stopping, per-group step counts, ranges that lag their group's count or
+ * are idle,
  * skipping steps with non-finite gradients, the global gradient norm and clipping by it. */
 #define _GNU_SOURCE
 #include <zenbind/worker.h>
@@ -269,39 +270,48 @@ static void test_explicit_step(void **state) {
 }
 
 /* Ranges that lag their group's count are stepped with their own step number, bit for bit as a
- * group of that count, clipping included, across steps; the rest of the group as before. A
- * refused table changes nothing; count 0 clears it; a step number not above a lag is refused. */
-static void test_step_lags(void **state) {
+ * group of that count, clipping included, across steps; idle ranges are left alone and resume
+ * with their own count; the rest of the group steps as before. A refused table changes nothing;
+ * count 0 clears it; a step number not above a lag is refused. */
+static void test_step_ranges(void **state) {
     (void)state;
     const spec s = {3000, ZB_DTYPE_BF16, ZB_DTYPE_BF16, 1};
-    const int64_t counts[3] = {3, 0, 9}; /* the references: lag 6, lag 9, none */
-    zb_group_buffers a, r[3];
-    zb_worker_t *w = spawn_threads(2), *ref[3];
+    const int64_t counts[4] = {3, 0, 9, 0}; /* the references: lag 6, lag 9, none, fresh */
+    zb_group_buffers a, r[4];
+    zb_worker_t *w = spawn_threads(2), *ref[4];
     const unsigned ia = add(w, &s, &a);
     assert_int_equal(zb_worker_group_set_state(w, ia, NULL, NULL, 9), ZB_OK);
-    unsigned ir[3];
-    for (int k = 0; k < 3; ++k) {
-        ref[k] = spawn_threads(k + 1);
+    unsigned ir[4];
+    for (int k = 0; k < 4; ++k) {
+        ref[k] = spawn_threads(k % 3 + 1);
         ir[k] = add(ref[k], &s, &r[k]);
         assert_int_equal(zb_worker_group_set_state(ref[k], ir[k], NULL, NULL, counts[k]), ZB_OK);
     }
-    const zb_step_lag lags[2] = {{100, 700, 6}, {1000, 33, 9}};
-    assert_int_equal(zb_worker_group_set_lags(w, ia, lags, 2), ZB_OK);
-    /* Refused whole: out of order, overlapping, empty, past the end, no lag, NULL. */
-    const zb_step_lag bad[][2] = {{{1000, 33, 9}, {100, 700, 6}},
-                                  {{100, 700, 6}, {799, 3, 1}},
-                                  {{100, 0, 6}, {1000, 1, 1}},
-                                  {{100, 700, 6}, {2990, 11, 1}},
-                                  {{100, 700, 0}, {1000, 1, 1}}};
+    const zb_step_range ranges[3] = {
+        {100, 700, 6, 0, 0}, {1000, 33, 9, 0, 0}, {2000, 100, 0, 1, 0}};
+    assert_int_equal(zb_worker_group_set_ranges(w, ia, ranges, 3), ZB_OK);
+    /* Refused whole: out of order, overlapping, empty, past the end, neither lagging nor idle,
+     * a bad idle value, a reserved field set, NULL. */
+    const zb_step_range bad[][2] = {
+        {{1000, 33, 9, 0, 0}, {100, 700, 6, 0, 0}}, {{100, 700, 6, 0, 0}, {799, 3, 1, 0, 0}},
+        {{100, 0, 6, 0, 0}, {1000, 1, 1, 0, 0}},    {{100, 700, 6, 0, 0}, {2990, 11, 1, 0, 0}},
+        {{100, 700, 0, 0, 0}, {1000, 1, 1, 0, 0}},  {{100, 700, 0, 2, 0}, {1000, 1, 1, 0, 0}},
+        {{100, 700, 1, 0, 1}, {1000, 1, 1, 0, 0}},  {{100, 700, -1, 1, 0}, {1000, 1, 1, 0, 0}}};
     for (size_t k = 0; k < sizeof bad / sizeof *bad; ++k)
-        expect_status(zb_worker_group_set_lags(w, ia, bad[k], 2), ZB_EINVAL, "step lags");
-    expect_status(zb_worker_group_set_lags(w, ia, NULL, 1), ZB_EINVAL, "NULL");
-    expect_status(zb_worker_group_set_lags(w, 5, lags, 1), ZB_EINVAL, "unknown group");
-    /* Two steps, the first clipped (each group alone in its worker: the same norm). */
+        expect_status(zb_worker_group_set_ranges(w, ia, bad[k], 2), ZB_EINVAL, "step ranges");
+    expect_status(zb_worker_group_set_ranges(w, ia, NULL, 1), ZB_EINVAL, "NULL");
+    expect_status(zb_worker_group_set_ranges(w, 5, ranges, 1), ZB_EINVAL, "unknown group");
+    float idle_params[100];
+    memcpy(idle_params, a.params + 2000, sizeof idle_params);
+    /* Two steps, the first clipped (each group alone in its worker: the same norm; the idle
+     * range's gradients are zero, as a trainer leaves those of a parameter without one). */
     for (int step = 0; step < 2; ++step) {
         fill(&a, 0, 40u + (uint32_t)step);
-        for (int k = 0; k < 3; ++k)
+        memset((uint16_t *)a.grads[0] + 2000, 0, 2 * 100);
+        for (int k = 0; k < 3; ++k) {
             fill(&r[k], 0, 40u + (uint32_t)step);
+            memset((uint16_t *)r[k].grads[0] + 2000, 0, 2 * 100);
+        }
         const float clip = step == 0 ? 1.0f : 0.0f;
         step_ok(w, 0, 0, 0.5f, 0, clip);
         for (int k = 0; k < 3; ++k)
@@ -314,11 +324,16 @@ static void test_step_lags(void **state) {
                                 (uint16_t *)r[k].copy_out + from[k], 2 * (to[k] - from[k]));
         }
         assert_memory_equal(a.params + 800, r[2].params + 800, 4 * 200);
-        assert_memory_equal(a.params + 1033, r[2].params + 1033, 4 * (3000 - 1033));
+        assert_memory_equal(a.params + 1033, r[2].params + 1033, 4 * (2000 - 1033));
+        assert_memory_equal(a.params + 2100, r[2].params + 2100, 4 * (3000 - 2100));
+        assert_memory_equal(a.params + 2000, idle_params, sizeof idle_params);
     }
     int64_t n = -1;
-    assert_int_equal(zb_worker_group_get_state(w, ia, NULL, NULL, &n), ZB_OK);
-    assert_int_equal(n, 11); /* the group's own count */
+    snapshot now = take(w, ia, &a);
+    assert_int_equal(now.step, 11); /* the group's own count */
+    for (size_t i = 2000; i < 2100; ++i)
+        assert_true(now.m[i] == 0.0f && now.v[i] == 0.0f);
+    drop(&now);
     /* A step number the lag of 9 would take to 0 or below: refused, nothing written. */
     snapshot before = take(w, ia, &a);
     expect_status(step_ex(w, 9, 0, 1.0f, 0, 0.0f, NULL), ZB_EINVAL, "lags 9 steps");
@@ -326,19 +341,44 @@ static void test_step_lags(void **state) {
     same(&before, &after, &a);
     drop(&before);
     drop(&after);
-    /* Cleared: every element steps as the group, the first range as step 12 (its reference
+    /* The idle range resumes 11 steps behind: its first step, as a fresh group's. */
+    const zb_step_range resumed[2] = {{100, 700, 6, 0, 0}, {2000, 100, 11, 0, 0}};
+    assert_int_equal(zb_worker_group_set_ranges(w, ia, resumed, 2), ZB_OK);
+    fill(&a, 0, 9);
+    fill(&r[0], 0, 9);
+    fill(&r[3], 0, 9);
+    step_ok(w, 0, 0, 0.5f, 0, 0.0f);
+    step_ok(ref[0], 0, 0, 0.5f, 0, 0.0f);
+    step_ok(ref[3], 0, 0, 0.5f, 0, 0.0f);
+    assert_memory_equal(a.params + 100, r[0].params + 100, 4 * 700);
+    assert_memory_equal(a.params + 2000, r[3].params + 2000, 4 * 100);
+    /* Cleared: every element steps as the group, the first range as step 13 (its reference
      * given the group's count, its moments kept). */
-    assert_int_equal(zb_worker_group_set_lags(w, ia, NULL, 0), ZB_OK);
+    assert_int_equal(zb_worker_group_set_ranges(w, ia, NULL, 0), ZB_OK);
     snapshot kept = take(ref[0], ir[0], &r[0]);
-    assert_int_equal(zb_worker_group_set_state(ref[0], ir[0], kept.m, kept.v, 11), ZB_OK);
+    assert_int_equal(zb_worker_group_set_state(ref[0], ir[0], kept.m, kept.v, 12), ZB_OK);
     drop(&kept);
     fill(&a, 0, 7);
     fill(&r[0], 0, 7);
     step_ok(w, 0, 0, 0.5f, 0, 0.0f);
     step_ok(ref[0], 0, 0, 0.5f, 0, 0.0f);
     assert_memory_equal(a.params + 100, r[0].params + 100, 4 * 700);
+    /* A group idle whole: nothing written, its count goes on. */
+    const zb_step_range all = {0, 3000, 0, 1, 0};
+    assert_int_equal(zb_worker_group_set_ranges(ref[1], ir[1], &all, 1), ZB_OK);
+    snapshot still = take(ref[1], ir[1], &r[1]);
+    fill(&r[1], 0, 3);
+    step_ok(ref[1], 0, 0, 0.5f, 0, 0.0f);
+    snapshot later = take(ref[1], ir[1], &r[1]);
+    assert_memory_equal(still.params, later.params, 4 * 3000);
+    assert_memory_equal(still.m, later.m, 4 * 3000);
+    assert_memory_equal(still.v, later.v, 4 * 3000);
+    assert_int_equal(zb_worker_group_get_state(ref[1], ir[1], NULL, NULL, &n), ZB_OK);
+    assert_int_equal(n, still.step + 1);
+    drop(&still);
+    drop(&later);
     zb_worker_destroy(w);
-    for (int k = 0; k < 3; ++k)
+    for (int k = 0; k < 4; ++k)
         zb_worker_destroy(ref[k]);
 }
 
@@ -539,7 +579,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_resume), cmocka_unit_test(test_per_group_counts),
         cmocka_unit_test(test_explicit_step),     cmocka_unit_test(test_skip_nonfinite),
         cmocka_unit_test(test_grad_norm),         cmocka_unit_test(test_clipping),
-        cmocka_unit_test(test_state_arguments),   cmocka_unit_test(test_step_lags),
+        cmocka_unit_test(test_state_arguments),   cmocka_unit_test(test_step_ranges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -43,16 +43,17 @@ enum class Command : uint32_t {
     exit = 3,
     get_state = 4, // a group's moments out through a transfer segment, and its step count
     set_state = 5, // and in
-    set_lags = 6   // a group's StepLag ranges (Control::step of them) through a transfer segment
+    set_ranges = 6 // a group's StepRanges (Control::step of them) through a transfer segment
 };
 
-// A range of a group whose elements took `lag` fewer steps than the group (a parameter that had
-// no gradient at some steps: torch counts steps per parameter). A step numbered S updates it as
-// step S - lag; bias correction is all the number changes. A group's ranges are sorted, disjoint
-// and inside it, with lag > 0; they hold until replaced.
-struct StepLag {
+// A range of a group that steps differently (zb_step_range): `lag` steps behind the group's
+// count, so a step numbered S updates it as step S - lag (bias correction is all the number
+// changes), or idle: left alone by steps. A group's ranges are sorted, disjoint and inside it,
+// each with lag > 0 or idle; they hold until replaced.
+struct StepRange {
     uint64_t offset, numel;
     int64_t lag;
+    uint32_t idle, reserved;
 };
 
 // Control::flags of a step; the same bits as ZB_STEP_* of <zenbind/worker.h>.
@@ -122,7 +123,7 @@ struct alignas(64) Control {
     uint32_t ngroups; // groups the step covers / index of the group being added, read or written
     uint32_t first_group; // a step covers groups first_group .. first_group + ngroups - 1
     int64_t step; // a step's number (0: each group's count + 1) / the step count set_state sets /
-                  // set_lags: how many StepLag ranges
+                  // set_ranges: how many StepRange ranges
     float grad_scale;
     uint32_t grad_buffer;
     uint32_t flags; // kStep* of a step
