@@ -226,9 +226,10 @@ zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const f
  *  - lag >= 1: the range took `lag` fewer steps than the group (a parameter that had no gradient
  *    at some steps). A step numbered S (the group's count + 1 by default) updates it as step
  *    S - lag, so its bias correction is that of its own count; nothing else differs.
- *  - idle != 0: steps leave the range alone, its weights, moments, copy-out and snapshot (a
- *    parameter without a gradient now); the group's count goes on, so the range falls behind it.
- *    Its lag (>= 0) does not matter while it is idle. */
+ *  - idle 1 (else 0): steps leave the range alone, its weights, moments, copy-out and snapshot
+ *    (a parameter without a gradient now); the group's count goes on, so the range falls behind
+ *    it. Its lag (>= 0) does not matter while it is idle; its gradients still enter the global
+ *    norm and the non-finite count, so leave them zero. */
 typedef struct zb_step_range {
     uint64_t offset;
     uint64_t numel;
