@@ -207,39 +207,54 @@ std::string cut_at_ranges(Group &g) {
     return "";
 }
 
+// Master only: the segment sent with a command about group `index` when ctl.transfer says one
+// was, received, checked to be that group's and `size` bytes (`valid`: the command's own
+// fields hold), and mapped into `base` (null when none was sent). False once it has answered
+// why not.
+bool map_transfer(Team &t, uint32_t index, bool valid, uint64_t size, const std::string &what,
+                  char *&base) {
+    base = nullptr;
+    uint32_t tag = 0;
+    const int fd = t.ctl.transfer ? proto::receive_fd(t.sock, tag) : -1;
+    if (t.ctl.transfer && fd < 0) {
+        t.answer(ZB_EINTERNAL, ("no shared-memory fd arrived with the " + what).c_str());
+        return false;
+    }
+    struct stat st {};
+    if (!valid ||
+        (fd >= 0 && (tag != index || fstat(fd, &st) != 0 || uint64_t(st.st_size) != size))) {
+        if (fd >= 0) close(fd);
+        t.answer(ZB_EINTERNAL,
+                 ("the " + what + "'s group, size or segment does not match").c_str());
+        return false;
+    }
+    if (fd < 0) return true;
+    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const int map_err = errno;
+    close(fd);
+    if (p == MAP_FAILED) {
+        t.answer(ZB_ENOMEM, ("cannot map the " + what + ": " + std::strerror(map_err)).c_str());
+        return false;
+    }
+    base = static_cast<char *>(p);
+    return true;
+}
+
 // Master only: a group's ranges, replaced whole (checked first: a refused table changes
 // nothing).
 Work set_ranges(Team &t) {
     const uint32_t index = t.ctl.ngroups;
     const int64_t count = t.ctl.step;
-    uint32_t tag = 0;
-    const int fd = t.ctl.transfer ? proto::receive_fd(t.sock, tag) : -1;
-    if (t.ctl.transfer && fd < 0) {
-        t.answer(ZB_EINTERNAL, "no shared-memory fd arrived with the step ranges");
-        return Work::answered;
-    }
-    struct stat st {};
-    const bool known = index < t.groups.size() && (fd < 0 || tag == index) && count >= 0 &&
-                       uint64_t(count) <= t.groups[index].numel && (count > 0) == (fd >= 0);
-    const uint64_t size = known ? uint64_t(count) * sizeof(proto::StepRange) : 0;
-    if (!known || (fd >= 0 && (fstat(fd, &st) != 0 || uint64_t(st.st_size) != size))) {
-        if (fd >= 0) close(fd);
-        t.answer(ZB_EINTERNAL, "the step ranges' group, count or segment does not match");
-        return Work::answered;
-    }
-    std::vector<proto::StepRange> ranges(static_cast<size_t>(count));
-    if (fd >= 0) {
-        void *p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-        const int map_err = errno;
-        close(fd);
-        if (p == MAP_FAILED) {
-            t.answer(
-                ZB_ENOMEM,
-                (std::string("cannot map the step ranges: ") + std::strerror(map_err)).c_str());
-            return Work::answered;
-        }
-        std::memcpy(ranges.data(), p, size);
-        munmap(p, size);
+    const bool valid = index < t.groups.size() && count >= 0 &&
+                       uint64_t(count) <= t.groups[index].numel &&
+                       (count > 0) == (t.ctl.transfer != 0);
+    const uint64_t size = valid ? uint64_t(count) * sizeof(proto::StepRange) : 0;
+    char *base = nullptr;
+    if (!map_transfer(t, index, valid, size, "step ranges", base)) return Work::answered;
+    std::vector<proto::StepRange> ranges(static_cast<size_t>(valid ? count : 0));
+    if (base) {
+        std::memcpy(ranges.data(), base, size);
+        munmap(base, size);
     }
     Group &g = t.groups[index];
     uint64_t end = 0;
@@ -323,39 +338,17 @@ Work prepare_step(Team &t) {
 // Master only: receive and map a state command's transfer segment, if one was sent.
 Work take_state(Team &t, Work work) {
     const uint32_t index = t.ctl.ngroups;
-    uint32_t tag = 0;
-    const int fd = t.ctl.transfer ? proto::receive_fd(t.sock, tag) : -1;
-    if (t.ctl.transfer && fd < 0) {
-        t.answer(ZB_EINTERNAL, "no shared-memory fd arrived with the optimizer state");
-        return Work::answered;
-    }
-    struct stat st {};
-    const bool known = index < t.groups.size() && (fd < 0 || tag == index);
-    const uint64_t size = known ? proto::transfer_layout(t.groups[index].numel).size : 0;
-    if (!known || (fd >= 0 && (fstat(fd, &st) != 0 || uint64_t(st.st_size) != size))) {
-        if (fd >= 0) close(fd);
-        t.answer(ZB_EINTERNAL, "the optimizer state's group or segment does not match");
-        return Work::answered;
-    }
+    const bool valid = index < t.groups.size();
+    const uint64_t size = valid ? proto::transfer_layout(t.groups[index].numel).size : 0;
+    char *base = nullptr;
+    if (!map_transfer(t, index, valid, size, "optimizer state", base)) return Work::answered;
     if (work == Work::state_in && t.ctl.step < 0) {
-        if (fd >= 0) close(fd);
+        if (base) munmap(base, size);
         t.answer(ZB_EINVAL, "negative step count");
         return Work::answered;
     }
     t.state_group = index;
-    t.transfer = nullptr;
-    if (fd >= 0) {
-        void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        const int map_err = errno;
-        close(fd);
-        if (p == MAP_FAILED) {
-            t.answer(
-                ZB_ENOMEM,
-                (std::string("cannot map the optimizer state: ") + std::strerror(map_err)).c_str());
-            return Work::answered;
-        }
-        t.transfer = static_cast<char *>(p);
-    }
+    t.transfer = base;
     return work;
 }
 

@@ -121,6 +121,17 @@ class Parity(unittest.TestCase):
         opt_a.close()
 
 
+def step_pairs(pairs, x, y, without=None):
+    """One step of each (model, optimizer) pair on (x, y); the parameters without(model) names
+    have no gradient at it (.grad None, as torch's zero_grad() leaves an unused one)."""
+    for model, opt in pairs:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        for p in without(model) if without else ():
+            p.grad = None
+        opt.step()
+
+
 class WithoutGrad(unittest.TestCase):
     def test_parameters_without_grad_are_left_alone(self):
         # Layer 4's weight, a group of its own, is frozen for 8 steps, then trained: torch starts
@@ -141,12 +152,8 @@ class WithoutGrad(unittest.TestCase):
                 self.assertNotIn(5, opt_a.state_dict()["state"])  # no state for it
                 for m in (a, b):
                     m[4].weight.requires_grad_(True)
-            for model, opt in ((a, opt_a), (b, opt_b)):
-                opt.zero_grad(set_to_none=True)
-                torch.nn.functional.mse_loss(model(x), y).backward()
-                if i >= 4:
-                    model[2].bias.grad = None
-                opt.step()
+            step_pairs(((a, opt_a), (b, opt_b)), x, y,
+                       lambda m: [m[2].bias] if i >= 4 else [])
         assert_close(self, a.parameters(), b.parameters())
         state_a, state_b = opt_a.state_dict()["state"], opt_b.state_dict()["state"]
         self.assertEqual(sorted(state_a), sorted(state_b))
@@ -172,12 +179,8 @@ class WithoutGrad(unittest.TestCase):
             if i == 5:
                 for m in (a, b):
                     m[4].weight.requires_grad_(True)
-            for model, opt in ((a, opt_a), (b, opt_b)):
-                opt.zero_grad(set_to_none=True)
-                torch.nn.functional.mse_loss(model(x), y).backward()
-                if 2 <= i <= 5:
-                    model[2].bias.grad = None
-                opt.step()
+            step_pairs(((a, opt_a), (b, opt_b)), x, y,
+                       lambda m: [m[2].bias] if 2 <= i <= 5 else [])
         assert_close(self, a.parameters(), b.parameters())
         index = {id(p): i for i, p in enumerate(a.parameters())}
         state_a = opt_a.state_dict()["state"]
@@ -214,12 +217,8 @@ class WithoutGrad(unittest.TestCase):
             for name in ("get_state", "set_state", "set_ranges"):
                 patches.enter_context(mock.patch.object(worker.Group, name, counted(name)))
             for i, (x, y) in enumerate(batches(10)):
-                for model, opt in ((a, opt_a), (b, opt_b)):
-                    opt.zero_grad(set_to_none=True)
-                    torch.nn.functional.mse_loss(model(x), y).backward()
-                    if 2 <= i <= 5:
-                        model[2].bias.grad = None
-                    opt.step()
+                step_pairs(((a, opt_a), (b, opt_b)), x, y,
+                           lambda m: [m[2].bias] if 2 <= i <= 5 else [])
         self.assertEqual(calls["get_state"] + calls["set_state"], 0)
         self.assertEqual(calls["set_ranges"], 2)
         assert_close(self, a.parameters(), b.parameters())
