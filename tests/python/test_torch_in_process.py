@@ -79,6 +79,25 @@ class InProcess(unittest.TestCase):
             opt.close()
             self.assertEqual(bits(resumed), bits(straight), (first, second))
 
+    def test_same_bits_as_the_worker_when_parameters_miss_steps(self):
+        # Each parameter's own count in both: layer 2's bias without a gradient at steps 3-6,
+        # layer 4's weight frozen for the first 5 steps, one group.
+        models = twins()
+        for m in models:
+            m[4].weight.requires_grad_(False)
+        opts = [zt.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, threads=1, worker=w)
+                for m, w in zip(models, (True, False))]
+        for i, (x, y) in enumerate(batches(12)):
+            for m, opt in zip(models, opts):
+                m[4].weight.requires_grad_(i >= 5)
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.mse_loss(m(x), y).backward()
+                if 2 <= i <= 5:
+                    m[2].bias.grad = None
+                opt.step()
+        opts[0].close()
+        self.assertEqual(bits(models[0]), bits(models[1]))
+
     def test_bf16_parameters_keep_an_fp32_master(self):
         model = mlp(dtype=torch.bfloat16)
         master = [p.detach().float().requires_grad_() for p in model.parameters()]
