@@ -314,10 +314,6 @@ class Layout:
                 group.set_ranges(table)
                 self.ranges[b] = table
 
-    def idle_now(self):
-        """Whether some bucket's ranges leave a parameter idle."""
-        return any(r[3] for table in self.ranges for r in table)
-
     @property
     def numel(self):
         return self.group.numel

@@ -484,8 +484,6 @@ class AdamW(torch.optim.Optimizer):
             for layout in self._layouts:
                 for slot in layout.slots if layout else ():
                     slot.refresh_if_changed()  # before any bucket takes its master
-                if layout is not None and layout.idle_now():
-                    layout.set_ranges()  # a step that failed left some idle: none is now
             stream = None
             params = self._all_params()
             if not (self.overlap or self.skip_nonfinite or self.max_grad_norm > 0 or

@@ -8,8 +8,11 @@ Where buckets are cut runs on any torch; the rest skips without post-accumulate-
 
 import copy
 import unittest
+from unittest import mock
 
 import torch
+
+from zenflow_bind import worker
 
 from torch_cases import batches, mlp, ours
 from zenflow_bind._layout import MAX_BUCKETS, bucket_limit, cut_buckets
@@ -165,6 +168,39 @@ class BucketSteps(unittest.TestCase):
                     opt.step()
             equal_params(self, a, b)
             self.assertTrue(torch.equal(unused(a).detach(), unused(mlp()).detach()))
+
+    def test_a_parameter_back_from_idle_steps_in_its_bucket(self):
+        # The last layer's bias is out of the graph at steps 2-3 (idle in the worker); at step
+        # 4 its bucket waits for step(), which makes it a parameter like the others again, and
+        # the result is the unstreamed one's to the bit. The worker is told twice in all (idle,
+        # then back), not at every step.
+        a, b, oa, ob = self.twins()
+        calls = []
+        set_ranges = worker.Group.set_ranges
+
+        def counted(group, table):
+            calls.append(group.worker is oa.worker)
+            return set_ranges(group, table)
+
+        def loss(m, x, y, i):
+            if 2 <= i <= 3:
+                h = m[3](m[2](m[1](m[0](x))))
+                return (h @ m[4].weight.t() - y).square().mean()
+            return loss_of(m, x, y)
+
+        with oa, ob, mock.patch.object(worker.Group, "set_ranges", counted):
+            for i, (x, y) in enumerate(batches(6)):
+                for model, opt, streamed in ((a, oa, True), (b, ob, False)):
+                    opt.zero_grad(set_to_none=True)
+                    if streamed:
+                        with opt.step_during_backward():
+                            loss(model, x, y, i).backward()
+                    else:
+                        loss(model, x, y, i).backward()
+                    opt.step()
+            equal_params(self, a, b)
+            equal_states(self, oa, ob)
+        self.assertEqual(calls.count(True), 2)
 
     def test_skip_and_clip_decide_over_every_bucket(self):
         for kwargs in (dict(skip_nonfinite=True), dict(max_grad_norm=0.05)):
