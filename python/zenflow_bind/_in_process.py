@@ -237,9 +237,8 @@ class InProcessAdamW(AdamW):
                 state = self._state_of(p)
                 shard = local(p)
                 ready = self._ready.get(p)  # weak: a replaced tensor is not kept alive
-                if ready is None or ready[0]() is not state.get("exp_avg") or \
-                        ready[1]() is not state.get("exp_avg_sq") or \
-                        ready[2]() is not state.get("master_param"):
+                if ready is None or any(r() is not state.get(key)
+                                        for r, key in zip(ready, _STATE_KEYS)):
                     for key in _STATE_KEYS:  # tensors not seen before: checked once
                         if key in state:
                             state[key] = _kernel_ready(state[key], p, key, index)

@@ -314,6 +314,16 @@ class Layout:
                 group.set_ranges(table)
                 self.ranges[b] = table
 
+    def stepped(self, has):
+        """A step counted: the parameters without a gradient in it (has[i] false), idle, fell one
+        step further behind the group (the worker keeps them idle until told otherwise)."""
+        if not all(has):
+            self.behind = [b + (not h) for b, h in zip(self.behind, has)]
+
+    def idle(self, b):
+        """Whether the worker leaves a parameter of bucket b idle."""
+        return any(r[3] for r in self.ranges[b])
+
     @property
     def numel(self):
         return self.group.numel

@@ -41,8 +41,7 @@ class Stream:
             for b, bucket in enumerate(layout.buckets if layout else ()):
                 # a bucket the worker leaves partly idle waits for step(), which says again
                 # which of its parameters are idle
-                if all(s.streamable() for s in bucket) and \
-                        not any(r[3] for r in layout.ranges[b]):
+                if all(s.streamable() for s in bucket) and not layout.idle(b):
                     self.left[bucket[0].group.index] = len(bucket)
                     if self.gpu is not None and all(s.can_go_early(k) for s in bucket):
                         self.early[bucket[0].group.index] = bucket

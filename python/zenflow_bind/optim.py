@@ -394,7 +394,7 @@ class AdamW(torch.optim.Optimizer):
                     slot.refresh_if_changed()
                     has.append(slot.stage_grad(k))
                 any_grad |= any(has)
-                pending.append((layout, has, not all(has)))
+                pending.append((layout, has))
             params = self._all_params()
             together = sharded(params) and (self.skip_nonfinite or self._want_norm)
             empty = self._empty_with_grads()
@@ -406,7 +406,7 @@ class AdamW(torch.optim.Optimizer):
                 (STEP_GRAD_NORM if self._want_norm else 0)
             max_norm, decided = self.max_grad_norm, None
             if together:  # FSDP2: decided here over every rank's shards, not by each worker
-                staged = {id(s.param): s.grads[k] for layout, has, _ in pending
+                staged = {id(s.param): s.grads[k] for layout, has in pending
                           for s, h in zip(layout.slots, has) if h}
                 nonfinite, sum_squares = stats(params, staged, scale)
                 decided = (nonfinite, math.sqrt(sum_squares))
@@ -533,7 +533,7 @@ class AdamW(torch.optim.Optimizer):
                         has.append(True)
                     else:
                         has.append(slot.stage_grad(k))
-                pending.append((layout, has, not all(has)))
+                pending.append((layout, has))
                 rest += [b[0].group.index for b in layout.buckets
                          if b[0].group.index not in stream.stepped]
             nonfinite, seconds = stream.nonfinite, stream.seconds
@@ -628,19 +628,13 @@ class AdamW(torch.optim.Optimizer):
         """Whether this thread is in one of these calls of this optimizer (under _exclusive)."""
         return self._busy_by[0] == threading.get_ident() and self._busy_by[1] in calls
 
-    def _leave_idle(self, pending):
-        """The parameters without a gradient are left alone by the step about to be submitted:
-        no decay, no moment update (torch's rule), told to the worker as idle ranges."""
-        for layout, has, missing in pending:  # (and none idle that has a gradient now)
-            layout.set_ranges(idle=[not h for h in has] if missing else None)
-
     @staticmethod
-    def _count_behind(pending):
-        """After a step that counted: the parameters that were idle in it fell one step further
-        behind their group (the worker keeps them idle until the next step says otherwise)."""
-        for layout, has, missing in pending:
-            if missing:
-                layout.behind = [b + (not h) for b, h in zip(layout.behind, has)]
+    def _leave_idle(pending):
+        """The parameters without a gradient are left alone by the step about to be submitted:
+        no decay, no moment update (torch's rule), told to the worker as idle ranges (and none
+        idle that has a gradient now)."""
+        for layout, has in pending:
+            layout.set_ranges(idle=None if all(has) else [not h for h in has])
 
     def _finish(self):
         """Wait for the step in flight and bring it into the model. The wait goes in slices so
@@ -686,8 +680,8 @@ class AdamW(torch.optim.Optimizer):
             self._count_steps(empty)
         if result.skipped:
             return  # the worker wrote nothing
-        self._count_behind(pending)
-        for layout, has, missing in pending:
+        for layout, has in pending:
+            layout.stepped(has)
             for slot, h in zip(layout.slots, has):
                 if h:
                     self._steps[slot.param] = self._steps.get(slot.param, 0) + 1
