@@ -7,7 +7,6 @@ DTensors for DTensor parameters), so torch's state_dict, hooks and distributed c
 it directly; each step is one zb_adam_step (functional.run) over every parameter with a gradient,
 on this process's threads. The format is the worker's, so a checkpoint moves between the modes."""
 
-import contextlib
 import math
 import numbers
 import threading
@@ -16,6 +15,7 @@ import weakref
 import torch
 
 from . import _native
+from ._compile import eager, eager_context
 from ._global_stats import clip_scale, sharded, stats
 from ._layout import _identity, local
 from .functional import StepResult, _number, run
@@ -94,7 +94,7 @@ class InProcessAdamW(AdamW):
         if "_busy" not in self.__dict__:
             self._busy, self._busy_by, self._ready = threading.Lock(), (None, None), {}
 
-    @contextlib.contextmanager
+    @eager_context
     def step_during_backward(self, grad_scale=1.0):
         """Nothing to overlap in this process: backward runs as it is, and step() steps every
         parameter with grad_scale (the same bits as the worker's steps during backward), so a
@@ -141,6 +141,7 @@ class InProcessAdamW(AdamW):
                 state["master_param"] = p.detach().to(torch.float32, copy=True)
         return state
 
+    @eager
     @torch.no_grad()
     def step(self, closure=None, *, grad_scale=None):
         """One AdamW step over every parameter with a gradient, in this process. grad_scale

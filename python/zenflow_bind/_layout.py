@@ -17,6 +17,7 @@ import weakref
 
 import torch
 
+from ._compile import eager
 from ._native import MAX_GROUPS
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -169,7 +170,7 @@ class Slot:
             if landed is not None:
                 landed(self)
 
-        self.hook = register(ready)
+        self.hook = register(eager(ready))  # dynamo would trace it under torch.compile
 
     def write_back(self, gpu=None):
         """Bring the updated parameters of a completed step into the model (a CUDA one through

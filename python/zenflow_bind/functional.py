@@ -17,6 +17,7 @@ import numbers
 import torch
 
 from . import _native
+from ._compile import eager
 from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE
 from .worker import StepResult
 
@@ -67,6 +68,7 @@ def _check(what, i, t, dtypes, numel):
         raise ValueError(f"{what}[{i}] has {t.numel()} elements, its parameter {numel}")
 
 
+@eager
 def adamw_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
            weight_decay=1e-2, adamw=True, bias_correction=True, maximize=False, grad_scale=1.0,
            skip_nonfinite=False, max_grad_norm=0.0, grad_norm=False, copy_out=None, threads=0):

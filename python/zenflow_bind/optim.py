@@ -20,6 +20,7 @@ import weakref
 
 import torch
 
+from ._compile import eager, eager_context
 from ._cuda import Gpu
 from ._global_stats import clip_scale, sharded, stats
 from ._layout import Layout, local
@@ -343,6 +344,7 @@ class AdamW(torch.optim.Optimizer):
 
     # -- steps ------------------------------------------------------------------------------
 
+    @eager
     @torch.no_grad()
     def step(self, closure=None, *, grad_scale=None):
         """One AdamW step over every parameter with a gradient (torch's rule: a parameter whose
@@ -454,7 +456,7 @@ class AdamW(torch.optim.Optimizer):
                 layout.group.set_hyper(**_hyper(group))
         return -grad_scale if maximize and maximize.pop() else grad_scale
 
-    @contextlib.contextmanager
+    @eager_context
     def step_during_backward(self, grad_scale=1.0):
         """Around the last backward before step(): each bucket (bucket_elements) is stepped as
         soon as its gradients have landed, while backward goes on, on the worker's cores;
