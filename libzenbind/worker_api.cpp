@@ -136,6 +136,27 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
     });
 }
 
+zb_status zb_worker_group_remove(zb_worker_t *worker, unsigned group) {
+    return zb::guard([&] {
+        zb_worker &w = state_handle(worker, group, "zb_worker_group_remove");
+        if (group + 1 != w.groups.size())
+            fail(ZB_EINVAL, "zb_worker_group_remove: group " + std::to_string(group) +
+                                " is not the newest (" + std::to_string(w.groups.size()) +
+                                " registered): groups go newest first");
+        const proto::GroupDesc d = w.ctl->groups[group];
+        w.ctl->command = proto::Command::remove_group;
+        w.ctl->ngroups = group;
+        w.run_state_command("remove group " + std::to_string(group));
+        w.groups.pop_back();
+        const size_t n = d.numel, buffers = d.off_grads[1] ? 2 : 1;
+        w.numel -= n;
+        w.param_bytes -= 4 * n;
+        w.grad_bytes -= buffers * proto::dtype_size(d.grad) * n;
+        w.copy_bytes -= proto::dtype_size(d.copy) * n;
+        w.stale_bytes -= d.stale ? 4 * n : 0;
+    });
+}
+
 zb_status zb_worker_group_buffers(zb_worker_t *worker, unsigned group, zb_group_buffers *out) {
     return zb::guard([&] {
         zb_worker &w = handle(worker, "zb_worker_group_buffers");

@@ -170,6 +170,23 @@ Work add_group(Team &t) {
     return Work::zero_moments;
 }
 
+// Master only: the newest group gone, its shared segment and its moments unmapped (the trainer
+// undoing a registration that failed on its side). Only the newest: group indices stay dense, and
+// the gradient-statistics blocks end where its own began.
+Work remove_group(Team &t) {
+    if (t.groups.empty() || t.ctl.ngroups != t.groups.size() - 1) {
+        t.answer(ZB_EINTERNAL, "only the newest group can be removed");
+        return Work::answered;
+    }
+    const Group &g = t.groups.back();
+    munmap(g.base, g.size);
+    munmap(g.moments, 8 * g.stride);
+    t.blocks.resize(g.first_block);
+    t.groups.pop_back();
+    t.answer(ZB_OK, "");
+    return Work::answered;
+}
+
 // Master only: the group cut at its ranges for this step (no cut without any): a lagging range
 // stepped with its own step number, an idle one not at all. Returns why the step cannot be
 // taken, or "".
@@ -367,6 +384,8 @@ Work serve(Team &t, proto::Command command) {
         return take_state(t, Work::state_in);
     case proto::Command::set_ranges:
         return set_ranges(t);
+    case proto::Command::remove_group:
+        return remove_group(t);
     case proto::Command::none:
         break;
     }

@@ -132,10 +132,18 @@ typedef struct zb_group_attr {
  * zb_worker_group_buffers() before the first step. Not allowed while a step is in flight. */
 zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, unsigned *group);
 
-/* Pointers into the shared memory of a group, valid until zb_worker_destroy(). The trainer writes
- * params (before the first step) and grads[k]; it reads params, copy_out and stale after
- * zb_worker_wait_result(). While a step that reads grads[k] is in flight, the trainer may fill
- * grads[1-k] but must not touch params, copy_out, stale or grads[k]. */
+/* Remove the newest group (the last added, `group` the id it got), as if it had not been added:
+ * the worker unmaps its shared memory and frees its moments, the trainer unmaps its buffers (the
+ * pointers zb_worker_group_buffers gave are invalid from then on), and the next group added gets
+ * its id. For a caller undoing registrations that a later failure of its own made useless; groups
+ * go newest first (any other is ZB_EINVAL). Not allowed while a step is in flight. (ZENBIND_2.1) */
+zb_status zb_worker_group_remove(zb_worker_t *worker, unsigned group);
+
+/* Pointers into the shared memory of a group, valid until zb_worker_destroy() or the group's
+ * removal. The trainer writes params (before the first step) and grads[k]; it reads params,
+ * copy_out and stale after zb_worker_wait_result(). While a step that reads grads[k] is in
+ * flight, the trainer may fill grads[1-k] but must not touch params, copy_out, stale or grads[k].
+ */
 typedef struct zb_group_buffers {
     size_t numel;
     float *params;

@@ -73,6 +73,19 @@ class Gpu:
                                        f"worker's shared memory failed (cudaError {err})")
                 self.pinned.append(address)
 
+    def forget(self, layout):
+        """Unpin what adopt() pinned of a param group's buffers, before its worker groups go."""
+        if not self.pinned or os.getpid() != self.pid:
+            return
+        mine = {array.ctypes.data for group in layout.group.groups
+                for array in (group.params, *group.grads, group.copy_out)
+                if array is not None and array.nbytes}
+        cudart = torch.cuda.cudart()
+        with torch.cuda.device(self.device):
+            for address in [a for a in self.pinned if a in mine]:
+                cudart.cudaHostUnregister(address)
+                self.pinned.remove(address)
+
     def grad_out(self, grad, dst, unless_early=None):
         """Queue grad's copy into pinned dst after the work that produced it; its event. None,
         and no copy, if the slot unless_early went back early (checked under the lock early()

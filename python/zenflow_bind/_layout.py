@@ -18,7 +18,7 @@ import weakref
 import torch
 
 from ._compile import eager
-from ._native import MAX_GROUPS
+from ._native import MAX_GROUPS, ZenbindError
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -198,6 +198,18 @@ class Slot:
             p.grad = p.grad.clone()
 
 
+def _remove(slots, groups):
+    """Gradients back to private memory and hooks removed, then the worker groups removed,
+    newest first: their memory leaves both processes."""
+    for s in slots:
+        s.detach()
+    for group in reversed(groups):
+        try:
+            group.remove()
+        except ZenbindError:  # the worker is gone or stopped: it holds nothing any more
+            break
+
+
 class Buckets:
     """A param group's worker groups, one per bucket, seen as one: hyperparameters and state."""
 
@@ -274,22 +286,33 @@ class Layout:
         sizes = [local(p).numel() for p in params]
         self.slots, self.buckets, offset = [], [], 0
         groups = []
-        for first, end in cut_buckets(sizes, bucket_elements, bucket_limit(len(worker.groups))):
-            group = worker.add_group(sum(sizes[first:end]), grad=grad, copy_out=copy_out,
-                                     grad_buffers=grad_buffers, **hyper)
-            groups.append(group)
-            bucket, at = [], 0
-            for i in range(first, end):
-                bucket.append(Slot(params[i], first_index + i, offset, group, at))
-                offset += sizes[i]
-                at += sizes[i]
-            self.slots += bucket
-            self.buckets.append(bucket)
-        self.group = Buckets(groups)
+        try:
+            for first, end in cut_buckets(sizes, bucket_elements,
+                                          bucket_limit(len(worker.groups))):
+                group = worker.add_group(sum(sizes[first:end]), grad=grad, copy_out=copy_out,
+                                         grad_buffers=grad_buffers, **hyper)
+                groups.append(group)
+                bucket, at = [], 0
+                for i in range(first, end):
+                    bucket.append(Slot(params[i], first_index + i, offset, group, at))
+                    offset += sizes[i]
+                    at += sizes[i]
+                self.slots += bucket
+                self.buckets.append(bucket)
+            self.group = Buckets(groups)
+            for s in self.slots:
+                s.load_from_model()
+        except BaseException:
+            _remove(self.slots, groups)
+            raise
         self.behind = [0] * len(self.slots)  # steps each parameter took fewer than the group
         self.ranges = [[] for _ in groups]  # each bucket's ranges as its worker group has them
-        for s in self.slots:
-            s.load_from_model()
+
+    def remove(self):
+        """Undo the layout, so that the worker holds what it held before (a param group that
+        could not be added). Nothing of the layout may be used after."""
+        _remove(self.slots, self.group.groups)
+        self.slots, self.buckets = [], []
 
     def set_ranges(self, behind=None, idle=None):
         """torch counts steps per parameter and leaves one without a gradient alone; the worker

@@ -149,6 +149,7 @@ _PROTOS = {
                                                  ctypes.c_void_p, ctypes.c_int64]),
     "zb_worker_group_set_ranges": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint,
                                                   _P(StepRange), ctypes.c_size_t]),
+    "zb_worker_group_remove": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint]),
     "zb_adam_args_init_size": (None, [_P(AdamArgs), ctypes.c_size_t]),
     "zb_adam_step": (ctypes.c_int, [_P(AdamTensor), ctypes.c_size_t, _P(AdamArgs), _P(Result)]),
 }

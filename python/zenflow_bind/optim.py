@@ -332,10 +332,11 @@ class AdamW(torch.optim.Optimizer):
                 slot.watch(functools.partial(_filling, me), functools.partial(_landed, me),
                            self._gpu)
         except BaseException:
-            # as if never added: param_groups and layouts stay paired, one to one (the worker
-            # keeps the groups it made, unused: it has no call to drop one)
-            for slot in layout.slots if layout else ():
-                slot.detach()
+            # as if never added: param_groups and layouts stay paired, one to one, and the
+            # worker holds what it held before (the layout's groups and their memory go)
+            if layout is not None:
+                self._gpu.forget(layout)
+                layout.remove()
             self.param_groups.pop()
             raise
         self._layouts.append(layout)

@@ -88,6 +88,15 @@ class Group:
         check(library().zb_worker_group_set_ranges(self.worker._live(), self.index, table,
                                                    len(ranges)))
 
+    def remove(self):
+        """Undo this group's registration; groups go newest first. Its memory leaves both
+        processes: its arrays are dropped here, and no view of them may be used again."""
+        if self.worker.groups[-1:] != [self]:
+            raise ValueError(f"group {self.index} is not the newest: groups go newest first")
+        check(library().zb_worker_group_remove(self.worker._live(), self.index))
+        self.worker.groups.pop()
+        self.params, self.grads, self.copy_out, self.stale = None, [], None, None
+
 
 def _address(array, numel):
     """The address of a C-contiguous float32 array of numel elements: a numpy array or a CPU

@@ -16,6 +16,7 @@ import torch
 from torch_cases import (alive, assert_close, assert_equal, batches, groups_of, mlp, ours,
                          proc_stat, train, twins)
 import zenflow_bind.optim as zt
+from zenflow_bind import ZenbindError
 
 
 def children():
@@ -234,19 +235,47 @@ class BadInput(unittest.TestCase):
                 ours(a.parameters(), timeout_ms=bad)
 
     def test_a_failed_add_param_group_leaves_the_groups_as_they_were(self):
+        """A param group that fails while it is being added (its third bucket's registration,
+        or after its layout is whole) leaves nothing behind: not in param_groups, and not in the
+        worker, whose groups and memory are what they were; the optimizer then trains on, with a
+        group added later, as torch's does."""
         from unittest import mock
         import zenflow_bind._layout as layout
+        import zenflow_bind.worker as zw
         a, b = twins()
         first_a, first_b = list(a.parameters())[:2], list(b.parameters())[:2]
         rest_a, rest_b = list(a.parameters())[2:], list(b.parameters())[2:]
-        with ours(first_a, lr=1e-2) as opt:
+        big = [torch.nn.Parameter(torch.ones(1 << 20)) for _ in range(4)]  # 4 buckets, 32 MiB
+        add_group = zw.Worker.add_group
+
+        def third_fails(worker, *args, **kw):
+            if len(worker.groups) == 1 + 2:
+                raise ZenbindError(-4, "injected: no memory for the third bucket")
+            return add_group(worker, *args, **kw)
+        with ours(first_a, lr=1e-2, bucket_elements=1 << 20) as opt:
             ref = torch.optim.AdamW(first_b, lr=1e-2)
-            with mock.patch.object(layout.Slot, "watch", side_effect=RuntimeError("injected")):
-                with self.assertRaisesRegex(RuntimeError, "injected"):
-                    opt.add_param_group({"params": rest_a[:2], "lr": 0.3})
-            self.assertEqual((len(opt.param_groups), len(opt._layouts)), (1, 1))
+            train(a, opt, batches(1))
+            train(b, ref, batches(1))
+            worker = opt.worker
+            before = worker.memory()
+            for what, patch in (
+                    ("a bucket", mock.patch.object(zw.Worker, "add_group", third_fails)),
+                    ("watch", mock.patch.object(layout.Slot, "watch",
+                                                side_effect=RuntimeError("injected")))):
+                with self.subTest(failing=what):
+                    with patch, self.assertRaisesRegex(RuntimeError, "injected"):
+                        opt.add_param_group({"params": big, "lr": 0.3})
+                    self.assertEqual((len(opt.param_groups), len(opt._layouts)), (1, 1))
+                    self.assertEqual(len(worker.groups), 1)
+                    after = worker.memory()
+                    for kind in ("numel", "params", "grads", "moments", "shm_reserved"):
+                        self.assertEqual(after[kind], before[kind], kind)
+                    # 16 MiB of moments and 8 of masters came and went (a failure left 24 MiB)
+                    self.assertLess(after["worker_rss"], before["worker_rss"] + (8 << 20))
+                    self.assertTrue(all(p.grad is None for p in big))
             opt.add_param_group({"params": rest_a, "lr": 0.05})
             ref.add_param_group({"params": rest_b, "lr": 0.05})
+            self.assertEqual([g.index for g in worker.groups], [0, 1])
             train(a, opt, batches(3))
             train(b, ref, batches(3))
             assert_close(self, a.parameters(), b.parameters())

@@ -1,7 +1,7 @@
 /* The optimizer's state and step control through the worker: checkpoint and resume are
  * bit-identical to never stopping, per-group step counts, ranges that lag their group's count or
- * are idle,
- * skipping steps with non-finite gradients, the global gradient norm and clipping by it. */
+ * are idle, groups removed newest first, skipping steps with non-finite gradients, the global
+ * gradient norm and clipping by it. */
 #define _GNU_SOURCE
 #include <zenbind/worker.h>
 
@@ -231,6 +231,63 @@ static void test_per_group_counts(void **state) {
     assert_int_equal(n, 1);
     assert_int_equal(zb_worker_group_get_state(f, only, NULL, NULL, &n), ZB_OK);
     assert_int_equal(n, 1);
+    zb_worker_destroy(w);
+    zb_worker_destroy(f);
+}
+
+/* The newest group removed: its memory leaves both processes, the group before it steps on as
+ * if it had never been there, and the next group added takes its id. Others, and any group while
+ * a step is in flight, are refused. */
+static void test_remove_group(void **state) {
+    (void)state;
+    const spec small = {5000, ZB_DTYPE_FP32, ZB_DTYPE_BF16, 1};
+    const spec big = {1u << 23, ZB_DTYPE_BF16, ZB_DTYPE_BF16, 0}; /* 64 MiB of moments */
+    zb_group_buffers b[2], fresh[2], gone;
+    zb_worker_t *w = spawn_threads(2), *f = spawn_threads(2);
+    const unsigned first = add(w, &small, &b[0]);
+    add(f, &small, &fresh[0]);
+    zb_worker_memory before, with, after;
+    assert_int_equal(zb_worker_memory_usage(w, &before), ZB_OK);
+    const unsigned big_id = add(w, &big, &gone);
+    assert_int_equal(big_id, first + 1);
+    assert_int_equal(zb_worker_memory_usage(w, &with), ZB_OK);
+    expect_status(zb_worker_group_remove(w, first), ZB_EINVAL, "not the newest");
+    expect_status(zb_worker_group_remove(w, big_id + 1), ZB_EINVAL, "unknown group");
+    fill(&b[0], 0, 5);
+    fill(&gone, 0, 6);
+    zb_worker_step s = {0, 1.0f, 0, NULL, 0, 0, 0.0f};
+    assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
+    expect_status(zb_worker_group_remove(w, big_id), ZB_EINVAL, "in flight");
+    assert_int_equal(zb_worker_wait_result(w, 30000, NULL), ZB_OK);
+    fill(&fresh[0], 0, 5);
+    step_ok(f, 0, 0, 1.0f, 0, 0.0f); /* the small group's step, on a worker that never had big */
+
+    assert_int_equal(zb_worker_group_remove(w, big_id), ZB_OK);
+    assert_int_equal(zb_worker_memory_usage(w, &after), ZB_OK);
+    assert_int_equal(after.numel, before.numel);
+    assert_int_equal(after.moments, before.moments);
+    assert_int_equal(after.grads, before.grads);
+    assert_int_equal(after.copy_out, before.copy_out);
+    assert_int_equal(after.shm_reserved, before.shm_reserved);
+    if (!under_qemu_user("the worker's RSS after a group is removed")) {
+        /* its moments, 64 MiB the worker zeroed, come and go (all but a few pages of them) */
+        assert_true(with.worker_rss >= before.worker_rss + (60u << 20));
+        assert_true(after.worker_rss + (60u << 20) <= with.worker_rss);
+    }
+
+    const unsigned again = add(w, &small, &b[1]);
+    add(f, &small, &fresh[1]);
+    assert_int_equal(again, big_id);
+    for (int i = 2; i <= 4; ++i) {
+        replay(w, b, 2, i);
+        replay(f, fresh, 2, i);
+    }
+    for (unsigned g = 0; g < 2; ++g) {
+        snapshot x = take(w, g, &b[g]), y = take(f, g, &fresh[g]);
+        same(&x, &y, &b[g]);
+        drop(&x);
+        drop(&y);
+    }
     zb_worker_destroy(w);
     zb_worker_destroy(f);
 }
@@ -580,6 +637,7 @@ int main(void) {
         cmocka_unit_test(test_explicit_step),     cmocka_unit_test(test_skip_nonfinite),
         cmocka_unit_test(test_grad_norm),         cmocka_unit_test(test_clipping),
         cmocka_unit_test(test_state_arguments),   cmocka_unit_test(test_step_ranges),
+        cmocka_unit_test(test_remove_group),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,7 +15,7 @@
 namespace zb::proto {
 
 inline constexpr uint64_t kMagic = 0x314d5357464e455aULL; // "ZENFWSM1" little-endian
-inline constexpr uint32_t kVersion = 5;
+inline constexpr uint32_t kVersion = 6;
 inline constexpr uint32_t kMaxGroups = 256;
 inline constexpr uint32_t kMaxThreads = 1024;
 inline constexpr uint32_t kMaxNodes = 64;
@@ -41,9 +41,10 @@ enum class Command : uint32_t {
     step = 1,
     add_group = 2,
     exit = 3,
-    get_state = 4, // a group's moments out through a transfer segment, and its step count
-    set_state = 5, // and in
-    set_ranges = 6 // a group's StepRanges (Control::step of them) through a transfer segment
+    get_state = 4,   // a group's moments out through a transfer segment, and its step count
+    set_state = 5,   // and in
+    set_ranges = 6,  // a group's StepRanges (Control::step of them) through a transfer segment
+    remove_group = 7 // the newest group (Control::ngroups), its memory unmapped
 };
 
 // A range of a group that steps differently (zb_step_range): `lag` steps behind the group's
