@@ -15,13 +15,15 @@ import weakref
 import torch
 
 from . import _native
+from ._amp import scaler_step
 from ._compile import eager, eager_context
 from ._global_stats import clip_scale, sharded, stats
 from ._layout import _identity, local
 from .functional import StepResult, _number, run
 from ._signals import deferred_interrupts
 from ._state import _count
-from .optim import AdamW, _check_group, _check_unique, _saved_groups, as_torch_groups
+from .optim import (AdamW, _check_group, _check_unique, _saved_groups, _scaler_mismatch,
+                    as_torch_groups)
 
 _FLOAT16 = (torch.bfloat16, torch.float16)
 _STATE_KEYS = ("exp_avg", "exp_avg_sq", "master_param")
@@ -157,6 +159,15 @@ class InProcessAdamW(AdamW):
                              f"grad_scale={given}): give it once")
         scale = given if given is not None else 1.0 if grad_scale is None else grad_scale
         scale = _number("grad_scale", scale)
+        amp = scaler_step(self)  # inside GradScaler.step(): its scale and inf check
+        if amp is not None and amp.skip:  # nothing happens, as with torch's AdamW
+            self.last_step_skipped, self.last_nonfinite, self.last_grad_norm = True, None, None
+            self.last_step_seconds = 0.0
+            return loss
+        if amp is not None and given is not None and amp.multiplier != given:
+            raise ValueError(_scaler_mismatch(amp, given))  # as the worker's, before any step
+        if amp is not None and given is None and amp.multiplier is not None:
+            scale *= amp.multiplier
         if not math.isfinite(scale):
             raise ValueError(f"invalid grad_scale {scale}: must be finite")
         # Ctrl-C waits for the end of the step: between two kernel calls, or between the kernel

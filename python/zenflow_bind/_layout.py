@@ -95,10 +95,11 @@ class Slot:
         else:
             self.load_from_model()
 
-    def stage_grad(self, k):
+    def stage_grad(self, k, again=False):
         """Put the gradient into buffer k; False if the parameter has none (then its slice is
         zeroed: the worker steps whole groups, and a zero slice keeps the global norm right). A
-        gradient the backward hook already copied there, unchanged since, is not copied again."""
+        gradient the backward hook already copied there, unchanged since, is not copied again,
+        unless `again` (it may have changed without its version counter saying so)."""
         p, dst = self.param, self.grads[k]
         g, staged, self.staged = p.grad, self.staged, None
         if g is None:
@@ -106,8 +107,8 @@ class Slot:
             return False
         if g.is_sparse:
             raise RuntimeError("zenflow_bind.optim.AdamW does not support sparse gradients")
-        copied = staged is not None and staged[0] == k and staged[1]() is g and \
-            staged[2] == g._version  # the very tensor the hook copied, unchanged since
+        copied = not again and staged is not None and staged[0] == k and \
+            staged[1]() is g and staged[2] == g._version  # the tensor the hook copied, unchanged
         if not copied and g.data_ptr() != dst.data_ptr():
             self._copy_grad(g, dst)
         return True

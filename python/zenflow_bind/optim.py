@@ -20,6 +20,7 @@ import weakref
 
 import torch
 
+from ._amp import SUPPORTED as _AMP_SCALING, scaler_step
 from ._compile import eager, eager_context
 from ._cuda import Gpu
 from ._global_stats import clip_scale, sharded, stats
@@ -161,6 +162,9 @@ class AdamW(torch.optim.Optimizer):
                        a checkpoint moves between the two (srun --zenflow-bind=mode=offload,
                        FSDP2's CPUOffloadPolicy)
     """
+
+    # GradScaler.step() hands its scale and inf check to step() (_amp.py) rather than unscaling
+    _step_supports_amp_scaling = _AMP_SCALING
 
     def __new__(cls, *args, worker=True, **kwargs):
         if not worker:
@@ -372,13 +376,21 @@ class AdamW(torch.optim.Optimizer):
             if stream is not None and stream.error is not None:
                 self._fail_stream(stream)
             twice = None
+            amp = scaler_step(self)  # inside GradScaler.step(): its scale and inf check
+            if amp is not None and amp.skip:
+                return self._skip_for_scaler(stream, loss)
             if given is not None:
                 if grad_scale is not None and grad_scale != given:  # raised once stepped
                     twice = ValueError(f"step(grad_scale={grad_scale}) after step_during_"
                                        f"backward(grad_scale={given}): give it once (the step "
                                        f"was taken with {given})")
+                elif amp is not None and amp.multiplier != given:
+                    twice = ValueError(_scaler_mismatch(amp, given))
                 grad_scale = given
+            elif amp is not None and amp.multiplier is not None:
+                grad_scale = (1.0 if grad_scale is None else grad_scale) * amp.multiplier
             grad_scale = 1.0 if grad_scale is None else grad_scale
+            again = amp is not None and amp.unscaled  # its copies were made before unscale_()
             if stream is not None and stream.stepped:
                 self._complete_stream(stream)
                 if twice is not None:
@@ -395,7 +407,7 @@ class AdamW(torch.optim.Optimizer):
                 has = []
                 for slot in layout.slots:
                     slot.refresh_if_changed()
-                    has.append(slot.stage_grad(k))
+                    has.append(slot.stage_grad(k, again))
                 any_grad |= any(has)
                 pending.append((layout, has))
             params = self._all_params()
@@ -442,6 +454,23 @@ class AdamW(torch.optim.Optimizer):
                 self._finish()
             if twice is not None:
                 raise twice
+        return loss
+
+    def _skip_for_scaler(self, stream, loss):
+        """GradScaler found an inf or NaN gradient: nothing of this step happens, as with
+        torch's AdamW, unless buckets were stepped with them during backward."""
+        if stream is not None and stream.stepped:
+            self._torn = True
+            self._restore_early()
+            raise RuntimeError("GradScaler found an inf or NaN gradient after step_during_"
+                               "backward() had stepped buckets with it: the worker holds a step "
+                               "the model never saw; load_state_dict() a checkpoint. With a "
+                               "GradScaler, give the optimizer skip_nonfinite=True (buckets then "
+                               "wait for step(), which skips), or train in bfloat16 without one")
+        self._finish()
+        self._gpu.grads_landed()  # the hooks' copies end before backward reuses the buffer
+        self.last_step_skipped, self.last_nonfinite, self.last_grad_norm = True, None, None
+        self.last_step_seconds = 0.0
         return loss
 
     def _set_hypers(self, grad_scale):
@@ -859,6 +888,16 @@ _SLICE_MS = 200  # how long a wait goes without looking at Ctrl-C
 # id(parameter) -> weakref to the optimizer whose worker holds its master weights. Not an
 # attribute of the parameter: that would follow it into copy.deepcopy and break pickling.
 _OWNERS = {}
+
+
+def _scaler_mismatch(amp, given):
+    if amp.unscaled:
+        return (f"GradScaler.unscale_() after step_during_backward(grad_scale={given}): the "
+                f"buckets stepped with the gradients backward produced; do not unscale them, "
+                f"give step_during_backward(grad_scale=1 / scaler.get_scale()) instead")
+    return (f"GradScaler's scale is 1/{1 / amp.multiplier:g}, but step_during_backward() was "
+            f"given grad_scale={given} (the step was taken with it): give it "
+            f"grad_scale=1 / scaler.get_scale()")
 
 
 def _now_ms():

@@ -294,7 +294,8 @@ run_slurm() {
 # path for its test helpers alone. FSDP2's test (a minute of gloo ranks) runs in the tree only:
 # it goes through the same modules as the others.
 installed_tests=(test_torch_dcp.py test_torch_failures.py test_hf_trainer.py
-                 test_torch_in_process.py test_torch_bucket_steps.py test_torch_compile.py)
+                 test_torch_in_process.py test_torch_bucket_steps.py test_torch_compile.py
+                 test_torch_amp.py)
 
 run_python() {
     mount_root

@@ -1,0 +1,33 @@
+"""torch's GradScaler and our step (torch >= 2.3, torch.amp.GradScaler).
+
+GradScaler.step(opt), for an optimizer whose _step_supports_amp_scaling is true, sets two
+attributes on it around opt.step() instead of unscaling the gradients itself: grad_scale, the
+loss scale the gradients still carry (None when unscale_() already divided them in place), and
+found_inf, nonzero when a gradient is inf or NaN. torch's fused AdamW then unscales inside its
+kernel and skips the step on found_inf; so does ours: the multiplier joins grad_scale, and a
+skipped step updates nothing and counts nothing.
+
+Without this the scaler unscaled in place with an op that leaves the gradients' version counter
+alone, so a gradient the backward hook had already copied into the worker's buffer (a CUDA one,
+or one converted in a group of mixed dtypes) was stepped still scaled."""
+
+from collections import namedtuple
+
+import torch
+
+# Before torch.amp.GradScaler (2.3), torch.cuda.amp's passed itself as a grad_scaler argument.
+SUPPORTED = hasattr(getattr(torch, "amp", None), "GradScaler")
+
+ScalerStep = namedtuple("ScalerStep", "multiplier skip unscaled")
+
+
+def scaler_step(optimizer):
+    """What GradScaler.step() asks of this step, or None outside it: the multiplier of every
+    gradient (None: unscaled already, in place), whether to skip it, and whether the gradients
+    were unscaled in place (copies of them made before are stale)."""
+    found_inf = getattr(optimizer, "found_inf", None)
+    if found_inf is None:
+        return None
+    scale = getattr(optimizer, "grad_scale", None)
+    multiplier = None if scale is None else 1.0 / float(scale)
+    return ScalerStep(multiplier, bool(float(found_inf)), scale is None)
