@@ -7,6 +7,7 @@ DTensors for DTensor parameters), so torch's state_dict, hooks and distributed c
 it directly; each step is one zb_adam_step (functional.run) over every parameter with a gradient,
 on this process's threads. The format is the worker's, so a checkpoint moves between the modes."""
 
+import contextlib
 import math
 import numbers
 import threading
@@ -22,10 +23,23 @@ from ._layout import _identity, local
 from .functional import StepResult, _number, run
 from ._signals import deferred_interrupts
 from ._state import _count
-from .optim import (AdamW, _check_group, _check_unique, _saved_groups, _scaler_mismatch,
-                    as_torch_groups)
+from .optim import (AdamW, _check_group, _check_unique, _load_post_hooks, _load_pre_hooks,
+                    _saved_groups, _scaler_mismatch, as_torch_groups)
 
 _FLOAT16 = (torch.bfloat16, torch.float16)
+_LOAD_HOOKS = ("_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
+
+
+@contextlib.contextmanager
+def _without_load_hooks(optimizer):
+    """torch's load_state_dict without its hooks, which the caller runs itself."""
+    held = {name: optimizer.__dict__[name] for name in _LOAD_HOOKS if name in optimizer.__dict__}
+    for name in held:
+        setattr(optimizer, name, type(held[name])())
+    try:
+        yield
+    finally:
+        optimizer.__dict__.update(held)
 _STATE_KEYS = ("exp_avg", "exp_avg_sq", "master_param")
 
 
@@ -299,9 +313,11 @@ class InProcessAdamW(AdamW):
         state to its parameter's dtype); a 16-bit parameter without a saved master takes the
         model's values (load the model first). Every entry is checked before anything changes."""
         with self._exclusive("load_state_dict"):
+            state_dict = _load_pre_hooks(self, state_dict)  # what they return is what loads
             params, saved, updates = self._check_saved(state_dict)
             before = [dict(g) for g in self.param_groups]
-            torch.optim.Optimizer.load_state_dict(self, state_dict)
+            with _without_load_hooks(self):  # run here, before the checks and after the state
+                torch.optim.Optimizer.load_state_dict(self, state_dict)
             # torch replaces each group with the saved one: its settings in this optimizer's
             # keys (adamw_mode for decoupled_weight_decay), and what it lacks as it was here
             for group, old, update in zip(self.param_groups, before, updates):
@@ -323,6 +339,7 @@ class InProcessAdamW(AdamW):
                 if p.dtype in _FLOAT16 and "master_param" not in entry:
                     state["master_param"] = p.detach().to(torch.float32, copy=True)
                 state["step"] = torch.tensor(float(_count(entry["step"], "")))
+            _load_post_hooks(self)
 
     def _check_saved(self, state_dict):
         groups, states, updates = _saved_groups(self.param_groups, state_dict)

@@ -784,10 +784,7 @@ class AdamW(torch.optim.Optimizer):
             self._live()
             self._not_mid_step("load a state dict", torn_ok=True)
             self._finish()  # writes into optimizer.state since it was read: the load replaces them
-            for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
-                out = hook(self, state_dict)
-                if out is not None:
-                    state_dict = out
+            state_dict = _load_pre_hooks(self, state_dict)
             updates, prepared = self._check_state_dict(state_dict)
             for group, update in zip(self.param_groups, updates):
                 group.update(update)
@@ -802,8 +799,7 @@ class AdamW(torch.optim.Optimizer):
             self._snapshot = None
             # every master, moment and count rewritten: a step begun in a failed backward is gone
             self._torn, self._stream, self._stream_scale = False, None, None
-            for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
-                hook(self)
+            _load_post_hooks(self)
 
     def _check_state_dict(self, state_dict):
         """Each group's new settings and its state ready to apply, or an error naming what is
@@ -888,6 +884,21 @@ _SLICE_MS = 200  # how long a wait goes without looking at Ctrl-C
 # id(parameter) -> weakref to the optimizer whose worker holds its master weights. Not an
 # attribute of the parameter: that would follow it into copy.deepcopy and break pickling.
 _OWNERS = {}
+
+
+def _load_pre_hooks(optimizer, state_dict):
+    """The state dict torch's load_state_dict pre-hooks (torch >= 2.1) make of state_dict: each
+    may return a new one."""
+    for hook in getattr(optimizer, "_optimizer_load_state_dict_pre_hooks", {}).values():
+        out = hook(optimizer, state_dict)
+        if out is not None:
+            state_dict = out
+    return state_dict
+
+
+def _load_post_hooks(optimizer):
+    for hook in getattr(optimizer, "_optimizer_load_state_dict_post_hooks", {}).values():
+        hook(optimizer)
 
 
 def _scaler_mismatch(amp, given):

@@ -126,8 +126,13 @@ class Hooks(unittest.TestCase):
 
     def test_state_dict_hooks(self):
         need(hasattr(torch.optim.Optimizer, "register_state_dict_pre_hook"), "state-dict hooks")
+        for worker in (True, False):
+            with self.subTest(worker=worker):
+                self.state_dict_hooks(worker)
+
+    def state_dict_hooks(self, worker):
         a, calls = mlp(), []
-        with ours(a.parameters()) as opt:
+        with ours(a.parameters(), worker=worker) as opt:
             train(a, opt, batches(2))
             opt.register_state_dict_pre_hook(lambda o: calls.append("pre"))
 
@@ -139,14 +144,22 @@ class Hooks(unittest.TestCase):
             sd = opt.state_dict()
             self.assertTrue(sd["tagged"])
 
-            def lower_lr(o, sd):
+            def lower_lr(o, sd):  # a new dict, as torch's hooks may return
                 calls.append("load pre")
+                sd = copy.deepcopy(sd)
                 sd["param_groups"][0]["lr"] = 0.125
                 return sd
+
+            def loaded(o):  # after the whole load: the new lr and fp32 moments in place
+                calls.append("load post")
+                self.assertEqual(o.param_groups[0]["lr"], 0.125)
+                self.assertTrue(all(s["exp_avg"].dtype == torch.float32
+                                    for s in o.state.values()))
             opt.register_load_state_dict_pre_hook(lower_lr)
-            opt.register_load_state_dict_post_hook(lambda o: calls.append("load post"))
+            opt.register_load_state_dict_post_hook(loaded)
             opt.load_state_dict(sd)
             self.assertEqual(opt.param_groups[0]["lr"], 0.125)
+            self.assertEqual(sd["param_groups"][0]["lr"], 1e-3)  # the caller's dict untouched
             self.assertEqual(calls, ["pre", "post", "load pre", "load post"])
 
     def test_param_names(self):
