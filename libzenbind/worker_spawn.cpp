@@ -232,6 +232,30 @@ zb_worker::~zb_worker() {
     if (sock >= 0) close(sock);
 }
 
+namespace {
+
+// Asks the worker to exit (after the step in flight, if any) and collects it, each wait bounded;
+// one still there is killed. The trainer's mappings of the shared memory stay.
+void end_worker(zb_worker &w, const std::string &why) {
+    if (w.reaped) return;
+    try {
+        if (w.in_flight) w.wait_response(int64_t(w.control_timeout_ms) * 1'000'000);
+        w.ctl->command = proto::Command::exit;
+        w.publish_request();
+        pollfd p{w.pidfd, POLLIN, 0};
+        poll(&p, 1, static_cast<int>(std::min(w.control_timeout_ms, 10000u)));
+    } catch (const zb::Error &) {
+        // Dead or stuck: stop() kills and reaps it.
+    }
+    siginfo_t info{};
+    if (waitid(P_PIDFD, static_cast<id_t>(w.pidfd), &info, WEXITED | WNOHANG) == 0 &&
+        info.si_pid != 0)
+        w.reaped = true;
+    w.stop(why);
+}
+
+} // namespace
+
 extern "C" {
 
 void zb_worker_attr_init_size(zb_worker_attr *attr, size_t size) {
@@ -284,26 +308,22 @@ zb_status zb_worker_spawn(const zb_worker_attr *attr, unsigned long flags, zb_wo
     });
 }
 
+zb_status zb_worker_stop(zb_worker_t *w) {
+    return zb::guard([&] {
+        if (!w) fail(ZB_EINVAL, "zb_worker_stop: worker is NULL");
+        if (w->forked())
+            fail(ZB_EINVAL, "zb_worker_stop: this worker belongs to process " +
+                                std::to_string(w->owner) + "; a forked child cannot stop it");
+        end_worker(*w, "the optimizer worker (pid " + std::to_string(w->pid) +
+                           ") was stopped by zb_worker_stop()");
+    });
+}
+
 zb_status zb_worker_destroy(zb_worker_t *w) {
     return zb::guard([&] {
         if (!w) return;
         std::unique_ptr<zb_worker> owned(w);
-        if (w->reaped || w->forked()) return; // a forked child only forgets its copy
-        try {
-            if (w->in_flight) w->wait_response(int64_t(w->control_timeout_ms) * 1'000'000);
-            w->ctl->command = proto::Command::exit;
-            w->publish_request();
-            pollfd p{w->pidfd, POLLIN, 0};
-            poll(&p, 1, static_cast<int>(std::min(w->control_timeout_ms, 10000u)));
-        } catch (const zb::Error &) {
-            // Dead or stuck: the destructor kills and reaps it; destroy still succeeds.
-        }
-        if (!w->reaped) {
-            siginfo_t info{};
-            if (waitid(P_PIDFD, static_cast<id_t>(w->pidfd), &info, WEXITED | WNOHANG) == 0 &&
-                info.si_pid != 0)
-                w->reaped = true;
-        }
+        if (!w->forked()) end_worker(*w, "destroyed"); // a forked child only forgets its copy
     });
 }
 }

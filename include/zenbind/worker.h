@@ -86,6 +86,13 @@ zb_status zb_worker_spawn(const zb_worker_attr *attr, unsigned long flags, zb_wo
  * in every case. */
 zb_status zb_worker_destroy(zb_worker_t *worker);
 
+/* End the worker process as zb_worker_destroy() does (its moments go with it), but keep the
+ * handle and the trainer's mappings of the shared buffers: the pointers zb_worker_group_buffers()
+ * gave stay readable, with the last values, until zb_worker_destroy(). For a caller that cannot
+ * tell whether views of the buffers are still in use. Calls that need the worker then fail with
+ * ZB_EDEAD; a second stop is ZB_OK; ZB_EINVAL in a forked child. (ZENBIND_2.1) */
+zb_status zb_worker_stop(zb_worker_t *worker);
+
 /* Adam/AdamW hyperparameters of one parameter group (torch.optim semantics; eps added after bias
  * correction). */
 typedef struct zb_adam_hyper {

@@ -150,6 +150,7 @@ _PROTOS = {
     "zb_worker_group_set_ranges": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint,
                                                   _P(StepRange), ctypes.c_size_t]),
     "zb_worker_group_remove": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint]),
+    "zb_worker_stop": (ctypes.c_int, [ctypes.c_void_p]),
     "zb_adam_args_init_size": (None, [_P(AdamArgs), ctypes.c_size_t]),
     "zb_adam_step": (ctypes.c_int, [_P(AdamTensor), ctypes.c_size_t, _P(AdamArgs), _P(Result)]),
 }
@@ -237,8 +238,8 @@ def check_hyper(h):
 
 def array(address, dtype, count, owner):
     """A numpy array over shared memory (no copy); bf16 has no numpy type and shows as int16.
-    The array keeps `owner` (the Worker) alive through its base buffer, so the memory stays
-    mapped as long as any view of it exists, until an explicit close()."""
+    The array keeps `owner` (the worker's mapping, worker.Mapping) alive through its base
+    buffer, so the memory stays mapped as long as any view of it exists."""
     np_type = {"fp32": np.float32, "fp16": np.float16, "bf16": np.int16}[dtype]
     size = count * np.dtype(np_type).itemsize
     buf = (ctypes.c_char * size).from_address(address)

@@ -32,12 +32,13 @@ class Group:
         self.numel = b.numel
         self.grad_dtype = _native.DTYPE_NAMES[b.grad]
         self.copy_dtype = _native.DTYPE_NAMES.get(b.copy)
-        self.params = _native.array(b.params, "fp32", b.numel, worker)
-        self.grads = [_native.array(b.grads[k], self.grad_dtype, b.numel, worker)
+        self.params = _native.array(b.params, "fp32", b.numel, worker.mapping)
+        self.grads = [_native.array(b.grads[k], self.grad_dtype, b.numel, worker.mapping)
                       for k in (0, 1) if b.grads[k]]
-        self.copy_out = (_native.array(b.copy_out, self.copy_dtype, b.numel, worker)
+        self.copy_out = (_native.array(b.copy_out, self.copy_dtype, b.numel, worker.mapping)
                          if b.copy_out else None)
-        self.stale = _native.array(b.stale, "fp32", b.numel, worker) if b.stale else None
+        self.stale = _native.array(b.stale, "fp32", b.numel, worker.mapping) if b.stale \
+            else None
 
     @staticmethod
     def torch_view(array):
@@ -115,6 +116,21 @@ def _address(array, numel):
     return address
 
 
+class Mapping:
+    """The trainer's side of a worker's shared memory (its zb_worker_t handle): freed by
+    zb_worker_destroy() when the last numpy view of the buffers goes, which may be after the
+    worker itself was stopped (Worker.close()). A gradient the user kept after close() (p.grad
+    was a view of the buffer) stays readable so."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def __del__(self):
+        handle, self._handle = self._handle, None
+        if handle:
+            library().zb_worker_destroy(handle)
+
+
 class Worker:
     """A zenflow-optimizer worker. Arguments left None take libzenbind's defaults: the
     ZENFLOW_OPT_CPUS / ZENFLOW_OPT_THREADS / ZENFLOW_OPT_MEMS variables, else the caller's CPUs."""
@@ -138,6 +154,7 @@ class Worker:
         handle = ctypes.c_void_p()
         check(lib.zb_worker_spawn(ctypes.byref(attr), 0, ctypes.byref(handle)))
         self._handle = handle
+        self.mapping = Mapping(handle)
         self._owner = os.getpid()
         self.groups = []
         self._last_seconds = 0.0
@@ -236,12 +253,17 @@ class Worker:
         return not self._handle
 
     def close(self):
-        """Stop the worker. The numpy views of its groups must not be used afterwards. In a
-        forked child it frees only the child's copies (libzenbind leaves the worker alone)."""
+        """Stop the worker. The views of its groups' buffers stay readable, with their last
+        values, as long as any exists: the memory goes with the last (Mapping). In a forked
+        child only the child's copies go (libzenbind leaves the worker alone)."""
         if self._handle:
             handle, self._handle = self._handle, None
             self.groups = []
-            check(library().zb_worker_destroy(handle))
+            try:
+                if os.getpid() == self._owner:
+                    check(library().zb_worker_stop(handle))
+            finally:
+                self.mapping = None  # unmapped now, unless a view of the buffers lives on
 
     def _live(self):
         if not self._handle:

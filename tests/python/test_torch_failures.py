@@ -112,6 +112,47 @@ class Lifetime(unittest.TestCase):
         train(model, torch.optim.AdamW(model.parameters()), batches(1))
 
 
+    def test_a_gradient_kept_after_close_stays_readable(self):
+        """After a step p.grad is a view of the worker's buffer; close() (or dropping the
+        optimizer) gives p a private gradient, and a reference the user kept reads what it
+        held. The buffer is unmapped with the last view, or at close() if none is left."""
+        def segments():
+            with open("/proc/self/maps") as f:
+                return sum("zenflow parameter group" in line for line in f)
+        x, y = batches(1)[0]
+        for how in ("close", "drop"):
+            with self.subTest(how=how):
+                model = mlp()
+                opt = ours(model.parameters(), lr=1e-2, threads=1)
+                for _ in range(2):
+                    opt.zero_grad()
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    opt.step()
+                kept = model[0].weight.grad
+                self.assertTrue(any(kept.data_ptr() == g.data_ptr()
+                                    for layout in opt._layouts for s in layout.slots
+                                    for g in s.grads))  # a view of the buffer
+                held, mapped = kept.clone(), segments()
+                self.assertGreater(mapped, 0)
+                if how == "close":
+                    opt.close()
+                else:
+                    del opt
+                    gc.collect()
+                self.assertIsNot(model[0].weight.grad, kept)
+                self.assertTrue(torch.equal(kept, held))  # read, not a crash
+                self.assertTrue(torch.equal(model[0].weight.grad, held))
+                self.assertEqual(segments(), mapped)  # held by the view
+                del kept
+                gc.collect()
+                self.assertEqual(segments(), 0)
+        model = mlp()
+        with ours(model.parameters(), threads=1) as opt:  # no view kept: unmapped at close()
+            train(model, opt, batches(1))
+            model.zero_grad(set_to_none=True)
+        self.assertEqual(segments(), 0)
+
+
 class Threads(unittest.TestCase):
     def test_a_second_thread_is_refused_before_it_changes_anything(self):
         a, b = mlp(), mlp()

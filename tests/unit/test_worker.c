@@ -331,6 +331,34 @@ static void test_double_buffer_and_outputs(void **state) {
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 
+/* zb_worker_stop ends the worker process but keeps the buffers mapped, with their last values,
+ * until zb_worker_destroy; calls that need the worker say it was stopped. */
+static void test_stop_keeps_buffers(void **state) {
+    (void)state;
+    zb_worker_t *w = spawn_threads(1);
+    const size_t n = 1000;
+    unsigned id = add_group(w, n, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+    zb_group_buffers b;
+    assert_int_equal(zb_worker_group_buffers(w, id, &b), ZB_OK);
+    for (size_t i = 0; i < n; ++i) {
+        b.params[i] = 1.0f;
+        ((float *)b.grads[0])[i] = 0.5f;
+    }
+    assert_int_equal(step(w, 1, 0), ZB_OK);
+    const float stepped = b.params[n - 1];
+    assert_true(stepped < 1.0f);
+    pid_t pid = 0;
+    assert_int_equal(zb_worker_pid(w, &pid), ZB_OK);
+    assert_int_equal(zb_worker_stop(w), ZB_OK);
+    assert_int_equal(kill(pid, 0), -1); /* gone and reaped: no zombie holds the pid */
+    assert_int_equal(errno, ESRCH);
+    assert_true(b.params[n - 1] == stepped && ((float *)b.grads[0])[0] == 0.5f);
+    expect_status(step(w, 2, 0), ZB_EDEAD, "stopped by zb_worker_stop");
+    assert_int_equal(zb_worker_stop(w), ZB_OK);
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+    expect_status(zb_worker_stop(NULL), ZB_EINVAL, "NULL");
+}
+
 /* A wait shorter than the step times out and leaves the step in flight. */
 static void test_wait_timeout(void **state) {
     (void)state;
@@ -1036,6 +1064,7 @@ int main(void) {
         cmocka_unit_test(test_worker_refuses_other_version),
         cmocka_unit_test(test_trainer_refuses_other_version),
         cmocka_unit_test(test_memory_accounting),
+        cmocka_unit_test(test_stop_keeps_buffers),
         cmocka_unit_test(test_one_gradient_buffer),
         cmocka_unit_test(test_environment_defaults),
         cmocka_unit_test(test_thread_i_on_the_ith_cpu),
