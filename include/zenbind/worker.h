@@ -143,7 +143,8 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
  * the worker unmaps its shared memory and frees its moments, the trainer unmaps its buffers (the
  * pointers zb_worker_group_buffers gave are invalid from then on), and the next group added gets
  * its id. For a caller undoing registrations that a later failure of its own made useless; groups
- * go newest first (any other is ZB_EINVAL). Not allowed while a step is in flight. (ZENBIND_2.1) */
+ * go newest first (any other is ZB_EINVAL). Not allowed while a step is in flight; ZB_EDEAD once
+ * the worker died (it holds nothing then). (ZENBIND_2.1) */
 zb_status zb_worker_group_remove(zb_worker_t *worker, unsigned group);
 
 /* Pointers into the shared memory of a group, valid until zb_worker_destroy() or the group's

@@ -11,6 +11,7 @@ Without this the scaler unscaled in place with an op that leaves the gradients' 
 alone, so a gradient the backward hook had already copied into the worker's buffer (a CUDA one,
 or one converted in a group of mixed dtypes) was stepped still scaled."""
 
+import functools
 from collections import namedtuple
 
 import torch
@@ -31,3 +32,22 @@ def scaler_step(optimizer):
     scale = getattr(optimizer, "grad_scale", None)
     multiplier = None if scale is None else 1.0 / float(scale)
     return ScalerStep(multiplier, bool(float(found_inf)), scale is None)
+
+
+def forget(optimizer):
+    """Drop what GradScaler set: it deletes the two attributes only after a step() that
+    returned, and multiplies a grad_scale it finds into the next one."""
+    for name in ("grad_scale", "found_inf"):
+        optimizer.__dict__.pop(name, None)
+
+
+def forgotten_on_error(step):
+    """step, leaving no GradScaler attribute behind when it raises."""
+    @functools.wraps(step)
+    def wrapped(optimizer, *args, **kwargs):
+        try:
+            return step(optimizer, *args, **kwargs)
+        except BaseException:
+            forget(optimizer)
+            raise
+    return wrapped

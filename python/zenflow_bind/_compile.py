@@ -14,18 +14,24 @@ import torch
 
 
 def eager(fn):
-    """fn, run eagerly under torch.compile (and as it is where torch has no torch.compiler)."""
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    return disable(fn) if disable is not None else fn
+    """fn, run eagerly under torch.compile (and as it is where torch has no torch.compiler).
+    torch._disable_dynamo is what torch.optim.Optimizer's own methods use: it imports dynamo at
+    the first call, not here (0.6-0.9 s that a run which never compiles need not spend)."""
+    if getattr(torch, "compiler", None) is None:
+        return fn
+    disable = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
+    return disable(fn)
 
 
-class _Eager:
-    """A context manager whose entry and exit run eagerly (dynamo cannot trace a generator)."""
-
-    __slots__ = ("_manager",)
+class _Eager(contextlib.ContextDecorator):
+    """A context manager whose entry and exit run eagerly (dynamo cannot trace a generator);
+    a decorator too, as contextlib's are."""
 
     def __init__(self, manager):
         self._manager = manager
+
+    def _recreate_cm(self):  # ContextDecorator's hook: a fresh manager for each decorated call
+        return _Eager(self._manager._recreate_cm())
 
     @eager
     def __enter__(self):

@@ -16,7 +16,7 @@ import weakref
 import torch
 
 from . import _native
-from ._amp import scaler_step
+from ._amp import forget, forgotten_on_error, scaler_step
 from ._compile import eager, eager_context
 from ._global_stats import clip_scale, sharded, stats
 from ._layout import _identity, local
@@ -159,6 +159,7 @@ class InProcessAdamW(AdamW):
 
     @eager
     @torch.no_grad()
+    @forgotten_on_error
     def step(self, closure=None, *, grad_scale=None):
         """One AdamW step over every parameter with a gradient, in this process. grad_scale
         multiplies every gradient first (None: 1, or the one step_during_backward() was given)."""
@@ -179,7 +180,7 @@ class InProcessAdamW(AdamW):
             self.last_step_seconds = 0.0
             return loss
         if amp is not None and given is not None and amp.multiplier != given:
-            raise ValueError(_scaler_mismatch(amp, given))  # as the worker's, before any step
+            raise ValueError(_scaler_mismatch(amp, given, False))  # before any step
         if amp is not None and given is None and amp.multiplier is not None:
             scale *= amp.multiplier
         if not math.isfinite(scale):
@@ -313,6 +314,7 @@ class InProcessAdamW(AdamW):
         state to its parameter's dtype); a 16-bit parameter without a saved master takes the
         model's values (load the model first). Every entry is checked before anything changes."""
         with self._exclusive("load_state_dict"):
+            forget(self)  # a GradScaler's attributes, if a step it began raised
             state_dict = _load_pre_hooks(self, state_dict)  # what they return is what loads
             params, saved, updates = self._check_saved(state_dict)
             before = [dict(g) for g in self.param_groups]

@@ -13,12 +13,14 @@ backward accumulates into shared memory in place (the worker only reads it). A D
 (FSDP2's fully_shard) is its local shard here: each rank steps its own shard in its own worker,
 and FSDP2 keeps owning the shard's memory."""
 
+import functools
 import weakref
 
 import torch
 
 from ._compile import eager
 from ._native import MAX_GROUPS, ZenbindError
+from ._signals import deferred_interrupts
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -150,28 +152,10 @@ class Slot:
                 not (device == "cpu" or (device == "cuda" and gpu is not None and gpu.active)):
             return  # (a frozen parameter's gradient, if any, is set by hand)
 
-        def ready(p):
-            k = buffer_now()
-            g = p.grad
-            if k is None or g is None or g.is_sparse:
-                return
-            dst, event = self.grads[k], None
-            if device == "cuda":
-                # None once its bucket went back (landing again is an error step() raises, and
-                # the slot keeps the old values)
-                event = gpu.grad_out(g, dst, unless_early=self)
-                if event is None:
-                    if landed is not None:
-                        landed(self)
-                    return
-            elif g.data_ptr() != dst.data_ptr():
-                self._copy_grad(g, dst)
-            g = p.grad
-            self.staged = (k, weakref.ref(g), g._version, event)
-            if landed is not None:
-                landed(self)
-
-        self.hook = register(eager(ready))  # dynamo would trace it under torch.compile
+        # a partial of one module-level function: torch.compile runs it eagerly (eager), and
+        # removing the hook frees the slot at once (no per-hook cycle for the collector)
+        self.hook = register(functools.partial(_landed_hook, self, buffer_now, landed, gpu,
+                                               device))
 
     def write_back(self, gpu=None):
         """Bring the updated parameters of a completed step into the model (a CUDA one through
@@ -197,6 +181,30 @@ class Slot:
             self.hook = None
         if p.grad is not None and any(p.grad.data_ptr() == g.data_ptr() for g in self.grads):
             p.grad = p.grad.clone()
+
+
+@eager  # dynamo would trace it under torch.compile
+def _landed_hook(slot, buffer_now, landed, gpu, device, p):
+    """Slot.watch's post-accumulate-grad hook: p's gradient into the buffer being filled."""
+    k = buffer_now()
+    g = p.grad
+    if k is None or g is None or g.is_sparse:
+        return
+    dst, event = slot.grads[k], None
+    if device == "cuda":
+        # None once its bucket went back (landing again is an error step() raises, and the
+        # slot keeps the old values)
+        event = gpu.grad_out(g, dst, unless_early=slot)
+        if event is None:
+            if landed is not None:
+                landed(slot)
+            return
+    elif g.data_ptr() != dst.data_ptr():
+        slot._copy_grad(g, dst)
+    g = p.grad
+    slot.staged = (k, weakref.ref(g), g._version, event)
+    if landed is not None:
+        landed(slot)
 
 
 def _remove(slots, groups):
@@ -304,7 +312,8 @@ class Layout:
             for s in self.slots:
                 s.load_from_model()
         except BaseException:
-            _remove(self.slots, groups)
+            with deferred_interrupts():
+                _remove(self.slots, groups)
             raise
         self.behind = [0] * len(self.slots)  # steps each parameter took fewer than the group
         self.ranges = [[] for _ in groups]  # each bucket's ranges as its worker group has them

@@ -20,7 +20,7 @@ import weakref
 
 import torch
 
-from ._amp import SUPPORTED as _AMP_SCALING, scaler_step
+from ._amp import SUPPORTED as _AMP_SCALING, forget, forgotten_on_error, scaler_step
 from ._compile import eager, eager_context
 from ._cuda import Gpu
 from ._global_stats import clip_scale, sharded, stats
@@ -338,10 +338,15 @@ class AdamW(torch.optim.Optimizer):
         except BaseException:
             # as if never added: param_groups and layouts stay paired, one to one, and the
             # worker holds what it held before (the layout's groups and their memory go)
-            if layout is not None:
-                self._gpu.forget(layout)
-                layout.remove()
-            self.param_groups.pop()
+            try:
+                if layout is not None:
+                    with deferred_interrupts():
+                        try:
+                            self._gpu.forget(layout)
+                        finally:
+                            layout.remove()
+            finally:
+                self.param_groups.pop()
             raise
         self._layouts.append(layout)
         for p in group["params"]:
@@ -351,6 +356,7 @@ class AdamW(torch.optim.Optimizer):
 
     @eager
     @torch.no_grad()
+    @forgotten_on_error
     def step(self, closure=None, *, grad_scale=None):
         """One AdamW step over every parameter with a gradient (torch's rule: a parameter whose
         .grad is None is left alone). grad_scale multiplies every gradient first (1/loss_scale to
@@ -380,13 +386,17 @@ class AdamW(torch.optim.Optimizer):
             if amp is not None and amp.skip:
                 return self._skip_for_scaler(stream, loss)
             if given is not None:
-                if grad_scale is not None and grad_scale != given:  # raised once stepped
+                went = stream is not None and bool(stream.stepped)
+                if grad_scale is not None and grad_scale != given:
                     twice = ValueError(f"step(grad_scale={grad_scale}) after step_during_"
-                                       f"backward(grad_scale={given}): give it once (the step "
-                                       f"was taken with {given})")
+                                       f"backward(grad_scale={given}): give it once " +
+                                       (f"(the step was taken with {given})" if went else
+                                        "(no step was taken)"))
                 elif amp is not None and amp.multiplier != given:
-                    twice = ValueError(_scaler_mismatch(amp, given))
-                grad_scale = given
+                    twice = ValueError(_scaler_mismatch(amp, given, went))
+                if twice is not None and not went:
+                    raise twice  # nothing stepped yet: refused before anything is
+                grad_scale = given  # else raised once the step is whole
             elif amp is not None and amp.multiplier is not None:
                 grad_scale = (1.0 if grad_scale is None else grad_scale) * amp.multiplier
             grad_scale = 1.0 if grad_scale is None else grad_scale
@@ -781,6 +791,7 @@ class AdamW(torch.optim.Optimizer):
         the model: load the model's state dict first. Everything is checked before anything
         changes: a refused state dict leaves the optimizer as it was."""
         with self._exclusive("load_state_dict"):
+            forget(self)  # a GradScaler's attributes, if a step it began raised
             self._live()
             self._not_mid_step("load a state dict", torn_ok=True)
             self._finish()  # writes into optimizer.state since it was read: the load replaces them
@@ -888,7 +899,8 @@ _OWNERS = {}
 
 def _load_pre_hooks(optimizer, state_dict):
     """The state dict torch's load_state_dict pre-hooks (torch >= 2.1) make of state_dict: each
-    may return a new one."""
+    may return a new one, or change the shallow copy they get, as torch's do."""
+    state_dict = state_dict.copy()
     for hook in getattr(optimizer, "_optimizer_load_state_dict_pre_hooks", {}).values():
         out = hook(optimizer, state_dict)
         if out is not None:
@@ -901,14 +913,14 @@ def _load_post_hooks(optimizer):
         hook(optimizer)
 
 
-def _scaler_mismatch(amp, given):
+def _scaler_mismatch(amp, given, taken):
+    taken = f"(the step was taken with {given})" if taken else "(no step was taken)"
     if amp.unscaled:
-        return (f"GradScaler.unscale_() after step_during_backward(grad_scale={given}): the "
-                f"buckets stepped with the gradients backward produced; do not unscale them, "
-                f"give step_during_backward(grad_scale=1 / scaler.get_scale()) instead")
+        return (f"GradScaler.unscale_() after step_during_backward(grad_scale={given}) {taken}: "
+                f"do not unscale the gradients, give step_during_backward(grad_scale=1 / "
+                f"scaler.get_scale()) instead")
     return (f"GradScaler's scale is 1/{1 / amp.multiplier:g}, but step_during_backward() was "
-            f"given grad_scale={given} (the step was taken with it): give it "
-            f"grad_scale=1 / scaler.get_scale()")
+            f"given grad_scale={given} {taken}: give it grad_scale=1 / scaler.get_scale()")
 
 
 def _now_ms():

@@ -118,12 +118,20 @@ def _address(array, numel):
 
 class Mapping:
     """The trainer's side of a worker's shared memory (its zb_worker_t handle): freed by
-    zb_worker_destroy() when the last numpy view of the buffers goes, which may be after the
-    worker itself was stopped (Worker.close()). A gradient the user kept after close() (p.grad
-    was a view of the buffer) stays readable so."""
+    zb_worker_destroy() when the last numpy view of any of the buffers goes, which may be after
+    the worker itself was stopped (Worker.close()). A gradient the user kept after close() (p.grad
+    was a view of the buffer) stays readable so. The only object that frees or stops the handle:
+    a collected cycle may finalise it before its Worker."""
 
     def __init__(self, handle):
         self._handle = handle
+        self._owner = os.getpid()
+
+    def stop(self):
+        """End the worker process (zb_worker_stop), keeping the buffers; a no-op once freed,
+        and in a forked child (only its copies are the child's)."""
+        if self._handle and os.getpid() == self._owner:
+            check(library().zb_worker_stop(self._handle))
 
     def __del__(self):
         handle, self._handle = self._handle, None
@@ -257,11 +265,10 @@ class Worker:
         values, as long as any exists: the memory goes with the last (Mapping). In a forked
         child only the child's copies go (libzenbind leaves the worker alone)."""
         if self._handle:
-            handle, self._handle = self._handle, None
+            self._handle = None
             self.groups = []
             try:
-                if os.getpid() == self._owner:
-                    check(library().zb_worker_stop(handle))
+                self.mapping.stop()
             finally:
                 self.mapping = None  # unmapped now, unless a view of the buffers lives on
 

@@ -116,22 +116,41 @@ class Scaled(unittest.TestCase):
         ps = params()
         scaler = torch.amp.GradScaler("cpu", init_scale=4096.0)
         with ours(ps, True, bucket_elements=64) as opt:
+            saved = opt.state_dict()
             with opt.step_during_backward():  # not told the scale
                 scaler.scale(loss_of(ps, 0)).backward()
-            with self.assertRaisesRegex(ValueError, "scaler.get_scale"):
+            with self.assertRaisesRegex(ValueError, "taken with.*scaler.get_scale"):
                 scaler.step(opt)
+            self.assertFalse(hasattr(opt, "grad_scale") or hasattr(opt, "found_inf"))
             scaler.update()
             opt.zero_grad()
             with opt.step_during_backward(grad_scale=1 / scaler.get_scale()):
                 scaler.scale(loss_of(ps, 1, inf=True)).backward()
             with self.assertRaisesRegex(RuntimeError, "skip_nonfinite=True"):
                 scaler.step(opt)
+            self.assertFalse(hasattr(opt, "grad_scale") or hasattr(opt, "found_inf"))
             with self.assertRaisesRegex(RuntimeError, "load_state_dict"):
                 opt.step()
-        # skip_nonfinite: the buckets wait for step(), and an inf step is skipped
+            opt.load_state_dict(saved)  # then plain steps step, as the message says
+            before = [p.detach().clone() for p in ps]
+            opt.zero_grad()
+            loss_of(ps, 2).backward()
+            opt.step()
+            self.assertFalse(opt.last_step_skipped)
+            self.assertFalse(any(torch.equal(p, q) for p, q in zip(ps, before)))
+        # skip_nonfinite: the buckets wait for step(), and an inf step is skipped; a scale
+        # that is not the scaler's is refused before anything is stepped
         ps = params()
         scaler = torch.amp.GradScaler("cpu", init_scale=4096.0)
         with ours(ps, True, bucket_elements=64, skip_nonfinite=True) as opt:
+            with opt.step_during_backward(grad_scale=0.5):
+                scaler.scale(loss_of(ps, 0)).backward()
+            before = [p.detach().clone() for p in ps]
+            with self.assertRaisesRegex(ValueError, "no step was taken"):
+                scaler.step(opt)
+            assert_equal(self, ps, before)
+            self.assertEqual(opt.state_dict()["state"], {})
+            scaler.update()
             for i, inf in ((0, False), (1, True), (2, False)):
                 opt.zero_grad()
                 with opt.step_during_backward(grad_scale=1 / scaler.get_scale()):

@@ -155,11 +155,16 @@ class Hooks(unittest.TestCase):
                 self.assertEqual(o.param_groups[0]["lr"], 0.125)
                 self.assertTrue(all(s["exp_avg"].dtype == torch.float32
                                     for s in o.state.values()))
+            def other_groups(o, sd):  # changes the shallow copy it is given, as torch's may
+                sd["param_groups"] = [dict(g, eps=1e-6) for g in sd["param_groups"]]
+            opt.register_load_state_dict_pre_hook(other_groups)
             opt.register_load_state_dict_pre_hook(lower_lr)
             opt.register_load_state_dict_post_hook(loaded)
             opt.load_state_dict(sd)
-            self.assertEqual(opt.param_groups[0]["lr"], 0.125)
-            self.assertEqual(sd["param_groups"][0]["lr"], 1e-3)  # the caller's dict untouched
+            self.assertEqual((opt.param_groups[0]["lr"], opt.param_groups[0]["eps"]),
+                             (0.125, 1e-6))
+            self.assertEqual((sd["param_groups"][0]["lr"], sd["param_groups"][0]["eps"]),
+                             (1e-3, 1e-8))  # the caller's dict untouched
             self.assertEqual(calls, ["pre", "post", "load pre", "load post"])
 
     def test_param_names(self):

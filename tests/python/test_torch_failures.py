@@ -299,6 +299,14 @@ class BadInput(unittest.TestCase):
             train(b, ref, batches(1))
             worker = opt.worker
             before = worker.memory()
+            removed = zw.Group.remove
+            removals = []
+
+            def second_removal_fails(group):
+                removals.append(group)
+                if len(removals) == 2:
+                    raise KeyboardInterrupt  # a handler's, or Ctrl-C without a Python handler
+                return removed(group)
             for what, patch in (
                     ("a bucket", mock.patch.object(zw.Worker, "add_group", third_fails)),
                     ("watch", mock.patch.object(layout.Slot, "watch",
@@ -314,9 +322,16 @@ class BadInput(unittest.TestCase):
                     # 16 MiB of moments and 8 of masters came and went (a failure left 24 MiB)
                     self.assertLess(after["worker_rss"], before["worker_rss"] + (8 << 20))
                     self.assertTrue(all(p.grad is None for p in big))
+            # the undoing itself interrupted: param_groups and layouts still paired
+            with mock.patch.object(layout.Slot, "watch", side_effect=RuntimeError("injected")), \
+                    mock.patch.object(zw.Group, "remove", second_removal_fails), \
+                    self.assertRaises(KeyboardInterrupt):
+                opt.add_param_group({"params": big, "lr": 0.3})
+            self.assertEqual((len(opt.param_groups), len(opt._layouts)), (1, 1))
+            left = len(worker.groups)  # the groups the interrupted undoing left
             opt.add_param_group({"params": rest_a, "lr": 0.05})
             ref.add_param_group({"params": rest_b, "lr": 0.05})
-            self.assertEqual([g.index for g in worker.groups], [0, 1])
+            self.assertEqual(len(worker.groups), left + 1)
             train(a, opt, batches(3))
             train(b, ref, batches(3))
             assert_close(self, a.parameters(), b.parameters())
