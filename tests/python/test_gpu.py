@@ -2,7 +2,7 @@
 steps, a bit-identical resume from a state dict, steps during backward equal to one step to the
 bit with buckets gone back to the GPU during backward, the model untouched when the worker dies
 after some had, overlap's update one step later, the worker's buffers pinned and the model's
-parameters never staged through a GPU tensor.
+parameters never staged through a GPU tensor, GradScaler unscaling the copied gradients.
 Skips without a CUDA device (CI has none); bench/gpu_run.sh runs it on a GPU machine."""
 
 import copy
@@ -112,6 +112,33 @@ class Gpu(unittest.TestCase):
             self.assertGreaterEqual(early[0], len(batches))  # buckets went back during backward
             for p, q in zip(a.parameters(), b.parameters()):
                 self.assertTrue(torch.equal(p, q))
+
+    @unittest.skipUnless(hasattr(getattr(torch, "amp", None), "GradScaler"), "torch < 2.3")
+    def test_grad_scaler_unscales_the_copied_gradients(self):
+        """The hooks copy CUDA gradients to the host during backward, before the scaler sees
+        them: it hands its scale to the kernel instead of unscaling them in place. A power-of-2
+        scale of bf16 gradients is exact, so the scaled runs equal the plain one to the bit."""
+        batches = data(5)
+        plain = gpt(dtype=torch.bfloat16)
+        runs = [copy.deepcopy(plain), copy.deepcopy(plain)]
+        with ours(plain.parameters(), lr=1e-3) as opt:
+            train(plain, opt, batches)
+        for model, during in zip(runs, (False, True)):
+            scaler = torch.amp.GradScaler("cuda", init_scale=4096.0)
+            with ours(model.parameters(), lr=1e-3, bucket_elements=50_000) as opt:
+                for tokens in batches:
+                    opt.zero_grad()
+                    if during:
+                        with opt.step_during_backward(grad_scale=1 / scaler.get_scale()):
+                            scaler.scale(loss_of(model, tokens)).backward()
+                    else:
+                        scaler.scale(loss_of(model, tokens)).backward()
+                    scaler.step(opt)
+                    scaler.update()
+                    self.assertFalse(opt.last_step_skipped)
+            torch.cuda.synchronize()
+            for p, q in zip(model.parameters(), plain.parameters()):
+                self.assertTrue(torch.equal(p, q), f"steps during backward: {during}")
 
     def test_worker_killed_after_buckets_went_back_leaves_the_model(self):
         model = gpt(dtype=torch.bfloat16)
