@@ -179,8 +179,10 @@ class Slot:
         if self.hook is not None:
             self.hook.remove()
             self.hook = None
-        if p.grad is not None and any(p.grad.data_ptr() == g.data_ptr() for g in self.grads):
-            p.grad = p.grad.clone()
+        g = p.grad
+        if g is not None and g.layout == torch.strided and \
+                any(g.data_ptr() == mine.data_ptr() for mine in self.grads):
+            p.grad = g.clone()  # (a sparse gradient has no data pointer: never one of ours)
 
 
 @eager  # dynamo would trace it under torch.compile

@@ -509,9 +509,9 @@ class AdamW(torch.optim.Optimizer):
         over every gradient) and in overlap mode the gradients are only copied during backward
         and step() steps them all. The hyperparameters are read when the block begins. Backward
         must produce each gradient once in the block: a second backward, or a weight shared
-        by two checkpointed segments, is an error step() raises. If backward raises in the
-        block after some buckets have stepped, step() refuses until load_state_dict(). CPU
-        and CUDA parameters, torch >= 2.1."""
+        by two reentrant checkpointed segments, is an error step() raises. If backward raises
+        in the block after some buckets have stepped, step() refuses until load_state_dict().
+        CPU and CUDA parameters, torch >= 2.1."""
         self._live()
         if self._torn:
             raise RuntimeError(_TORN)
@@ -610,11 +610,12 @@ class AdamW(torch.optim.Optimizer):
         if changed:
             raise RuntimeError(f"the gradients of parameters {changed[:8]} changed after their "
                                "buckets had been stepped during backward (an edit after "
-                               "backward, a second backward in the block, or a weight used by "
-                               "two checkpointed segments): the step was applied with the "
-                               "gradients as they were then. Clip with max_grad_norm= and "
-                               "unscale with step_during_backward(grad_scale=) instead, or step "
-                               "without step_during_backward()")
+                               "backward, DistributedDataParallel's averaging, a second backward "
+                               "in the block, or a weight used by two reentrant checkpointed "
+                               "segments): the step was applied with the gradients as they were "
+                               "then. Clip with max_grad_norm= and unscale with "
+                               "step_during_backward(grad_scale=) instead, or step without "
+                               "step_during_backward() (under DDP, always)")
 
     def _fail_stream(self, stream):
         """step() after a bucket failed during backward: raise, and leave the optimizer to wait
@@ -765,7 +766,7 @@ class AdamW(torch.optim.Optimizer):
             layout.switch_grads(k)
             for slot in layout.slots:
                 g = slot.param.grad
-                if g is not None and g.data_ptr() == slot.grads[k].data_ptr():
+                if g is not None and not g.is_sparse and g.data_ptr() == slot.grads[k].data_ptr():
                     slot.param.grad = slot.grads[1 - k]
         self._buffer = 1 - k
 

@@ -336,6 +336,36 @@ class BadInput(unittest.TestCase):
             train(b, ref, batches(3))
             assert_close(self, a.parameters(), b.parameters())
 
+    def test_a_sparse_gradient_is_refused_and_close_still_frees_everything(self):
+        """A sparse gradient (nn.Embedding(sparse=True)) is refused at step(), clearly, for both
+        modes; close() then still gives every other gradient private memory and unmaps the
+        worker's buffers (it raised on the sparse one and left them)."""
+        def segments():
+            with open("/proc/self/maps") as f:
+                return sum("zenflow parameter group" in line for line in f)
+        for worker in (True, False):
+            with self.subTest(worker=worker):
+                torch.manual_seed(0)
+                emb = torch.nn.Embedding(10, 4, sparse=True)
+                lin = torch.nn.Linear(4, 2)
+                opt = zt.AdamW(list(lin.parameters()) + list(emb.parameters()), worker=worker)
+                for _ in range(2):  # the second step finds the Linear's grads in the buffer
+                    opt.zero_grad(set_to_none=False)
+                    lin(emb(torch.tensor([1, 2, 3]))).sum().backward()
+                    with self.assertRaisesRegex(RuntimeError, "sparse"):
+                        opt.step()
+                    emb.weight.grad = None
+                    lin(emb.weight[:3].detach()).sum().backward()
+                    opt.step()  # and without it, it steps
+                opt.zero_grad(set_to_none=False)
+                lin(emb(torch.tensor([4, 5]))).sum().backward()  # a sparse gradient again
+                with self.assertRaisesRegex(RuntimeError, "sparse"):
+                    opt.step()
+                opt.close()
+                self.assertEqual(segments(), 0)  # lin's gradients are no views of it any more
+                self.assertTrue(emb.weight.grad.is_sparse)
+                self.assertTrue(torch.isfinite(lin.weight.grad).all())
+
     def test_opt_state_is_not_reassigned(self):
         a = mlp()
         with ours(a.parameters()) as opt:
