@@ -19,6 +19,15 @@ import zenflow_bind.optim as zt
 from zenflow_bind import ZenbindError
 
 
+def segments(collect=True):
+    """How many of the workers' shared segments this process maps, after collecting garbage
+    (an optimizer an earlier test dropped) unless collect is False."""
+    if collect:
+        gc.collect()
+    with open("/proc/self/maps") as f:
+        return sum("zenflow parameter group" in line for line in f)
+
+
 def children():
     """Pids of this process's live child processes."""
     return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and alive(pid) and
@@ -116,12 +125,10 @@ class Lifetime(unittest.TestCase):
         """After a step p.grad is a view of the worker's buffer; close() (or dropping the
         optimizer) gives p a private gradient, and a reference the user kept reads what it
         held. The buffer is unmapped with the last view, or at close() if none is left."""
-        def segments():
-            with open("/proc/self/maps") as f:
-                return sum("zenflow parameter group" in line for line in f)
         x, y = batches(1)[0]
         for how in ("close", "drop"):
             with self.subTest(how=how):
+                base = segments()  # (other tests' garbage collected first)
                 model = mlp()
                 opt = ours(model.parameters(), lr=1e-2, threads=1)
                 for _ in range(2):
@@ -133,7 +140,7 @@ class Lifetime(unittest.TestCase):
                                     for layout in opt._layouts for s in layout.slots
                                     for g in s.grads))  # a view of the buffer
                 held, mapped = kept.clone(), segments()
-                self.assertGreater(mapped, 0)
+                self.assertGreater(mapped, base)
                 if how == "close":
                     opt.close()
                 else:
@@ -144,13 +151,12 @@ class Lifetime(unittest.TestCase):
                 self.assertTrue(torch.equal(model[0].weight.grad, held))
                 self.assertEqual(segments(), mapped)  # held by the view
                 del kept
-                gc.collect()
-                self.assertEqual(segments(), 0)
-        model = mlp()
+                self.assertEqual(segments(), base)
+        base, model = segments(), mlp()
         with ours(model.parameters(), threads=1) as opt:  # no view kept: unmapped at close()
             train(model, opt, batches(1))
             model.zero_grad(set_to_none=True)
-        self.assertEqual(segments(), 0)
+        self.assertEqual(segments(collect=False), base)
 
 
 class Threads(unittest.TestCase):
@@ -340,11 +346,9 @@ class BadInput(unittest.TestCase):
         """A sparse gradient (nn.Embedding(sparse=True)) is refused at step(), clearly, for both
         modes; close() then still gives every other gradient private memory and unmaps the
         worker's buffers (it raised on the sparse one and left them)."""
-        def segments():
-            with open("/proc/self/maps") as f:
-                return sum("zenflow parameter group" in line for line in f)
         for worker in (True, False):
             with self.subTest(worker=worker):
+                base = segments()
                 torch.manual_seed(0)
                 emb = torch.nn.Embedding(10, 4, sparse=True)
                 lin = torch.nn.Linear(4, 2)
@@ -362,7 +366,8 @@ class BadInput(unittest.TestCase):
                 with self.assertRaisesRegex(RuntimeError, "sparse"):
                     opt.step()
                 opt.close()
-                self.assertEqual(segments(), 0)  # lin's gradients are no views of it any more
+                # lin's gradients are no views of it any more
+                self.assertEqual(segments(collect=False), base)
                 self.assertTrue(emb.weight.grad.is_sparse)
                 self.assertTrue(torch.isfinite(lin.weight.grad).all())
 
