@@ -127,11 +127,6 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
         w.run_state_command("register group " + std::to_string(g) + " (" + std::to_string(n) +
                             " parameters)");
         w.groups.push_back(std::move(seg));
-        w.numel += n;
-        w.param_bytes += 4 * n;
-        w.grad_bytes += buffers * proto::dtype_size(d.grad) * n;
-        w.copy_bytes += proto::dtype_size(d.copy) * n;
-        w.stale_bytes += d.stale ? 4 * n : 0;
         *group = g;
     });
 }
@@ -143,17 +138,10 @@ zb_status zb_worker_group_remove(zb_worker_t *worker, unsigned group) {
             fail(ZB_EINVAL, "zb_worker_group_remove: group " + std::to_string(group) +
                                 " is not the newest (" + std::to_string(w.groups.size()) +
                                 " registered): groups go newest first");
-        const proto::GroupDesc d = w.ctl->groups[group];
         w.ctl->command = proto::Command::remove_group;
         w.ctl->ngroups = group;
         w.run_state_command("remove group " + std::to_string(group));
         w.groups.pop_back();
-        const size_t n = d.numel, buffers = d.off_grads[1] ? 2 : 1;
-        w.numel -= n;
-        w.param_bytes -= 4 * n;
-        w.grad_bytes -= buffers * proto::dtype_size(d.grad) * n;
-        w.copy_bytes -= proto::dtype_size(d.copy) * n;
-        w.stale_bytes -= d.stale ? 4 * n : 0;
     });
 }
 
@@ -341,18 +329,21 @@ zb_status zb_worker_memory_usage(zb_worker_t *worker, zb_worker_memory *out) {
         if (!out) fail(ZB_EINVAL, "zb_worker_memory_usage: out is NULL");
         using zb::util::proc_status_bytes;
         zb_worker_memory m{};
-        m.numel = w.numel;
-        m.params = w.param_bytes;
-        m.grads = w.grad_bytes;
-        m.copy_out = w.copy_bytes;
-        m.stale = w.stale_bytes;
-        m.moments = 8 * w.numel;
         m.shm_reserved = w.control.allocated();
-        for (const auto &s : w.groups)
-            m.shm_reserved += s.allocated();
+        for (size_t g = 0; g < w.groups.size(); ++g) { // what each registered group's layout needs
+            const proto::GroupDesc &d = w.ctl->groups[g];
+            const size_t n = d.numel, buffers = d.off_grads[1] ? 2 : 1;
+            m.numel += n;
+            m.params += 4 * n;
+            m.grads += buffers * proto::dtype_size(d.grad) * n;
+            m.copy_out += proto::dtype_size(d.copy) * n;
+            m.stale += d.stale ? 4 * n : 0;
+            m.shm_reserved += w.groups[g].allocated();
+        }
+        m.moments = 8 * m.numel;
         m.bytes_per_param =
-            w.numel
-                ? double(m.params + m.grads + m.copy_out + m.stale + m.moments) / double(w.numel)
+            m.numel
+                ? double(m.params + m.grads + m.copy_out + m.stale + m.moments) / double(m.numel)
                 : 0.0;
         if (!w.reaped) {
             m.worker_rss = proc_status_bytes(w.pid, "VmRSS");

@@ -29,7 +29,6 @@ struct zb_worker {
     int exit_code = -1; // the worker's exit code once reaped, -1 if a signal or unknown
     int64_t wait_spin_ns = 0;
     unsigned control_timeout_ms = 0;
-    size_t numel = 0, param_bytes = 0, grad_bytes = 0, copy_bytes = 0, stale_bytes = 0;
 
     ~zb_worker();
 
