@@ -19,19 +19,24 @@ import torch
 # Before torch.amp.GradScaler (2.3), torch.cuda.amp's passed itself as a grad_scaler argument.
 SUPPORTED = hasattr(getattr(torch, "amp", None), "GradScaler")
 
-ScalerStep = namedtuple("ScalerStep", "multiplier skip unscaled")
+ScalerStep = namedtuple("ScalerStep", "multiplier skip")
 
 
 def scaler_step(optimizer):
     """What GradScaler.step() asks of this step, or None outside it: the multiplier of every
-    gradient (None: unscaled already, in place), whether to skip it, and whether the gradients
-    were unscaled in place (copies of them made before are stale)."""
+    gradient (None: unscale_() divided them in place already, so copies made before are stale)
+    and whether to skip it."""
     found_inf = getattr(optimizer, "found_inf", None)
     if found_inf is None:
         return None
     scale = getattr(optimizer, "grad_scale", None)
-    multiplier = None if scale is None else 1.0 / float(scale)
-    return ScalerStep(multiplier, bool(float(found_inf)), scale is None)
+    return ScalerStep(None if scale is None else 1.0 / float(scale), bool(float(found_inf)))
+
+
+def skipped(optimizer):
+    """Record a step GradScaler skipped: nothing stepped, nothing counted."""
+    optimizer.last_step_skipped, optimizer.last_nonfinite = True, None
+    optimizer.last_grad_norm, optimizer.last_step_seconds = None, 0.0
 
 
 def forget(optimizer):

@@ -16,7 +16,7 @@ import weakref
 import torch
 
 from . import _native
-from ._amp import forget, forgotten_on_error, scaler_step
+from ._amp import forget, forgotten_on_error, scaler_step, skipped
 from ._compile import eager, eager_context
 from ._global_stats import clip_scale, sharded, stats
 from ._layout import _identity, local
@@ -176,8 +176,7 @@ class InProcessAdamW(AdamW):
         scale = _number("grad_scale", scale)
         amp = scaler_step(self)  # inside GradScaler.step(): its scale and inf check
         if amp is not None and amp.skip:  # nothing happens, as with torch's AdamW
-            self.last_step_skipped, self.last_nonfinite, self.last_grad_norm = True, None, None
-            self.last_step_seconds = 0.0
+            skipped(self)
             return loss
         if amp is not None and given is not None and amp.multiplier != given:
             raise ValueError(_scaler_mismatch(amp, given, False))  # before any step

@@ -20,7 +20,7 @@ import weakref
 
 import torch
 
-from ._amp import SUPPORTED as _AMP_SCALING, forget, forgotten_on_error, scaler_step
+from ._amp import SUPPORTED as _AMP_SCALING, forget, forgotten_on_error, scaler_step, skipped
 from ._compile import eager, eager_context
 from ._cuda import Gpu
 from ._global_stats import clip_scale, sharded, stats
@@ -400,7 +400,8 @@ class AdamW(torch.optim.Optimizer):
             elif amp is not None and amp.multiplier is not None:
                 grad_scale = (1.0 if grad_scale is None else grad_scale) * amp.multiplier
             grad_scale = 1.0 if grad_scale is None else grad_scale
-            again = amp is not None and amp.unscaled  # its copies were made before unscale_()
+            # unscale_() divided the gradients in place: the hooks' copies were made before
+            again = amp is not None and amp.multiplier is None
             if stream is not None and stream.stepped:
                 self._complete_stream(stream)
                 if twice is not None:
@@ -479,8 +480,7 @@ class AdamW(torch.optim.Optimizer):
                                "wait for step(), which skips), or train in bfloat16 without one")
         self._finish()
         self._gpu.grads_landed()  # the hooks' copies end before backward reuses the buffer
-        self.last_step_skipped, self.last_nonfinite, self.last_grad_norm = True, None, None
-        self.last_step_seconds = 0.0
+        skipped(self)
         return loss
 
     def _set_hypers(self, grad_scale):
@@ -916,7 +916,7 @@ def _load_post_hooks(optimizer):
 
 def _scaler_mismatch(amp, given, taken):
     taken = f"(the step was taken with {given})" if taken else "(no step was taken)"
-    if amp.unscaled:
+    if amp.multiplier is None:  # unscale_() ran
         return (f"GradScaler.unscale_() after step_during_backward(grad_scale={given}) {taken}: "
                 f"do not unscale the gradients, give step_during_backward(grad_scale=1 / "
                 f"scaler.get_scale()) instead")

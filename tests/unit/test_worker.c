@@ -55,6 +55,14 @@ static unsigned add_group(zb_worker_t *w, size_t numel, zb_dtype grad, zb_dtype 
     return id;
 }
 
+/* A group's buffers, which must be there, of numel elements. */
+static zb_group_buffers buffers_of(zb_worker_t *w, unsigned id, size_t numel) {
+    zb_group_buffers b;
+    assert_int_equal(zb_worker_group_buffers(w, id, &b), ZB_OK);
+    assert_int_equal(b.numel, numel);
+    return b;
+}
+
 static zb_status step(zb_worker_t *w, int64_t n, unsigned buffer) {
     zb_worker_step s = {n, 1.0f, buffer, NULL, 0, 0, 0.0f};
     zb_status st = zb_worker_submit(w, &s);
@@ -302,10 +310,7 @@ static void test_double_buffer_and_outputs(void **state) {
     (void)state;
     zb_worker_t *w = spawn_threads(1);
     const size_t n = 1000;
-    unsigned id = add_group(w, n, ZB_DTYPE_FP32, ZB_DTYPE_BF16, 1);
-    zb_group_buffers b;
-    assert_int_equal(zb_worker_group_buffers(w, id, &b), ZB_OK);
-    assert_int_equal(b.numel, n);
+    const zb_group_buffers b = buffers_of(w, add_group(w, n, ZB_DTYPE_FP32, ZB_DTYPE_BF16, 1), n);
     assert_non_null(b.copy_out);
     assert_non_null(b.stale);
     float *g0 = b.grads[0], *g1 = b.grads[1];
@@ -337,9 +342,7 @@ static void test_stop_keeps_buffers(void **state) {
     (void)state;
     zb_worker_t *w = spawn_threads(1);
     const size_t n = 1000;
-    unsigned id = add_group(w, n, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
-    zb_group_buffers b;
-    assert_int_equal(zb_worker_group_buffers(w, id, &b), ZB_OK);
+    const zb_group_buffers b = buffers_of(w, add_group(w, n, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0), n);
     for (size_t i = 0; i < n; ++i) {
         b.params[i] = 1.0f;
         ((float *)b.grads[0])[i] = 0.5f;
