@@ -5,7 +5,7 @@
 #include <zbadam/grad_stats.hpp>
 
 #include <cstring>
-#ifdef __F16C__
+#if defined(__AVX__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -56,12 +56,32 @@ inline F8 half_to_float(H8 h) {
 }
 #endif
 
+// Lanes 0-3 (Half 0) or 4-7 (Half 1) of x, widened to double (exact). With AVX, one conversion of
+// a 128-bit half: GCC 12 lowers the generic form to two 2-lane conversions and four shuffles, and
+// with those one thread summed fp32 gradients at 26-27 GB/s on an AMD EPYC (Zen 5) guest, 31-32
+// with this, where a plain read loop runs at 40 (100M elements).
+template <int Half> inline D4 widen(F8 x) {
+#ifdef __AVX__
+    const __m256 v = reinterpret_cast<__m256>(x);
+    return reinterpret_cast<D4>(
+        _mm256_cvtps_pd(Half == 0 ? _mm256_castps256_ps128(v) : _mm256_extractf128_ps(v, 1)));
+#else
+    return Half == 0 ? __builtin_convertvector(__builtin_shufflevector(x, x, 0, 1, 2, 3), D4)
+                     : __builtin_convertvector(__builtin_shufflevector(x, x, 4, 5, 6, 7), D4);
+#endif
+}
+
 template <GradType T> inline F8 load8(const void *grad, size_t i) {
     if constexpr (T == GradType::f32) {
         return load<F8>(static_cast<const float *>(grad) + i);
     } else if constexpr (T == GradType::bf16) {
         const H8 h = load<H8>(static_cast<const uint16_t *>(grad) + i);
+#ifdef __AVX2__
+        // One widening instruction: GCC 12 makes the generic conversion two and an insert.
+        return bits<F8>(_mm256_slli_epi32(_mm256_cvtepu16_epi32(reinterpret_cast<__m128i>(h)), 16));
+#else
         return bits<F8>(__builtin_convertvector(h, U8) << 16);
+#endif
     } else {
         return half_to_float(load<H8>(static_cast<const uint16_t *>(grad) + i));
     }
@@ -80,8 +100,7 @@ template <GradType T> inline GradStats block(const void *grad, size_t lo, size_t
     I8 bad = {};           // at most kGradStatsBlock / 8 per lane
     auto add = [&](F8 g) {
         const F8 x = g * scale;
-        const D4 a = __builtin_convertvector(__builtin_shufflevector(x, x, 0, 1, 2, 3), D4);
-        const D4 b = __builtin_convertvector(__builtin_shufflevector(x, x, 4, 5, 6, 7), D4);
+        const D4 a = widen<0>(x), b = widen<1>(x);
         lo4 += a * a;
         hi4 += b * b;
         bad -= (bits<U8>(x) & 0x7f800000u) == 0x7f800000u; // true is -1
