@@ -25,6 +25,7 @@ extern "C" size_t zb_struct_size(const char *name) {
         {"zb_step_range", sizeof(zb_step_range)},
         {"zb_adam_tensor", sizeof(zb_adam_tensor)},
         {"zb_adam_args", sizeof(zb_adam_args)},
+        {"zb_grad_stats", sizeof(zb_grad_stats)},
     };
     for (const Entry &e : entries)
         if (std::strcmp(e.name, name) == 0) return e.size;

@@ -1,5 +1,6 @@
 // zb_adam_step: the worker's step (the gradient pre-pass when asked, then the fused kernel) run by
-// the caller's own threads, in a region of its own or the caller's OpenMP team.
+// the caller's own threads, in a region of its own or the caller's OpenMP team; zb_adam_grad_stats:
+// the pre-pass alone.
 #include "error.hpp"
 #include "hyper_check.hpp"
 
@@ -31,28 +32,39 @@ int raw(const zb_dtype &field) {
     return v;
 }
 
-// Everything a refused call is refused for, before anything is allocated or written. Pure, so
-// every thread of a team that calls with the same arguments comes to the same answer.
-void check(const zb_adam_tensor *tensors, size_t count, const zb_adam_args *a) {
-    const std::string fn = "zb_adam_step: ";
+// What both calls take of args (grad, grad_scale, threads) and the tensors' gradients.
+void check_common(const zb_adam_tensor *tensors, size_t count, const zb_adam_args *a,
+                  const char *name) {
+    const std::string fn = std::string(name) + ": ";
     if (!a) fail(ZB_EINVAL, fn + "args is NULL");
-    zb::check_size(a->size, sizeof *a, "zb_adam_step", "args", "zb_adam_args_init");
+    zb::check_size(a->size, sizeof *a, name, "args", "zb_adam_args_init");
     if (count && !tensors) fail(ZB_EINVAL, fn + "tensors is NULL");
-    const int grad = raw(a->grad), copy = raw(a->copy_out);
+    const int grad = raw(a->grad);
     if (grad != ZB_DTYPE_FP32 && grad != ZB_DTYPE_BF16 && grad != ZB_DTYPE_FP16)
         fail(ZB_EINVAL, fn + "grad must be FP32, BF16 or FP16");
-    if (copy != ZB_DTYPE_NONE && copy != ZB_DTYPE_BF16 && copy != ZB_DTYPE_FP16)
-        fail(ZB_EINVAL, fn + "copy_out must be NONE, BF16 or FP16");
-    if (a->step < 1) fail(ZB_EINVAL, fn + "step must be >= 1 (the number of this step)");
     if (!std::isfinite(a->grad_scale)) fail(ZB_EINVAL, fn + "grad_scale must be finite");
-    if (a->flags & ~(ZB_STEP_SKIP_NONFINITE | ZB_STEP_GRAD_NORM))
-        fail(ZB_EINVAL, fn + "unknown flags");
-    if (!std::isfinite(a->max_grad_norm) || a->max_grad_norm < 0)
-        fail(ZB_EINVAL, fn + "max_grad_norm must be finite and >= 0");
     if (a->threads < ZB_ADAM_TEAM)
         fail(ZB_EINVAL, fn + "threads must be > 0, 0 (OpenMP's default) or ZB_ADAM_TEAM");
     if (a->threads == ZB_ADAM_TEAM && omp_get_level() == 0)
         fail(ZB_EINVAL, fn + "threads is ZB_ADAM_TEAM outside an OpenMP parallel region");
+    for (size_t k = 0; k < count; ++k)
+        if (tensors[k].numel && !tensors[k].grad)
+            fail(ZB_EINVAL, fn + "tensor " + std::to_string(k) + ": grad must not be NULL");
+}
+
+// Everything a refused call is refused for, before anything is allocated or written. Pure, so
+// every thread of a team that calls with the same arguments comes to the same answer.
+void check(const zb_adam_tensor *tensors, size_t count, const zb_adam_args *a) {
+    const std::string fn = "zb_adam_step: ";
+    check_common(tensors, count, a, "zb_adam_step");
+    const int copy = raw(a->copy_out);
+    if (copy != ZB_DTYPE_NONE && copy != ZB_DTYPE_BF16 && copy != ZB_DTYPE_FP16)
+        fail(ZB_EINVAL, fn + "copy_out must be NONE, BF16 or FP16");
+    if (a->step < 1) fail(ZB_EINVAL, fn + "step must be >= 1 (the number of this step)");
+    if (a->flags & ~(ZB_STEP_SKIP_NONFINITE | ZB_STEP_GRAD_NORM))
+        fail(ZB_EINVAL, fn + "unknown flags");
+    if (!std::isfinite(a->max_grad_norm) || a->max_grad_norm < 0)
+        fail(ZB_EINVAL, fn + "max_grad_norm must be finite and >= 0");
     zb::check_hyper(a->hyper, fn + "args->hyper");
     for (size_t k = 0; k < count; ++k) {
         const zb_adam_tensor &t = tensors[k];
@@ -81,21 +93,22 @@ opt::CopyType copy_type(zb_dtype d) {
                                 : opt::CopyType::none;
 }
 
-// One step, shared by the threads that run it.
+// One step, shared by the threads that run it; with only_stats, its pre-pass alone.
 struct Step {
     std::vector<opt::AdamHyper> hypers; // one per tensor
     std::vector<opt::AdamTensor> tensors;
     opt::AdamBatch batch;
     std::vector<size_t> first_block; // per tensor, into blocks
     std::vector<opt::GradStats> blocks;
-    bool stats = false, skip = false;
+    bool stats = false, skip = false, only_stats = false;
     unsigned flags = 0;
     float max_grad_norm = 0, grad_scale = 1;
     opt::GradStats found;
     std::atomic<uint64_t> nonfinite{0};
     opt::TeamShare share;
 
-    Step(const zb_adam_tensor *in, size_t count, const zb_adam_args &a) {
+    Step(const zb_adam_tensor *in, size_t count, const zb_adam_args &a, bool stats_alone)
+        : only_stats(stats_alone) {
         hypers.resize(count);
         tensors.resize(count);
         first_block.resize(count);
@@ -121,7 +134,8 @@ struct Step {
         flags = a.flags;
         max_grad_norm = a.max_grad_norm;
         grad_scale = a.grad_scale;
-        stats = (flags & (ZB_STEP_SKIP_NONFINITE | ZB_STEP_GRAD_NORM)) || max_grad_norm > 0;
+        stats = only_stats || (flags & (ZB_STEP_SKIP_NONFINITE | ZB_STEP_GRAD_NORM)) ||
+                max_grad_norm > 0;
         if (stats) blocks.resize(nblocks);
     }
 
@@ -161,7 +175,7 @@ struct Step {
             decide();
 #pragma omp barrier
         }
-        if (!skip)
+        if (!skip && !only_stats)
             nonfinite.fetch_add(opt::adam_step_in_team(batch, share), std::memory_order_relaxed);
 #pragma omp barrier
     }
@@ -184,28 +198,46 @@ double since(std::chrono::steady_clock::time_point start) {
 // checked. One of them makes the step and hands it to the others; the last barrier of run() is
 // passed before it is freed.
 zb_status run_in_callers_team(const zb_adam_tensor *tensors, size_t count, const zb_adam_args &a,
-                              zb_worker_result *out) {
+                              zb_worker_result *out, zb_grad_stats *stats_out) {
     const auto start = std::chrono::steady_clock::now();
     Step *step = nullptr;
 #pragma omp single copyprivate(step)
     {
         try {
-            step = new Step(tensors, count, a);
+            step = new Step(tensors, count, a, stats_out != nullptr);
         } catch (...) {
             step = nullptr;
         }
     }
     if (!step) {
-        zb::set_last_error("zb_adam_step: out of memory");
+        zb::set_last_error(stats_out ? "zb_adam_grad_stats: out of memory"
+                                     : "zb_adam_step: out of memory");
         return ZB_ENOMEM;
     }
     step->run();
     const zb_worker_result r = step->result(since(start));
+    const opt::GradStats found = step->found;
 #pragma omp barrier
 #pragma omp single
     delete step;
     if (out) *out = r;
+    if (stats_out) *stats_out = zb_grad_stats{found.sum_squares, found.nonfinite};
     return ZB_OK;
+}
+
+// Either call in a parallel region of its own (threads > 0 or 0) or the caller's team.
+zb_status run(const zb_adam_tensor *tensors, size_t count, const zb_adam_args &a,
+              zb_worker_result *out, zb_grad_stats *stats_out) {
+    if (a.threads == ZB_ADAM_TEAM) return run_in_callers_team(tensors, count, a, out, stats_out);
+    return zb::guard([&] {
+        const auto start = std::chrono::steady_clock::now();
+        auto step = std::make_unique<Step>(tensors, count, a, stats_out != nullptr);
+        const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
+#pragma omp parallel num_threads(threads)
+        step->run();
+        if (out) *out = step->result(since(start));
+        if (stats_out) *stats_out = zb_grad_stats{step->found.sum_squares, step->found.nonfinite};
+    });
 }
 
 } // namespace
@@ -221,15 +253,17 @@ extern "C" void zb_adam_args_init_size(zb_adam_args *args, size_t size) {
 
 extern "C" zb_status zb_adam_step(const zb_adam_tensor *tensors, size_t count,
                                   const zb_adam_args *args, zb_worker_result *result) {
-    zb_status status = zb::guard([&] { check(tensors, count, args); });
+    const zb_status status = zb::guard([&] { check(tensors, count, args); });
     if (status != ZB_OK) return status;
-    if (args->threads == ZB_ADAM_TEAM) return run_in_callers_team(tensors, count, *args, result);
-    return zb::guard([&] {
-        const auto start = std::chrono::steady_clock::now();
-        auto step = std::make_unique<Step>(tensors, count, *args);
-        const int threads = args->threads > 0 ? args->threads : omp_get_max_threads();
-#pragma omp parallel num_threads(threads)
-        step->run();
-        if (result) *result = step->result(since(start));
+    return run(tensors, count, *args, result, nullptr);
+}
+
+extern "C" zb_status zb_adam_grad_stats(const zb_adam_tensor *tensors, size_t count,
+                                        const zb_adam_args *args, zb_grad_stats *out) {
+    const zb_status status = zb::guard([&] {
+        check_common(tensors, count, args, "zb_adam_grad_stats");
+        if (!out) fail(ZB_EINVAL, "zb_adam_grad_stats: out is NULL");
     });
+    if (status != ZB_OK) return status;
+    return run(tensors, count, *args, nullptr, out);
 }

@@ -69,6 +69,22 @@ static inline void zb_adam_args_init(zb_adam_args *args) {
 zb_status zb_adam_step(const zb_adam_tensor *tensors, size_t count, const zb_adam_args *args,
                        zb_worker_result *result);
 
+/* What zb_adam_grad_stats found. */
+typedef struct zb_grad_stats {
+    double sum_squares; /* of every grad * grad_scale, each product rounded to fp32 first */
+    uint64_t nonfinite; /* elements whose grad * grad_scale is not finite */
+} zb_grad_stats;
+
+/* The pre-pass alone of a step with ZB_STEP_SKIP_NONFINITE or ZB_STEP_GRAD_NORM over the same
+ * tensors and arguments: the same sum and count, to the bit, for any thread count. It reads the
+ * gradients (grad and numel of each tensor; the other streams may be NULL) and writes only *out;
+ * of args it takes grad, grad_scale and threads. For a caller whose gradients are split across
+ * processes (FSDP2's shards): each adds its sums to the others', decides, and steps with the
+ * decision (grad_scale times the clip coefficient, or no step). ZB_EINVAL as zb_adam_step for
+ * those fields, a NULL grad of a non-empty tensor, or a NULL out. (ZENBIND_2.1) */
+zb_status zb_adam_grad_stats(const zb_adam_tensor *tensors, size_t count, const zb_adam_args *args,
+                             zb_grad_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

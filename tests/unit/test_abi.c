@@ -69,14 +69,16 @@ static int listed(const char *const *names, const char *name) {
  * made inline are not. */
 static void every_symbol_is_versioned(void **state) {
     (void)state;
-    static const char *const added[] = {
-        "zb_cpuset_alloc",        "zb_cpuset_free",        "zb_cpuset_weight",
-        "zb_cpuset_isset",        "zb_cpuset_next",        "zb_cpuset_isequal",
-        "zb_plan_compute",        "zb_options_init_size",  "zb_worker_attr_init_size",
-        "zb_adam_args_init_size", "zb_worker_wait_result", "zb_worker_group_set_ranges",
-        "zb_worker_group_remove", "zb_worker_stop",        NULL};
+    static const char *const added[] = {"zb_cpuset_alloc",          "zb_cpuset_free",
+                                        "zb_cpuset_weight",         "zb_cpuset_isset",
+                                        "zb_cpuset_next",           "zb_cpuset_isequal",
+                                        "zb_plan_compute",          "zb_options_init_size",
+                                        "zb_worker_attr_init_size", "zb_adam_args_init_size",
+                                        "zb_worker_wait_result",    "zb_worker_group_set_ranges",
+                                        "zb_worker_group_remove",   "zb_worker_stop",
+                                        "zb_adam_grad_stats",       NULL};
     static const char *const in_2_1[] = {"zb_worker_group_set_ranges", "zb_worker_group_remove",
-                                         "zb_worker_stop", NULL};
+                                         "zb_worker_stop", "zb_adam_grad_stats", NULL};
     static const char *const removed[] = {"zb_plan_compute_gpus",
                                           "zb_worker_wait",
                                           "zb_worker_last_step_seconds",

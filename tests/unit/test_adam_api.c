@@ -1,7 +1,7 @@
 /* zb_adam_step, the in-process step: the same bits as a worker step with the same arguments (the
  * worker of this build tree is the reference), on any thread count and in the caller's OpenMP
  * team; skipping, clipping and per-tensor hyperparameters; arguments refused before anything is
- * written. */
+ * written. zb_adam_grad_stats: the step's pre-pass alone, the same bits. */
 #include <zenbind/adam.h>
 
 #include <math.h>
@@ -319,6 +319,75 @@ static void test_bad_arguments_change_nothing(void **state) {
     assert_int_equal(zb_adam_step(NULL, 0, &a, NULL), ZB_OK);
 }
 
+/* zb_adam_grad_stats over gradients alone (no other stream) finds what a step's pre-pass finds,
+ * to the bit, on any thread count and in the caller's team. */
+static void test_grad_stats_alone_as_a_step_finds(void **state) {
+    (void)state;
+    static float grad[N];
+    for (size_t i = 0; i < N; ++i)
+        grad[i] = grad_at(3, i);
+    grad[7] = INFINITY;
+    grad[N - 2] = NAN;
+    zb_adam_tensor t[2];
+    const zb_adam_hyper h1 = hyper_b();
+    memset(&got, 0, sizeof got);
+    tensors_of(&got, grad, t, &h1, 0);
+    zb_adam_args a = args_for(1, 2, ZB_STEP_GRAD_NORM | ZB_STEP_SKIP_NONFINITE, 0.0f, 0);
+    zb_worker_result step;
+    assert_int_equal(zb_adam_step(t, 2, &a, &step), ZB_OK);
+    assert_int_equal(step.skipped, 1);
+    zb_adam_tensor only[2];
+    memset(only, 0, sizeof only);
+    for (int k = 0; k < 2; ++k) {
+        only[k].grad = t[k].grad;
+        only[k].numel = t[k].numel;
+    }
+    grad[7] = grad[N - 2] = 1.0f; /* and a finite norm to compare */
+    zb_worker_result finite;
+    assert_int_equal(zb_adam_step(t, 2, &a, &finite), ZB_OK);
+    assert_true(finite.grad_norm > 0);
+    const int threads[] = {1, 2, 3, 0, ZB_ADAM_TEAM};
+    for (size_t i = 0; i < sizeof threads / sizeof *threads; ++i) {
+        zb_adam_args b = args_for(1, threads[i], 0, 0.0f, 0);
+        zb_grad_stats s[3];
+        for (int pass = 0; pass < 2; ++pass) {
+            grad[7] = pass ? 1.0f : INFINITY;
+            grad[N - 2] = pass ? 1.0f : NAN;
+            if (threads[i] == ZB_ADAM_TEAM) {
+                zb_status per[3];
+#pragma omp parallel num_threads(3)
+                per[omp_get_thread_num()] =
+                    zb_adam_grad_stats(only, 2, &b, &s[omp_get_thread_num()]);
+                for (int k = 0; k < 3; ++k) {
+                    assert_int_equal(per[k], ZB_OK);
+                    assert_memory_equal(&s[k], &s[0], sizeof s[0]);
+                }
+            } else {
+                assert_int_equal(zb_adam_grad_stats(only, 2, &b, &s[0]), ZB_OK);
+            }
+            const zb_worker_result *want = pass ? &finite : &step;
+            assert_int_equal(s[0].nonfinite, want->nonfinite);
+            const double norm = sqrt(s[0].sum_squares);
+            assert_memory_equal(&norm, &want->grad_norm, sizeof norm);
+        }
+    }
+    /* refused: what it reads, and where it writes */
+    zb_grad_stats s;
+    assert_int_equal(zb_adam_grad_stats(only, 2, &a, NULL), ZB_EINVAL);
+    assert_non_null(strstr(zb_last_error(), "zb_adam_grad_stats: out is NULL"));
+    only[1].grad = NULL;
+    assert_int_equal(zb_adam_grad_stats(only, 2, &a, &s), ZB_EINVAL);
+    assert_non_null(strstr(zb_last_error(), "tensor 1: grad must not be NULL"));
+    only[1].numel = 0;
+    assert_int_equal(zb_adam_grad_stats(only, 2, &a, &s), ZB_OK);
+    a.grad = ZB_DTYPE_NONE;
+    assert_int_equal(zb_adam_grad_stats(only, 2, &a, &s), ZB_EINVAL);
+    assert_non_null(strstr(zb_last_error(), "zb_adam_grad_stats: grad must be"));
+    a = args_for(1, ZB_ADAM_TEAM, 0, 0.0f, 0);
+    assert_int_equal(zb_adam_grad_stats(only, 2, &a, &s), ZB_EINVAL);
+    assert_non_null(strstr(zb_last_error(), "outside an OpenMP parallel region"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_bits_as_a_worker_on_any_threads),
@@ -326,6 +395,7 @@ int main(void) {
         cmocka_unit_test(test_a_nonfinite_gradient_skips_and_writes_nothing),
         cmocka_unit_test(test_bad_arguments_change_nothing),
         cmocka_unit_test(test_the_hyperparameters_one_check),
+        cmocka_unit_test(test_grad_stats_alone_as_a_step_finds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
