@@ -4,13 +4,19 @@ own kernel's pre-pass would see a part of the norm and decide alone (one rank sk
 others take tears the model). Here each rank counts its parts as the kernels' pre-pass does (each
 product rounded to fp32, the squares summed in double) and the counts are summed over the mesh
 dimensions the parameters are sharded on, as torch's clip_grad_norm_ does with DTensors, so
-every rank takes the same decision."""
+every rank takes the same decision. The counting is libzenbind's zb_adam_grad_stats (the kernels'
+pre-pass itself, on the caller's threads) for CPU gradients it can read; torch's operations for
+the others."""
 
+import ctypes
 import math
 
 import torch
 
+from . import _native
 from ._layout import local
+
+_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def sharded(params):
@@ -26,35 +32,63 @@ def _shard_dims(p):
     return p.device_mesh, dims
 
 
-def stats(params, grads, scale):
+def _native_sums(grads, scale, threads):
+    """[sum of squares, non-finite] of CPU contiguous gradients of one dtype, by the pre-pass."""
+    lib = _native.library()
+    args = _native.AdamArgs()
+    lib.zb_adam_args_init_size(ctypes.byref(args), ctypes.sizeof(args))
+    args.grad = _native.DTYPES[_DTYPES[grads[0].dtype]]
+    args.grad_scale = scale
+    args.threads = threads
+    native = (_native.AdamTensor * len(grads))()
+    for i, g in enumerate(grads):
+        native[i].grad = g.data_ptr()
+        native[i].numel = g.numel()
+    out = _native.GradStats()
+    _native.check(lib.zb_adam_grad_stats(native, len(grads), ctypes.byref(args),
+                                         ctypes.byref(out)))
+    return [out.sum_squares, out.nonfinite]
+
+
+def _sums(grads, scale, threads):
+    """[sum of squares, non-finite] of these gradients times scale."""
+    total = [0.0, 0]
+    readable = {}  # dtype -> CPU contiguous gradients the library reads
+    for g in grads:
+        if g.device.type == "cpu" and g.dtype in _DTYPES and g.is_contiguous():
+            readable.setdefault(g.dtype, []).append(g)
+            continue
+        x = g.float() * scale
+        total[0] += float(x.double().square().sum())
+        total[1] += int((~torch.isfinite(x)).sum())
+    for same in readable.values():
+        part = _native_sums(same, scale, threads)
+        total[0] += part[0]
+        total[1] += part[1]
+    return total
+
+
+def stats(params, grads, scale, threads):
     """(non-finite count, sum of squares) of every gradient times scale over all ranks. params:
     every parameter of the optimizer, in the same order on every rank (each sharded one takes
     part in a collective, with a gradient here or not); grads: {id(param): its local gradient
-    as stepped}."""
-    plain = [0.0, 0]
-    parts = {}  # (id(mesh), dims) -> [mesh, dims, sum of squares, non-finite], first-seen order
+    as stepped}; threads: how many this process counts with."""
+    plain = []
+    parts = {}  # (id(mesh), dims) -> [mesh, dims, its gradients], first-seen order
     for p in params:
         where = _shard_dims(p)
         if where is None:
             acc = plain
         else:
-            entry = parts.setdefault((id(where[0]), where[1]), [where[0], where[1], 0.0, 0])
-            acc = entry
+            acc = parts.setdefault((id(where[0]), where[1]), [where[0], where[1], []])[2]
         g = grads.get(id(p))
-        if g is None or g.numel() == 0:
-            continue
-        x = g.float() * scale
-        total, nonfinite = float(x.double().square().sum()), int((~torch.isfinite(x)).sum())
-        if acc is plain:
-            plain[0] += total
-            plain[1] += nonfinite
-        else:
-            acc[2] += total
-            acc[3] += nonfinite
-    sum_squares, nonfinite = plain
+        if g is not None and g.numel():
+            acc.append(g)
+    sum_squares, nonfinite = _sums(plain, scale, threads)
     if parts:
         import torch.distributed as dist
-        for mesh, dims, part_squares, part_nonfinite in parts.values():
+        for mesh, dims, part in parts.values():
+            part_squares, part_nonfinite = _sums(part, scale, threads)
             t = torch.tensor([part_squares, float(part_nonfinite)], dtype=torch.float64,
                              device=mesh.device_type)
             for d in dims:

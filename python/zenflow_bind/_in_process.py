@@ -213,7 +213,7 @@ class InProcessAdamW(AdamW):
         if (len(buckets) > 1 or together) and (skip or norm):
             # One decision over every bucket before any is written, and over every rank's shards:
             # the pre-pass done here.
-            nonfinite, sum_squares = stats(params, grads, scale)
+            nonfinite, sum_squares = stats(params, grads, scale, threads)
             found = StepResult(nonfinite, math.sqrt(sum_squares), skip and nonfinite > 0, 0.0)
             if clip > 0 and not found.skipped:
                 scale *= clip_scale(clip, sum_squares)

@@ -91,6 +91,10 @@ class AdamArgs(ctypes.Structure):
                 ("threads", ctypes.c_int)]
 
 
+class GradStats(ctypes.Structure):
+    _fields_ = [("sum_squares", ctypes.c_double), ("nonfinite", ctypes.c_uint64)]
+
+
 class Memory(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
                 ("numel", "params", "grads", "copy_out", "stale", "moments", "shm_reserved")] + \
@@ -153,6 +157,8 @@ _PROTOS = {
     "zb_worker_stop": (ctypes.c_int, [ctypes.c_void_p]),
     "zb_adam_args_init_size": (None, [_P(AdamArgs), ctypes.c_size_t]),
     "zb_adam_step": (ctypes.c_int, [_P(AdamTensor), ctypes.c_size_t, _P(AdamArgs), _P(Result)]),
+    "zb_adam_grad_stats": (ctypes.c_int, [_P(AdamTensor), ctypes.c_size_t, _P(AdamArgs),
+                                          _P(GradStats)]),
 }
 
 _lib = None
@@ -162,7 +168,7 @@ _lib = None
 _MIRRORS = {"zb_worker_attr": Attr, "zb_adam_hyper": Hyper, "zb_group_attr": GroupAttr,
             "zb_group_buffers": Buffers, "zb_worker_step": Step, "zb_worker_result": Result,
             "zb_worker_memory": Memory, "zb_adam_tensor": AdamTensor, "zb_adam_args": AdamArgs,
-            "zb_step_range": StepRange}
+            "zb_step_range": StepRange, "zb_grad_stats": GradStats}
 
 
 def _check_api(lib, path):

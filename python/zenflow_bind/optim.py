@@ -434,7 +434,7 @@ class AdamW(torch.optim.Optimizer):
             if together:  # FSDP2: decided here over every rank's shards, not by each worker
                 staged = {id(s.param): s.grads[k] for layout, has in pending
                           for s, h in zip(layout.slots, has) if h}
-                nonfinite, sum_squares = stats(params, staged, scale)
+                nonfinite, sum_squares = stats(params, staged, scale, torch.get_num_threads())
                 decided = (nonfinite, math.sqrt(sum_squares))
                 skipped = bool(self.skip_nonfinite and nonfinite)
                 if not any_grad or skipped:

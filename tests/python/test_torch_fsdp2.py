@@ -2,7 +2,8 @@
 shards in its own worker, or in process (worker=False, with and without FSDP2's CPUOffloadPolicy).
 With 1 and 2 ranks, training matches torch.optim.AdamW under the same sharding; a distributed
 checkpoint of the sharded model and optimizer resumes bit-identical to a straight run, on the same
-rank count and on another (DCP reshards), and from the worker to in-process. Skips where this
+rank count and on another (DCP reshards), and from the worker to in-process. Clipping and skipping
+decide over every rank's shards, with the norm the kernels' pre-pass finds. Skips where this
 torch has no FSDP2 for CPU tensors (its own torch.optim.AdamW run is the probe)."""
 
 import os
@@ -150,6 +151,32 @@ def decisions(rank, world, where, worker):
     torch.save(got, os.path.join(where, f"decisions-{rank}.pt"))
 
 
+def shard_norm(rank, world, where, worker):
+    """The norm decided over every rank's shards is the kernels' pre-pass over them: on one rank,
+    where the shards are whole, the norm of a kernel step over the same gradients, to the bit."""
+    import zenflow_bind.optim
+    from zenflow_bind.functional import adamw_
+    model = sharded()
+    norms = []
+    torch.manual_seed(3)
+    with zenflow_bind.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05, threads=1,
+                                  worker=worker, max_grad_norm=0.05) as opt:
+        for x, y in batches(2, seed=11):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            for p in model.parameters():  # magnitudes over 12 decades: the order of the sum shows
+                g = p.grad.to_local()
+                g.copy_(torch.randn(g.shape) * 10.0 ** torch.empty(g.shape).uniform_(-6, 6))
+            grads = [p.grad.to_local().detach().clone() for p in model.parameters()]
+            zeros = [torch.zeros_like(g) for g in grads]
+            kernel = adamw_(zeros, grads, [torch.zeros_like(g) for g in grads],
+                            [torch.zeros_like(g) for g in grads], step=1, grad_norm=True,
+                            threads=1).grad_norm
+            opt.step()
+            norms.append((opt.last_grad_norm, kernel))
+    torch.save(norms, os.path.join(where, "shard-norm.pt"))
+
+
 def empty_shard(rank, world, where, worker):
     """A group whose one parameter (a bias of 1 element) has nothing on rank 1: it still has
     torch's state there, so a full state dict's collectives line up on every rank."""
@@ -188,7 +215,8 @@ def rank_main(rank, world, where, store, job, args):
                             world_size=world)
     try:
         {"parity": parity, "checkpoint": checkpoint, "writes": writes,
-         "decisions": decisions, "empty_shard": empty_shard}[job](rank, world, where, *args)
+         "decisions": decisions, "empty_shard": empty_shard,
+         "shard_norm": shard_norm}[job](rank, world, where, *args)
     finally:
         dist.destroy_process_group()
 
@@ -265,6 +293,15 @@ class FullyShard(unittest.TestCase):
                 self.assertTrue(got["skipped"], f"worker={worker}: a rank stepped")
                 for a, b in zip(got["after"], got["before"]):
                     self.assertTrue(torch.equal(a, b), f"worker={worker}: torn by the skip")
+
+    def test_the_norm_over_shards_is_the_kernels(self):
+        for worker in (True, False):
+            with tempfile.TemporaryDirectory() as where:
+                spawn(1, where, "shard_norm", worker)
+                norms = torch.load(os.path.join(where, "shard-norm.pt"))
+            for decided, kernel in norms:
+                self.assertGreater(kernel, 0.05)  # clipped
+                self.assertEqual(decided, kernel, f"worker={worker}")
 
     def test_a_group_with_nothing_on_a_rank_has_torchs_state_there(self):
         for worker in (True, False):
