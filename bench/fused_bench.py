@@ -11,6 +11,9 @@ medians over --rounds rounds and the median of the per-round ratios. Both use --
   bf16  ours 26 (fp32 master, m, v; bf16 grad read; bf16 copy-out into the model),
         torch fused 14 (bf16 param, m, v read and written; bf16 grad): no fp32 master, so updates
         below bf16's resolution are lost; the memory-bound lower bound is that much lower.
+With --clip N, each step is what a user who clips runs: ours AdamW(max_grad_norm=N), which reads
+the gradients once more for the norm (32 B/el in fp32); torch's clip_grad_norm_(params, N), which
+reads them for the norm and then scales them in place, and its fused step (40 B/el).
 With --fsdp2, the same pair steps a model under FSDP2's fully_shard(CPUOffloadPolicy()) on one
 gloo rank (unpinned where there is no GPU to pin for): what a CPUOffloadPolicy user times.
 
@@ -54,20 +57,26 @@ def sharded_model(dtype):
 def optimizers(args, make):
     import zenflow_bind.optim as zt
     ours_params, torch_params = make(), make()
-    ours = zt.AdamW(ours_params, lr=1e-4, weight_decay=0.01, worker=False, threads=args.threads)
+    ours = zt.AdamW(ours_params, lr=1e-4, weight_decay=0.01, worker=False, threads=args.threads,
+                    max_grad_norm=args.clip)
     fused = torch.optim.AdamW(torch_params, lr=1e-4, weight_decay=0.01, fused=True)
-    return {"zenflow": ours, "torch fused": fused}
+    if args.clip:
+        def clipped(opt=fused, params=torch_params, max_norm=args.clip):
+            torch.nn.utils.clip_grad_norm_(params, max_norm)
+            opt.step()
+        return {"zenflow": ours.step, "torch fused": clipped}, ours_params
+    return {"zenflow": ours.step, "torch fused": fused.step}, ours_params
 
 
 def measure(args, opts):
-    for opt in opts.values():
+    for step in opts.values():
         for _ in range(args.warmup):
-            opt.step()
+            step()
     times = {name: [] for name in opts}
     for _ in range(args.rounds):
-        for name, opt in opts.items():
+        for name, step in opts.items():
             t0 = time.perf_counter()
-            opt.step()
+            step()
             times[name].append(time.perf_counter() - t0)
     return times
 
@@ -89,6 +98,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--clip", type=float, default=0.0,
+                    help="clip by the global norm: max_grad_norm= against clip_grad_norm_")
     ap.add_argument("--fsdp2", action="store_true", help="under fully_shard(CPUOffloadPolicy())")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -106,10 +117,11 @@ def main():
             print(f"fsdp2 offload {name}: skipped (gloo, the CPU backend, cannot send {name})")
             continue
         make = (lambda: sharded_model(dtype)) if args.fsdp2 else (lambda: flat(args, dtype))
-        opts = optimizers(args, make)
-        numel = sum(p.numel() for p in opts["zenflow"].param_groups[0]["params"])
-        report(("fsdp2 offload " if args.fsdp2 else "flat ") + name, numel, measure(args, opts))
-        del opts
+        opts, params = optimizers(args, make)
+        numel = sum(p.numel() for p in params)
+        label = ("fsdp2 offload " if args.fsdp2 else "flat ") + name
+        report(label + (f" clip {args.clip:g}" if args.clip else ""), numel, measure(args, opts))
+        del opts, params
     if args.fsdp2:
         torch.distributed.destroy_process_group()
     print(f"load average at the end {load()}")
