@@ -114,7 +114,8 @@ struct Step {
         first_block.resize(count);
         size_t nblocks = 0;
         for (size_t k = 0; k < count; ++k) {
-            const zb_adam_hyper &h = in[k].hyper ? *in[k].hyper : a.hyper;
+            // (the pre-pass alone reads only grad and numel of a tensor)
+            const zb_adam_hyper &h = in[k].hyper && !only_stats ? *in[k].hyper : a.hyper;
             hypers[k] = opt::AdamHyper{h.lr,
                                        h.beta1,
                                        h.beta2,

@@ -341,6 +341,8 @@ static void test_grad_stats_alone_as_a_step_finds(void **state) {
     for (int k = 0; k < 2; ++k) {
         only[k].grad = t[k].grad;
         only[k].numel = t[k].numel;
+        only[k].hyper = (const zb_adam_hyper *)(uintptr_t)8; /* not read: a fault if it were */
+        only[k].step = -1;                                   /* nor checked */
     }
     grad[7] = grad[N - 2] = 1.0f; /* and a finite norm to compare */
     zb_worker_result finite;
