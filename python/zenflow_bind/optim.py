@@ -281,21 +281,25 @@ class AdamW(torch.optim.Optimizer):
             raise TypeError("assign optimizer.state through load_state_dict(), which checks it "
                             "and hands it to the worker")
 
-    def _push_state_edits(self):
+    def _push_state_edits(self, keep=False):
         """What a user or a library wrote into optimizer.state since it was read goes to the
-        worker; the snapshot is dropped (the next read brings the state out again). A write the
+        worker; the snapshot is dropped (the next read brings the state out again), unless keep
+        and nothing was written: then it still holds what the worker holds, and a state_dict()
+        after another (a checkpoint, then a log of it) need not bring it out again. A write the
         worker cannot take (a wrong shape, say) raises here and stays in the snapshot, so it
         raises again until it is mended: no edit is dropped unseen."""
         snapshot = self._snapshot
         if snapshot is None:
             return
         states = snapshot.state
-        for i in snapshot.edited_groups():
+        edited = snapshot.edited_groups()
+        for i in edited:
             layout = self._layouts[i]
             prepared = prepare_group_state(layout, [states.get(s.param) for s in layout.slots],
                                            f"optimizer.state of param group {i}")
             self._apply_group_state(layout, prepared)
-        self._snapshot = None
+        if edited or not keep:
+            self._snapshot = None
 
     # -- groups -----------------------------------------------------------------------------
 
@@ -781,7 +785,7 @@ class AdamW(torch.optim.Optimizer):
             self._live()
             self._not_mid_step("take a state dict")
             self._finish()
-            self._push_state_edits()
+            self._push_state_edits(keep=True)
             out = super().state_dict()  # reads self.state: the worker's, brought out once
             as_torch_groups(out["param_groups"])  # copies: the optimizer's groups keep theirs
             return out

@@ -71,6 +71,26 @@ class OptimizerState(unittest.TestCase):
                     train(b, ref, data[4:])
                     assert_close(self, a.parameters(), b.parameters())
 
+    def test_state_dicts_between_steps_share_their_entries(self):
+        # as torch's: the same tensors each time (not brought out of the worker again), and an
+        # edit through one of them is seen by the next and reaches the worker
+        a, b, data = mlp(), mlp(), batches(6)
+        with ours(a.parameters(), lr=1e-2) as opt:
+            ref = torch.optim.AdamW(b.parameters(), lr=1e-2)
+            train(a, opt, data[:3])
+            train(b, ref, data[:3])
+            for o in (opt, ref):
+                first, second = o.state_dict()["state"], o.state_dict()["state"]
+                for i, entry in first.items():
+                    for key, value in entry.items():
+                        self.assertIs(second[i][key], value, f"{type(o).__name__} {i} {key}")
+                second[1]["exp_avg"].mul_(0.5)
+                self.assertEqual(float(o.state_dict()["state"][1]["exp_avg"].sum()),
+                                 float(second[1]["exp_avg"].sum()))
+            train(a, opt, data[3:])
+            train(b, ref, data[3:])
+            assert_close(self, a.parameters(), b.parameters())
+
     def test_a_write_the_worker_cannot_take_is_not_dropped(self):
         a, data = mlp(), batches(3)
         with ours(a.parameters(), lr=1e-2) as opt:
