@@ -268,7 +268,7 @@ class AdamW(torch.optim.Optimizer):
             inside = self._inside("state_dict", "load_state_dict")
             with contextlib.nullcontext() if inside else self._exclusive("optimizer.state"):
                 self._live()
-                self._not_mid_step("read optimizer.state")
+                self._not_mid_step("read optimizer.state", reads_state=True)
                 self._finish()
                 self._snapshot = Snapshot(self._layouts, self._steps, self.param_groups)
         return self._snapshot.state
@@ -636,14 +636,22 @@ class AdamW(torch.optim.Optimizer):
         raise RuntimeError(f"a bucket's step failed during backward ({e!r}); nothing of this "
                            "step was applied to the model") from e
 
-    def _not_mid_step(self, what, torn_ok=False):
+    def _not_mid_step(self, what, torn_ok=False, reads_state=False):
         """Refuse `what` between step_during_backward() and step(), and after a failed block
-        unless torn_ok (load_state_dict(), which rewrites everything the block left)."""
+        unless torn_ok (load_state_dict(), which rewrites everything the block left). A read of
+        the state (reads_state) is refused from the block's start: buckets may step at any
+        moment of its backward, and a snapshot taken before them would outlive them."""
         if self._torn and not torn_ok:
             raise RuntimeError(_TORN)
-        if self._stream is not None and self._stream.started() and not self._torn:
+        if self._stream is None or self._torn:
+            return
+        if self._stream.started():
             raise RuntimeError(f"cannot {what} between step_during_backward() and step(): "
                                "some buckets have taken this step, the others not yet")
+        if reads_state:
+            raise RuntimeError(f"cannot {what} between step_during_backward() and step(): "
+                               "buckets may take this step during backward; read it before "
+                               "the block or after step()")
 
     def synchronize(self):
         """Wait for the step in flight (overlap mode) and bring its update into the model."""
@@ -783,7 +791,7 @@ class AdamW(torch.optim.Optimizer):
         see as_torch_groups), so that DCP moves a checkpoint to and from torch's."""
         with self._exclusive("state_dict"):
             self._live()
-            self._not_mid_step("take a state dict")
+            self._not_mid_step("take a state dict", reads_state=True)
             self._finish()
             self._push_state_edits(keep=True)
             out = super().state_dict()  # reads self.state: the worker's, brought out once
@@ -802,6 +810,7 @@ class AdamW(torch.optim.Optimizer):
             self._finish()  # writes into optimizer.state since it was read: the load replaces them
             state_dict = _load_pre_hooks(self, state_dict)
             updates, prepared = self._check_state_dict(state_dict)
+            self._snapshot = None  # stale from here, even if applying fails midway
             for group, update in zip(self.param_groups, updates):
                 group.update(update)
             for group, layout, ready in zip(self.param_groups, self._layouts, prepared):

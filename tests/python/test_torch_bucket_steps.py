@@ -108,6 +108,10 @@ class BucketSteps(unittest.TestCase):
             self.assertEqual(len(opt._layouts[0].buckets), 3)
             before = [p.detach().clone() for p in model.parameters()]
             with opt.step_during_backward():
+                # before any bucket steps, too: a state brought out now would outlive them
+                for read in (opt.state_dict, lambda: opt.state):
+                    with self.assertRaisesRegex(RuntimeError, "read it before the block"):
+                        read()
                 loss_of(model, x, y).backward()
                 stream = opt._stream
             with self.assertRaisesRegex(RuntimeError, "between step_during_backward"):
