@@ -131,7 +131,9 @@ struct Step {
             first_block[k] = nblocks;
             nblocks += opt::grad_stats_blocks(in[k].numel);
         }
-        batch = opt::AdamBatch{grad_type(a.grad), copy_type(a.copy_out), tensors.data(), count};
+        batch = opt::AdamBatch{grad_type(a.grad),
+                               only_stats ? opt::CopyType::none : copy_type(a.copy_out),
+                               tensors.data(), count};
         flags = a.flags;
         max_grad_norm = a.max_grad_norm;
         grad_scale = a.grad_scale;
@@ -221,8 +223,12 @@ zb_status run_in_callers_team(const zb_adam_tensor *tensors, size_t count, const
 #pragma omp barrier
 #pragma omp single
     delete step;
-    if (out) *out = r;
-    if (stats_out) *stats_out = zb_grad_stats{found.sum_squares, found.nonfinite};
+    // The threads may share one out: one writer at a time.
+#pragma omp critical(zb_adam_out)
+    {
+        if (out) *out = r;
+        if (stats_out) *stats_out = zb_grad_stats{found.sum_squares, found.nonfinite};
+    }
     return ZB_OK;
 }
 

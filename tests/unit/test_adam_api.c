@@ -355,8 +355,9 @@ static void test_grad_stats_alone_as_a_step_finds(void **state) {
         for (int pass = 0; pass < 2; ++pass) {
             grad[7] = pass ? 1.0f : INFINITY;
             grad[N - 2] = pass ? 1.0f : NAN;
+            memset(s, 0, sizeof s);
             if (threads[i] == ZB_ADAM_TEAM) {
-                zb_status per[3];
+                zb_status per[3] = {ZB_OK, ZB_OK, ZB_OK};
 #pragma omp parallel num_threads(3)
                 per[omp_get_thread_num()] =
                     zb_adam_grad_stats(only, 2, &b, &s[omp_get_thread_num()]);
