@@ -631,13 +631,47 @@ static void test_state_arguments(void **state) {
     zb_worker_destroy(w);
 }
 
+/* A group whose moments the trainer copies in chunks on several threads (over 16 MiB each, not a
+ * multiple of the 2 MiB chunk): set, and got back whole. */
+static void test_state_of_a_large_group(void **state) {
+    (void)state;
+    enum { N = 5000003 };
+    const spec s = {N, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0};
+    zb_group_buffers b;
+    zb_worker_t *w = spawn_threads(2);
+    unsigned id = add(w, &s, &b);
+    float *m = malloc(4 * (size_t)N), *v = malloc(4 * (size_t)N), *m2 = malloc(4 * (size_t)N),
+          *v2 = malloc(4 * (size_t)N);
+    assert_non_null(m);
+    assert_non_null(v);
+    assert_non_null(m2);
+    assert_non_null(v2);
+    for (size_t i = 0; i < N; ++i) {
+        m[i] = (float)(i % 1000003) * 1e-6f - 0.5f;
+        v[i] = (float)(i % 999983) * 1e-9f;
+    }
+    assert_int_equal(zb_worker_group_set_state(w, id, m, v, 5), ZB_OK);
+    int64_t n = -1;
+    memset(m2, 0xff, 4 * (size_t)N);
+    memset(v2, 0xff, 4 * (size_t)N);
+    assert_int_equal(zb_worker_group_get_state(w, id, m2, v2, &n), ZB_OK);
+    assert_int_equal(n, 5);
+    assert_memory_equal(m, m2, 4 * (size_t)N);
+    assert_memory_equal(v, v2, 4 * (size_t)N);
+    free(m);
+    free(v);
+    free(m2);
+    free(v2);
+    zb_worker_destroy(w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpoint_resume), cmocka_unit_test(test_per_group_counts),
         cmocka_unit_test(test_explicit_step),     cmocka_unit_test(test_skip_nonfinite),
         cmocka_unit_test(test_grad_norm),         cmocka_unit_test(test_clipping),
         cmocka_unit_test(test_state_arguments),   cmocka_unit_test(test_step_ranges),
-        cmocka_unit_test(test_remove_group),
+        cmocka_unit_test(test_remove_group),      cmocka_unit_test(test_state_of_a_large_group),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
