@@ -26,7 +26,8 @@ from ._cuda import Gpu
 from ._global_stats import clip_scale, sharded, stats
 from ._layout import Layout, local
 from .functional import _number
-from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError, check_hyper, hyper
+from ._native import (MAX_GROUPS, STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError, check_hyper,
+                      hyper)
 from ._signals import deferred_interrupts
 from ._state import Snapshot, _count, prepare_group_state
 from ._stream import Stream
@@ -326,6 +327,12 @@ class AdamW(torch.optim.Optimizer):
                                      "zenflow_bind.optim.AdamW, whose worker holds its master "
                                      "weights: close() that one first")
             has_elements = any(local(p).numel() for p in group["params"])
+            if has_elements and len(self._worker.groups) >= MAX_GROUPS:
+                raise ValueError(f"param group {len(self.param_groups) - 1} does not fit: the "
+                                 f"worker's {MAX_GROUPS} groups are taken (a param group takes "
+                                 "one or more, its buckets); merge param groups whose "
+                                 "hyperparameters are equal, or use worker=False, which has no "
+                                 "such limit")
             # Views made under inference_mode would turn the model's parameters into inference
             # tensors, which autograd then refuses.
             with torch.inference_mode(False):

@@ -120,6 +120,22 @@ class Parity(unittest.TestCase):
         self.assertEqual(float(opt_a.state_dict()["state"][4]["step"]), 6.0)
         opt_a.close()
 
+    def test_a_param_group_past_the_workers_groups_is_refused_clearly(self):
+        # one worker group each (layer-wise learning rates): the 257th does not fit, says so and
+        # what to do, and leaves the optimizer as it was; empty groups take no worker group
+        params = [torch.nn.Parameter(torch.randn(4)) for _ in range(257)]
+        groups = [{"params": [p], "lr": 1e-3 * (1 + i / 256)} for i, p in enumerate(params)]
+        with ours(groups[:256]) as opt:
+            opt.add_param_group({"params": [], "lr": 1e-3})
+            with self.assertRaisesRegex(ValueError, "param group 257 does not fit: the worker's "
+                                                    "256 groups are taken.*worker=False"):
+                opt.add_param_group(groups[256])
+            self.assertEqual(len(opt.param_groups), 257)
+            for p in params[:256]:
+                p.grad = torch.ones(4)
+            opt.step()
+            self.assertEqual(float(opt.state[params[255]]["step"]), 1.0)
+
 
 def step_pairs(pairs, x, y, without=None):
     """One step of each (model, optimizer) pair on (x, y); the parameters without(model) names
