@@ -11,6 +11,7 @@ same as a zenflow_bind.optim.AdamW step with the same arguments), on `threads` O
 threads of this process. For an optimizer that steps where training runs: srun
 --zenflow-bind=mode=offload, FSDP2's CPUOffloadPolicy. See zenflow_bind.optim(3)."""
 
+import array
 import ctypes
 import numbers
 
@@ -26,6 +27,10 @@ __all__ = ["adamw_", "StepResult"]
 _increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
 
 _GRAD = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+# zb_adam_tensor as 64-bit words: 6 pointers and sizes, the hyper pointer, the step (>= 0)
+_WORDS = 8
+assert ctypes.sizeof(_native.AdamTensor) == 8 * _WORDS
 
 
 def _number(name, value):
@@ -136,11 +141,17 @@ def run(tensors, grad_dtype, copy_dtype, hyper, step, grad_scale, skip_nonfinite
         (STEP_GRAD_NORM if want_norm else 0)
     args.max_grad_norm = max_grad_norm
     args.threads = threads
-    native = (_native.AdamTensor * max(len(tensors), 1))()
-    for i, (p, g, m, v, c, h, n) in enumerate(tensors):
-        native[i] = _native.AdamTensor(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(),
-                                       c.data_ptr() if c is not None else None, p.numel(),
-                                       ctypes.pointer(h) if h is not None else None, n)
+    # The zb_adam_tensor array packed as 8 words a tensor (_WORDS): a ctypes struct made per
+    # tensor cost more than the kernel for small tensors. The Hyper objects stay alive in
+    # `tensors` for the call.
+    flat = array.array("Q")
+    for p, g, m, v, c, h, n in tensors:
+        flat.extend((p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(),
+                     c.data_ptr() if c is not None else 0, p.numel(),
+                     ctypes.addressof(h) if h is not None else 0, n))
+    if not tensors:
+        flat.extend([0] * _WORDS)
+    native = (_native.AdamTensor * max(len(tensors), 1)).from_buffer(flat)
     result = _native.Result()
     _native.check(lib.zb_adam_step(native, len(tensors), ctypes.byref(args),
                                    ctypes.byref(result)))
