@@ -239,8 +239,13 @@ class InProcessAdamW(AdamW):
             original.copy_(target)
         for p in sixteen:
             self._seen[p] = _identity(p)
-        for state in stepped:
-            state["step"] += 1
+        counts = [state["step"] for state in stepped]
+        plain = [c for c in counts if type(c) is torch.Tensor]  # one call, not one per parameter
+        if plain:
+            torch._foreach_add_(plain, 1.0)
+        for count, state in zip(counts, stepped):
+            if type(count) is not torch.Tensor:  # a subclass someone loaded: as it was counted
+                state["step"] += 1
 
     def _gather(self, buckets, stepped, write_back, fresh, sixteen, grads):
         """Each parameter with a gradient into its bucket (one per gradient and copy-out dtype),
