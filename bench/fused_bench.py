@@ -3,7 +3,8 @@
 fused CPU AdamW (torch.optim.AdamW(fused=True), torch >= 2.4), step by step, alternated in one
 process. Prints figures and ratios; not a test.
 
-Flat model: one parameter of --elements elements (fp32 or bf16) with a gradient set once. Each
+Flat model: --params parameters (1) of --elements elements in all (fp32 or bf16), each with a
+gradient set once (many small parameters measure what a step costs per tensor). Each
 round times one step of each optimizer, in turns, after --warmup steps each; the table gives
 medians over --rounds rounds and the median of the per-round ratios. Both use --threads threads
 (torch.set_num_threads; ours its threads=). Bytes per element that each step must move:
@@ -34,9 +35,13 @@ from machine import cpu_name, load, memory_settings
 
 def flat(args, dtype):
     torch.manual_seed(0)
-    p = torch.nn.Parameter((torch.randn(args.elements) * 0.02).to(dtype))
-    p.grad = (torch.randn(args.elements) * 1e-3).to(dtype)
-    return [p]
+    params = []
+    for _ in range(args.params):
+        n = args.elements // args.params
+        p = torch.nn.Parameter((torch.randn(n) * 0.02).to(dtype))
+        p.grad = (torch.randn(n) * 1e-3).to(dtype)
+        params.append(p)
+    return params
 
 
 def sharded_model(dtype):
@@ -94,6 +99,8 @@ def report(label, numel, times):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--elements", type=int, default=100_000_000)
+    ap.add_argument("--params", type=int, default=1,
+                    help="how many tensors --elements is cut into")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
@@ -102,6 +109,8 @@ def main():
                     help="clip by the global norm: max_grad_norm= against clip_grad_norm_")
     ap.add_argument("--fsdp2", action="store_true", help="under fully_shard(CPUOffloadPolicy())")
     args = ap.parse_args()
+    if not 1 <= args.params <= args.elements:
+        ap.error(f"--params {args.params}: from 1 to --elements ({args.elements})")
     torch.set_num_threads(args.threads)
     print(f"CPU {cpu_name()}, {os.cpu_count()} CPUs, affinity {sorted(os.sched_getaffinity(0))}; "
           f"torch {torch.__version__}; {args.threads} threads each; load average "
@@ -119,7 +128,8 @@ def main():
         make = (lambda: sharded_model(dtype)) if args.fsdp2 else (lambda: flat(args, dtype))
         opts, params = optimizers(args, make)
         numel = sum(p.numel() for p in params)
-        label = ("fsdp2 offload " if args.fsdp2 else "flat ") + name
+        label = ("fsdp2 offload " if args.fsdp2 else "flat ") + name + \
+            (f" x{args.params}" if args.params > 1 and not args.fsdp2 else "")
         report(label + (f" clip {args.clip:g}" if args.clip else ""), numel, measure(args, opts))
         del opts, params
     if args.fsdp2:
