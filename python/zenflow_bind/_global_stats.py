@@ -14,9 +14,8 @@ import math
 import torch
 
 from . import _native
-from ._layout import local
-
-_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+from ._layout import DTYPE_NAMES, local
+from .functional import adam_args, tensor_array
 
 
 def sharded(params):
@@ -34,19 +33,11 @@ def _shard_dims(p):
 
 def _native_sums(grads, scale, threads):
     """[sum of squares, non-finite] of CPU contiguous gradients of one dtype, by the pre-pass."""
-    lib = _native.library()
-    args = _native.AdamArgs()
-    lib.zb_adam_args_init_size(ctypes.byref(args), ctypes.sizeof(args))
-    args.grad = _native.DTYPES[_DTYPES[grads[0].dtype]]
-    args.grad_scale = scale
-    args.threads = threads
-    native = (_native.AdamTensor * len(grads))()
-    for i, g in enumerate(grads):
-        native[i].grad = g.data_ptr()
-        native[i].numel = g.numel()
+    args = adam_args(grads[0].dtype, scale, threads)
+    native = tensor_array((0, g.data_ptr(), 0, 0, 0, g.numel(), 0, 0) for g in grads)
     out = _native.GradStats()
-    _native.check(lib.zb_adam_grad_stats(native, len(grads), ctypes.byref(args),
-                                         ctypes.byref(out)))
+    _native.check(_native.library().zb_adam_grad_stats(native, len(grads), ctypes.byref(args),
+                                                       ctypes.byref(out)))
     return [out.sum_squares, out.nonfinite]
 
 
@@ -55,7 +46,7 @@ def _sums(grads, scale, threads):
     total = [0.0, 0]
     readable = {}  # dtype -> CPU contiguous gradients the library reads
     for g in grads:
-        if g.device.type == "cpu" and g.dtype in _DTYPES and g.is_contiguous():
+        if g.device.type == "cpu" and g.dtype in DTYPE_NAMES and g.is_contiguous():
             readable.setdefault(g.dtype, []).append(g)
             continue
         x = g.float() * scale

@@ -19,14 +19,13 @@ import torch
 
 from . import _native
 from ._compile import eager
+from ._layout import DTYPE_NAMES
 from ._native import STEP_GRAD_NORM, STEP_SKIP_NONFINITE
 from .worker import StepResult
 
 __all__ = ["adamw_", "StepResult"]
 
 _increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
-
-_GRAD = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 # zb_adam_tensor as 64-bit words: 6 pointers and sizes, the hyper pointer, the step (>= 0)
 _WORDS = 8
@@ -110,7 +109,7 @@ def adamw_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr=1e-3, betas=(0.9, 0
     fp32 = (torch.float32,)
     for i, p in enumerate(params):
         _check("params", i, p, fp32, p.numel() if isinstance(p, torch.Tensor) else -1)
-        _check("grads", i, grads[i], tuple(_GRAD), p.numel())
+        _check("grads", i, grads[i], tuple(DTYPE_NAMES), p.numel())
         _check("exp_avgs", i, exp_avgs[i], fp32, p.numel())
         _check("exp_avg_sqs", i, exp_avg_sqs[i], fp32, p.numel())
         if copy_out is not None:
@@ -124,34 +123,45 @@ def adamw_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr=1e-3, betas=(0.9, 0
                _number("max_grad_norm", max_grad_norm), bool(grad_norm), int(threads))
 
 
+def adam_args(grad_dtype, grad_scale, threads):
+    """A zb_adam_args as zb_adam_args_init() makes it, with these gradients and threads."""
+    args = _native.AdamArgs()
+    _native.library().zb_adam_args_init_size(ctypes.byref(args), ctypes.sizeof(args))
+    args.grad = _native.DTYPES[DTYPE_NAMES[grad_dtype]]
+    args.grad_scale = grad_scale
+    args.threads = threads
+    return args
+
+
+def tensor_array(rows):
+    """A zb_adam_tensor array of rows of _WORDS integers each (0 for NULL), packed as words: a
+    ctypes struct made per tensor cost more than the kernel for small tensors. Whatever a row
+    points to must outlive the call it is passed to."""
+    flat = array.array("Q")
+    for row in rows:
+        flat.extend(row)
+    if not flat:
+        flat.extend([0] * _WORDS)
+    return (_native.AdamTensor * (len(flat) // _WORDS)).from_buffer(flat)
+
+
 def run(tensors, grad_dtype, copy_dtype, hyper, step, grad_scale, skip_nonfinite, max_grad_norm,
         grad_norm, threads):
     """zb_adam_step over checked CPU tensors: (param, grad, exp_avg, exp_avg_sq, copy_out or None,
     its own _native.Hyper or None, its own step or 0) each; hyper and step for the others."""
-    args = _native.AdamArgs()
     lib = _native.library()
-    lib.zb_adam_args_init_size(ctypes.byref(args), ctypes.sizeof(args))
-    args.grad = _native.DTYPES[_GRAD[grad_dtype]]
-    args.copy_out = _native.DTYPES[_GRAD[copy_dtype] if copy_dtype else None]
+    args = adam_args(grad_dtype, grad_scale, threads)
+    args.copy_out = _native.DTYPES[DTYPE_NAMES[copy_dtype] if copy_dtype else None]
     args.hyper = hyper
     args.step = step
-    args.grad_scale = grad_scale
     want_norm = grad_norm or skip_nonfinite or max_grad_norm > 0
     args.flags = (STEP_SKIP_NONFINITE if skip_nonfinite else 0) | \
         (STEP_GRAD_NORM if want_norm else 0)
     args.max_grad_norm = max_grad_norm
-    args.threads = threads
-    # The zb_adam_tensor array packed as 8 words a tensor (_WORDS): a ctypes struct made per
-    # tensor cost more than the kernel for small tensors. The Hyper objects stay alive in
-    # `tensors` for the call.
-    flat = array.array("Q")
-    for p, g, m, v, c, h, n in tensors:
-        flat.extend((p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(),
-                     c.data_ptr() if c is not None else 0, p.numel(),
-                     ctypes.addressof(h) if h is not None else 0, n))
-    if not tensors:
-        flat.extend([0] * _WORDS)
-    native = (_native.AdamTensor * max(len(tensors), 1)).from_buffer(flat)
+    native = tensor_array((p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(),
+                           c.data_ptr() if c is not None else 0, p.numel(),
+                           ctypes.addressof(h) if h is not None else 0, n)
+                          for p, g, m, v, c, h, n in tensors)  # the Hyper objects live in it
     result = _native.Result()
     _native.check(lib.zb_adam_step(native, len(tensors), ctypes.byref(args),
                                    ctypes.byref(result)))
