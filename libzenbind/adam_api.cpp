@@ -183,6 +183,10 @@ struct Step {
 #pragma omp barrier
     }
 
+    zb_grad_stats grad_stats() const {
+        return zb_grad_stats{found.sum_squares, found.nonfinite};
+    }
+
     zb_worker_result result(double seconds) const {
         zb_worker_result r{};
         r.nonfinite = stats ? found.nonfinite : nonfinite.load(std::memory_order_relaxed);
@@ -219,7 +223,7 @@ zb_status run_in_callers_team(const zb_adam_tensor *tensors, size_t count, const
     }
     step->run();
     const zb_worker_result r = step->result(since(start));
-    const opt::GradStats found = step->found;
+    const zb_grad_stats found = step->grad_stats();
 #pragma omp barrier
 #pragma omp single
     delete step;
@@ -227,7 +231,7 @@ zb_status run_in_callers_team(const zb_adam_tensor *tensors, size_t count, const
 #pragma omp critical(zb_adam_out)
     {
         if (out) *out = r;
-        if (stats_out) *stats_out = zb_grad_stats{found.sum_squares, found.nonfinite};
+        if (stats_out) *stats_out = found;
     }
     return ZB_OK;
 }
@@ -243,7 +247,7 @@ zb_status run(const zb_adam_tensor *tensors, size_t count, const zb_adam_args &a
 #pragma omp parallel num_threads(threads)
         step->run();
         if (out) *out = step->result(since(start));
-        if (stats_out) *stats_out = zb_grad_stats{step->found.sum_squares, step->found.nonfinite};
+        if (stats_out) *stats_out = step->grad_stats();
     });
 }
 
