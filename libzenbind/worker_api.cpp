@@ -14,8 +14,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <string>
+#include <sys/mman.h>
 
 #include <omp.h>
 
@@ -83,6 +85,12 @@ void send_segment(int sock, int fd, uint32_t tag, const char *what) {
 }
 
 } // namespace
+
+// What zb_worker_group_take_state hands out: a private mapping of a transfer segment.
+struct zb_worker_state {
+    void *base;
+    size_t size;
+};
 
 extern "C" {
 
@@ -274,6 +282,15 @@ void parallel_copy(void *to, const void *from, size_t bytes) {
     }
 }
 
+// Asks the worker for a group's state: its moments into `seg` (null: the step count alone).
+void state_out(zb_worker &w, unsigned group, const zb::shm::Segment *seg) {
+    if (seg) send_segment(w.sock, seg->fd(), group, "optimizer state's shared memory");
+    w.ctl->command = proto::Command::get_state;
+    w.ctl->ngroups = group;
+    w.ctl->transfer = seg ? 1 : 0;
+    w.run_state_command("return the optimizer state of group " + std::to_string(group));
+}
+
 } // namespace
 
 zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *exp_avg,
@@ -283,19 +300,44 @@ zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *
         const size_t n = w.ctl->groups[group].numel;
         const proto::TransferLayout t = proto::transfer_layout(n);
         std::optional<zb::shm::Segment> seg;
-        if (exp_avg || exp_avg_sq) {
-            seg.emplace("zenflow optimizer state", t.size, w.mems);
-            send_segment(w.sock, seg->fd(), group, "optimizer state's shared memory");
-        }
-        w.ctl->command = proto::Command::get_state;
-        w.ctl->ngroups = group;
-        w.ctl->transfer = seg ? 1 : 0;
-        w.run_state_command("return the optimizer state of group " + std::to_string(group));
+        if (exp_avg || exp_avg_sq) seg.emplace("zenflow optimizer state", t.size, w.mems);
+        state_out(w, group, seg ? &*seg : nullptr);
         const char *base = seg ? static_cast<const char *>(seg->base()) : nullptr;
         if (exp_avg) parallel_copy(exp_avg, base, 4 * n);
         if (exp_avg_sq) parallel_copy(exp_avg_sq, base + t.exp_avg_sq, 4 * n);
         if (step) *step = w.ctl->state_step;
     });
+}
+
+zb_status zb_worker_group_take_state(zb_worker_t *worker, unsigned group, zb_worker_state_t **state,
+                                     float **exp_avg, float **exp_avg_sq, int64_t *step) {
+    return zb::guard([&] {
+        zb_worker &w = state_handle(worker, group, "zb_worker_group_take_state");
+        if (!state || !exp_avg || !exp_avg_sq)
+            fail(ZB_EINVAL, "zb_worker_group_take_state: state, exp_avg or exp_avg_sq is NULL");
+        const proto::TransferLayout t = proto::transfer_layout(w.ctl->groups[group].numel);
+        zb::shm::Segment seg("zenflow optimizer state", t.size, w.mems);
+        state_out(w, group, &seg);
+        // The caller's view: private, so its writes and a fork's stay out of the segment; reading
+        // maps the pages the worker wrote (no copy). The segment's fd and shared mapping go with
+        // `seg`; this mapping alone keeps the memory.
+        void *view = mmap(nullptr, t.size, PROT_READ | PROT_WRITE, MAP_PRIVATE, seg.fd(), 0);
+        if (view == MAP_FAILED) zb::fail_errno("zb_worker_group_take_state: mmap of the state");
+        *state = new (std::nothrow) zb_worker_state{view, t.size};
+        if (!*state) {
+            munmap(view, t.size);
+            fail(ZB_ENOMEM, "zb_worker_group_take_state: out of memory");
+        }
+        *exp_avg = static_cast<float *>(view);
+        *exp_avg_sq = reinterpret_cast<float *>(static_cast<char *>(view) + t.exp_avg_sq);
+        if (step) *step = w.ctl->state_step;
+    });
+}
+
+void zb_worker_state_release(zb_worker_state_t *state) {
+    if (!state) return;
+    munmap(state->base, state->size);
+    delete state;
 }
 
 zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const float *exp_avg,

@@ -230,6 +230,19 @@ zb_status zb_worker_wait_result(zb_worker_t *worker, int timeout_ms, zb_worker_r
  * group's step count, the number of steps applied to it (0 for a fresh group). */
 zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *exp_avg,
                                     float *exp_avg_sq, int64_t *step);
+/* The same state without a copy into the caller's memory, for a caller that only reads it or
+ * keeps it (a checkpoint): the worker writes the moments into memory of their own, handed over as
+ * *state. *exp_avg and *exp_avg_sq point at numel floats each in it, 64-byte aligned, writable,
+ * valid until zb_worker_state_release(*state), which may come after zb_worker_destroy. The memory
+ * is the caller's alone: writes to it stay there (zb_worker_group_set_state gives the worker new
+ * state) and a forked child gets a copy-on-write view. 8 bytes per parameter, the pages placed
+ * like the worker's memory (zb_worker_attr.mems). All three pointers are required; *step may be
+ * NULL. Added in ABI 2.1 (ZENBIND_2.1). */
+typedef struct zb_worker_state zb_worker_state_t;
+zb_status zb_worker_group_take_state(zb_worker_t *worker, unsigned group, zb_worker_state_t **state,
+                                     float **exp_avg, float **exp_avg_sq, int64_t *step);
+/* Unmaps what zb_worker_group_take_state handed out; NULL is a no-op. */
+void zb_worker_state_release(zb_worker_state_t *state);
 /* Writes them as given (the caller's checkpoint): NULL moments mean zeros; step >= 0 becomes the
  * group's count (the next step with zb_worker_step.step == 0 uses step + 1); negative is
  * ZB_EINVAL. */

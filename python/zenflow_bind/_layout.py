@@ -45,8 +45,8 @@ class Slot:
     def __init__(self, param, index, offset, group, at):
         self.param = param
         self.index = index  # its number in the optimizer's state dict, for messages
-        self.offset = offset  # in the param group; `at` in its bucket, the worker group `group`
-        self.group = group
+        self.offset = offset  # in the param group
+        self.group, self.at = group, at  # its bucket's worker group, and its offset there
         shard = local(param)
         self.sharded = shard is not param
         self.numel = shard.numel()
@@ -232,17 +232,6 @@ class Buckets:
     def set_hyper(self, **hyper):
         for g in self.groups:
             g.set_hyper(**hyper)
-
-    def get_state(self, exp_avg=None, exp_avg_sq=None):
-        """The moments into flat fp32 tensors over the group (None skips one); the step count
-        (every bucket's once a step has completed)."""
-        count, at = 0, 0
-        for g in self.groups:
-            cut = slice(at, at + g.numel)
-            count = g.get_state(None if exp_avg is None else exp_avg[cut],
-                                None if exp_avg_sq is None else exp_avg_sq[cut])
-            at += g.numel
-        return count
 
     def set_state(self, exp_avg, exp_avg_sq, step):
         at = 0

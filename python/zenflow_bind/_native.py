@@ -5,6 +5,7 @@ Only this module knows the C ABI; worker.py builds the Python objects on it."""
 
 import ctypes
 import os
+import weakref
 
 import numpy as np
 
@@ -149,6 +150,10 @@ _PROTOS = {
     "zb_worker_wait_result": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, _P(Result)]),
     "zb_worker_group_get_state": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p,
                                                  ctypes.c_void_p, _P(ctypes.c_int64)]),
+    "zb_worker_group_take_state": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint,
+                                                  _P(ctypes.c_void_p), _P(ctypes.c_void_p),
+                                                  _P(ctypes.c_void_p), _P(ctypes.c_int64)]),
+    "zb_worker_state_release": (None, [ctypes.c_void_p]),
     "zb_worker_group_set_state": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p,
                                                  ctypes.c_void_p, ctypes.c_int64]),
     "zb_worker_group_set_ranges": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint,
@@ -240,6 +245,15 @@ def check_hyper(h):
     if library().zb_adam_hyper_check(ctypes.byref(h)) != 0:
         rule = library().zb_last_error().decode(errors="replace").split(": ", 1)[-1]
         raise ValueError(f"invalid {_TORCH_NAMES.get(rule.split()[0], 'hyperparameter')}: {rule}")
+
+
+class Owner:
+    """Calls release(handle) once nothing refers to it any more: the owner of memory that
+    libzenbind handed out (arrays keep it alive). Not at exit: the process ends anyway, and a
+    reader late in the exit would find the memory gone."""
+
+    def __init__(self, release, handle):
+        weakref.finalize(self, release, handle).atexit = False
 
 
 def array(address, dtype, count, owner):

@@ -8,7 +8,9 @@ get_optimizer_state_dict, state_dict(), a user's loop), kept while nothing steps
 the next step, which first sends the worker whatever was written into it (in place or by
 assignment). torch code that reads optimizer.state sees exactly what torch.optim.AdamW would
 hold: nothing before a parameter's first step, then step, exp_avg, exp_avg_sq (and master_param
-for a 16-bit parameter), as DTensors sharded like their parameter under FSDP2."""
+for a 16-bit parameter), as DTensors sharded like their parameter under FSDP2. The worker writes
+a snapshot's moments into memory of their own that the entries view (8 bytes per parameter, freed
+with the last tensor viewing it), so taking one costs the worker's copy and no other."""
 
 import collections
 import math
@@ -90,20 +92,23 @@ class Snapshot:
                 continue
             for slot in layout.slots:
                 self._groups[slot.param] = i
-            stepped = [s for s in layout.slots if steps.get(s.param, 0)]
-            if not stepped:
-                continue
-            m, v = torch.empty(layout.numel), torch.empty(layout.numel)
-            layout.group.get_state(m, v)
-            for slot in stepped:
-                cut = slice(slot.offset, slot.offset + slot.numel)
-                entry = {"step": torch.tensor(float(steps[slot.param])),
-                         "exp_avg": _like_param(m[cut], slot),
-                         "exp_avg_sq": _like_param(v[cut], slot)}
-                if slot.param.dtype != torch.float32:
-                    entry["master_param"] = _like_param(slot.master.reshape(-1).clone(), slot)
-                self.state[slot.param] = entry
-                self._taken[slot.param] = (i, entry, _versions(entry))
+            for group, bucket in zip(layout.group.groups, layout.buckets):
+                stepped = [s for s in bucket if steps.get(s.param, 0)]
+                if not stepped:
+                    continue
+                # the worker writes the moments into memory that the entries then view
+                m, v, _ = group.take_state()
+                m, v = torch.from_numpy(m), torch.from_numpy(v)
+                for slot in stepped:
+                    cut = slice(slot.at, slot.at + slot.numel)
+                    entry = {"step": torch.tensor(float(steps[slot.param])),
+                             "exp_avg": _like_param(m[cut], slot),
+                             "exp_avg_sq": _like_param(v[cut], slot)}
+                    if slot.param.dtype != torch.float32:
+                        entry["master_param"] = _like_param(slot.master.reshape(-1).clone(),
+                                                            slot)
+                    self.state[slot.param] = entry
+                    self._taken[slot.param] = (i, entry, _versions(entry))
 
     def edited_groups(self):
         """Indices of the param groups whose state was written since the snapshot was taken."""

@@ -230,12 +230,12 @@ class WithoutGrad(unittest.TestCase):
                 return original(*args, **kwargs)
             return call
         with contextlib.ExitStack() as patches:
-            for name in ("get_state", "set_state", "set_ranges"):
+            for name in ("get_state", "take_state", "set_state", "set_ranges"):
                 patches.enter_context(mock.patch.object(worker.Group, name, counted(name)))
             for i, (x, y) in enumerate(batches(10)):
                 step_pairs(((a, opt_a), (b, opt_b)), x, y,
                            lambda m: [m[2].bias] if 2 <= i <= 5 else [])
-        self.assertEqual(calls["get_state"] + calls["set_state"], 0)
+        self.assertEqual(calls["get_state"] + calls["take_state"] + calls["set_state"], 0)
         self.assertEqual(calls["set_ranges"], 2)
         assert_close(self, a.parameters(), b.parameters())
         opt_a.close()
@@ -257,12 +257,10 @@ class WithoutGrad(unittest.TestCase):
                 opt.step()
         assert_close(self, a.parameters(), b.parameters())
         self.assertTrue(torch.equal(a[4].weight, frozen))
-        layout = opt_a._layouts[0]
-        m, v = torch.empty(layout.numel), torch.empty(layout.numel)
-        layout.group.get_state(m, v)
-        slot = next(s for s in layout.slots if s.param is a[4].weight)
-        cut = slice(slot.offset, slot.offset + slot.numel)
-        self.assertEqual(float(m[cut].abs().sum() + v[cut].abs().sum()), 0.0)
+        slot = next(s for s in opt_a._layouts[0].slots if s.param is a[4].weight)
+        m, v, _ = slot.group.take_state()
+        cut = slice(slot.at, slot.at + slot.numel)
+        self.assertEqual(float(abs(m[cut]).sum() + abs(v[cut]).sum()), 0.0)
         frozen_index = [p is a[4].weight for p in a.parameters()].index(True)
         self.assertNotIn(frozen_index, opt_a.state_dict()["state"])
         opt_a.close()

@@ -74,6 +74,29 @@ class StateDict(unittest.TestCase):
             assert_equal(self, [got[i][k] for k in sorted(want[i])],
                          [want[i][k] for k in sorted(want[i])])
 
+    def test_a_state_dict_holds_the_moments_until_dropped(self):
+        # The moments come out of the worker into memory of their own, one mapping per bucket,
+        # that the state dict's tensors view: gone once neither the optimizer (until its next
+        # step) nor the caller holds them, and what they hold outlives the optimizer.
+        def mapped():
+            with open("/proc/self/maps") as maps:
+                return sum("zenflow optimizer state" in line for line in maps)
+        before, data, model = mapped(), batches(3), mlp()
+        opt = ours(groups_of(model), lr=1e-2, bucket_elements=300)
+        train(model, opt, data[:2])
+        buckets = sum(len(layout.buckets) for layout in opt._layouts)
+        self.assertGreater(buckets, 2)
+        sd = opt.state_dict()
+        self.assertEqual(mapped(), before + buckets)
+        want = {i: s["exp_avg_sq"].clone() for i, s in sd["state"].items()}
+        train(model, opt, data[2:])
+        self.assertEqual(mapped(), before + buckets)  # the caller's sd still views them
+        opt.close()
+        for i, s in sd["state"].items():
+            self.assertTrue(torch.equal(s["exp_avg_sq"], want[i]))
+        del s, sd
+        self.assertEqual(mapped(), before)
+
     def test_mismatched_state_dict_is_refused(self):
         a, _ = twins()
         with ours(groups_of(a)) as opt:

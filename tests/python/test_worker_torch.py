@@ -202,6 +202,36 @@ class Behaviour(unittest.TestCase):
                 with self.assertRaisesRegex(ValueError, "contiguous float32 of 1000"):
                     g.set_state(bad, None, 1)
 
+    def test_taken_state_is_its_own_memory_while_viewed(self):
+        def mapped():
+            with open("/proc/self/maps") as maps:
+                return sum("zenflow optimizer state" in line for line in maps)
+        before = mapped()
+        with Worker(threads=2) as w:
+            g = w.add_group(100000)
+            m = np.linspace(-1, 1, 100000, dtype=np.float32)
+            g.set_state(m, m * m, 3)
+            taken_m, taken_v, step = g.take_state()
+            self.assertEqual(step, 3)
+            np.testing.assert_array_equal(taken_m, m)
+            np.testing.assert_array_equal(taken_v, m * m)
+            self.assertEqual(mapped(), before + 1)
+            taken_m[0] = 5.0  # the caller's: the worker keeps its own
+            got = np.empty(100000, np.float32)
+            g.get_state(got, None)
+            np.testing.assert_array_equal(got, m)
+            g.grads[0][:] = 1.0
+            w.submit(4)
+            w.wait()
+            self.assertEqual(float(taken_m[0]), 5.0)  # a step leaves what was taken alone
+            np.testing.assert_array_equal(taken_v, m * m)
+        view = torch.from_numpy(taken_v)[10:20]  # a torch view keeps it, the worker gone
+        del taken_m, taken_v
+        self.assertEqual(mapped(), before + 1)
+        self.assertTrue(torch.equal(view, torch.from_numpy(m[10:20] ** 2)))
+        del view
+        self.assertEqual(mapped(), before)
+
     def test_bad_arguments(self):
         with Worker(threads=1) as w:
             with self.assertRaises(ZenbindError) as ctx:

@@ -76,9 +76,15 @@ static void every_symbol_is_versioned(void **state) {
                                         "zb_worker_attr_init_size", "zb_adam_args_init_size",
                                         "zb_worker_wait_result",    "zb_worker_group_set_ranges",
                                         "zb_worker_group_remove",   "zb_worker_stop",
-                                        "zb_adam_grad_stats",       NULL};
-    static const char *const in_2_1[] = {"zb_worker_group_set_ranges", "zb_worker_group_remove",
-                                         "zb_worker_stop", "zb_adam_grad_stats", NULL};
+                                        "zb_adam_grad_stats",       "zb_worker_group_take_state",
+                                        "zb_worker_state_release",  NULL};
+    static const char *const in_2_1[] = {"zb_worker_group_set_ranges",
+                                         "zb_worker_group_remove",
+                                         "zb_worker_stop",
+                                         "zb_adam_grad_stats",
+                                         "zb_worker_group_take_state",
+                                         "zb_worker_state_release",
+                                         NULL};
     static const char *const removed[] = {"zb_plan_compute_gpus",
                                           "zb_worker_wait",
                                           "zb_worker_last_step_seconds",

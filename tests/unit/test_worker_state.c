@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <setjmp.h>
 
@@ -665,6 +667,92 @@ static void test_state_of_a_large_group(void **state) {
     zb_worker_destroy(w);
 }
 
+/* The state taken without a copy into the caller's memory: what get_state returns, private to the
+ * caller (its writes reach neither the worker nor a forked child's view, nor the child's the
+ * parent's), unchanged by later steps, readable after the worker is gone. */
+static void test_taken_state(void **state) {
+    (void)state;
+    enum { N = 300007 };
+    const spec s = {N, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0};
+    zb_group_buffers b;
+    zb_worker_t *w = spawn_threads(2);
+    unsigned id = add(w, &s, &b);
+    float *m = malloc(4 * (size_t)N), *v = malloc(4 * (size_t)N);
+    assert_non_null(m);
+    assert_non_null(v);
+    for (size_t i = 0; i < N; ++i)
+        m[i] = (float)(i % 1009) * 1e-3f - 0.5f, v[i] = (float)(i % 997) * 1e-6f;
+    assert_int_equal(zb_worker_group_set_state(w, id, m, v, 41), ZB_OK);
+
+    zb_worker_state_t *taken = NULL;
+    float *tm = NULL, *tv = NULL;
+    int64_t n = -1;
+    assert_int_equal(zb_worker_group_take_state(w, id, &taken, &tm, &tv, &n), ZB_OK);
+    assert_non_null(taken);
+    assert_int_equal(n, 41);
+    assert_int_equal((uintptr_t)tm % 64, 0);
+    assert_int_equal((uintptr_t)tv % 64, 0);
+    assert_memory_equal(tm, m, 4 * (size_t)N);
+    assert_memory_equal(tv, v, 4 * (size_t)N);
+
+    /* Written by the caller: the worker keeps its own. */
+    tm[0] = 123.0f;
+    tv[N - 1] = 456.0f;
+    float *m2 = malloc(4 * (size_t)N), *v2 = malloc(4 * (size_t)N);
+    assert_non_null(m2);
+    assert_non_null(v2);
+    assert_int_equal(zb_worker_group_get_state(w, id, m2, v2, NULL), ZB_OK);
+    assert_memory_equal(m2, m, 4 * (size_t)N);
+    assert_memory_equal(v2, v, 4 * (size_t)N);
+
+    /* A forked child's writes stay in the child. */
+    const pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        const int same = tm[0] == 123.0f && tv[1] == v[1];
+        tm[1] = -1.0f;
+        _exit(same ? 0 : 1);
+    }
+    int wstatus = 0;
+    assert_int_equal(waitpid(child, &wstatus, 0), child);
+    assert_true(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+    assert_true(tm[1] == m[1]);
+
+    /* A step changes the worker's moments, not what was taken; a second take has the new ones. */
+    fill(&b, 0, 3);
+    zb_worker_step st = {0, 1.0f, 0, NULL, 0, 0, 0.0f};
+    assert_int_equal(zb_worker_submit(w, &st), ZB_OK);
+    expect_status(zb_worker_group_take_state(w, id, &taken, &tm, &tv, &n), ZB_EINVAL, "in flight");
+    assert_int_equal(zb_worker_wait_result(w, 30000, NULL), ZB_OK);
+    zb_worker_state_t *after = NULL;
+    float *am = NULL, *av = NULL;
+    assert_int_equal(zb_worker_group_take_state(w, id, &after, &am, &av, &n), ZB_OK);
+    assert_int_equal(n, 42);
+    assert_int_equal(zb_worker_group_get_state(w, id, m2, v2, NULL), ZB_OK);
+    assert_memory_equal(am, m2, 4 * (size_t)N);
+    assert_memory_equal(av, v2, 4 * (size_t)N);
+    assert_true(memcmp(am, m, 4 * (size_t)N) != 0);
+    assert_true(tm[0] == 123.0f && tm[2] == m[2] && tv[N - 1] == 456.0f && tv[0] == v[0]);
+
+    expect_status(zb_worker_group_take_state(w, id, NULL, &tm, &tv, &n), ZB_EINVAL, "NULL");
+    expect_status(zb_worker_group_take_state(w, id, &taken, NULL, &tv, &n), ZB_EINVAL, "NULL");
+    expect_status(zb_worker_group_take_state(w, 7, &taken, &tm, &tv, &n), ZB_EINVAL,
+                  "unknown group 7");
+    expect_status(zb_worker_group_take_state(NULL, id, &taken, &tm, &tv, &n), ZB_EINVAL, "NULL");
+
+    /* Still there once the worker is gone. */
+    zb_worker_destroy(w);
+    assert_memory_equal(am, m2, 4 * (size_t)N);
+    assert_true(tm[3] == m[3]);
+    zb_worker_state_release(taken);
+    zb_worker_state_release(after);
+    zb_worker_state_release(NULL);
+    free(m);
+    free(v);
+    free(m2);
+    free(v2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpoint_resume), cmocka_unit_test(test_per_group_counts),
@@ -672,6 +760,7 @@ int main(void) {
         cmocka_unit_test(test_grad_norm),         cmocka_unit_test(test_clipping),
         cmocka_unit_test(test_state_arguments),   cmocka_unit_test(test_step_ranges),
         cmocka_unit_test(test_remove_group),      cmocka_unit_test(test_state_of_a_large_group),
+        cmocka_unit_test(test_taken_state),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
