@@ -56,3 +56,15 @@ def forgotten_on_error(step):
             forget(optimizer)
             raise
     return wrapped
+
+
+def scaler_mismatch(amp, given, taken):
+    """Why GradScaler's step does not fit a step_during_backward() given grad_scale `given`
+    (`taken`: some buckets already stepped with it)."""
+    taken = f"(the step was taken with {given})" if taken else "(no step was taken)"
+    if amp.multiplier is None:  # unscale_() ran
+        return (f"GradScaler.unscale_() after step_during_backward(grad_scale={given}) {taken}: "
+                f"do not unscale the gradients, give step_during_backward(grad_scale=1 / "
+                f"scaler.get_scale()) instead")
+    return (f"GradScaler's scale is 1/{1 / amp.multiplier:g}, but step_during_backward() was "
+            f"given grad_scale={given} {taken}: give it grad_scale=1 / scaler.get_scale()")

@@ -16,15 +16,16 @@ import weakref
 import torch
 
 from . import _native
-from ._amp import forget, forgotten_on_error, scaler_step, skipped
+from ._amp import forget, forgotten_on_error, scaler_mismatch, scaler_step, skipped
 from ._compile import eager, eager_context
 from ._global_stats import clip_scale, sharded, stats
 from ._layout import _identity, local
 from .functional import StepResult, _number, run
 from ._signals import deferred_interrupts
 from ._state import _count
-from .optim import (AdamW, _check_group, _check_unique, _load_post_hooks, _load_pre_hooks,
-                    _saved_groups, _scaler_mismatch, as_torch_groups)
+from ._groups import (as_torch_groups, check_group, check_unique, load_post_hooks,
+                      load_pre_hooks, read_saved)
+from .optim import AdamW
 
 _FLOAT16 = (torch.bfloat16, torch.float16)
 _LOAD_HOOKS = ("_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
@@ -132,8 +133,8 @@ class InProcessAdamW(AdamW):
     def add_param_group(self, param_group):
         torch.optim.Optimizer.add_param_group(self, param_group)
         try:
-            _check_group(self.param_groups[-1])
-            _check_unique(self.param_groups[-1])
+            check_group(self.param_groups[-1])
+            check_unique(self.param_groups[-1])
             for i, p in enumerate(self.param_groups[-1]["params"]):
                 if p.dtype not in (torch.float32,) + _FLOAT16:
                     raise TypeError(f"zenflow_bind.optim.AdamW optimizes fp32, bf16 and fp16 "
@@ -179,7 +180,7 @@ class InProcessAdamW(AdamW):
             skipped(self)
             return loss
         if amp is not None and given is not None and amp.multiplier != given:
-            raise ValueError(_scaler_mismatch(amp, given, False))  # before any step
+            raise ValueError(scaler_mismatch(amp, given, False))  # before any step
         if amp is not None and given is None and amp.multiplier is not None:
             scale *= amp.multiplier
         if not math.isfinite(scale):
@@ -252,7 +253,7 @@ class InProcessAdamW(AdamW):
         its state made ready for the kernel; what to write back after the kernel."""
         index = -1
         for group in self.param_groups:
-            _check_group(group)
+            check_group(group)
             hyper = _native.hyper(float(group["lr"]), tuple(float(b) for b in group["betas"]),
                                   float(group["eps"]), float(group["weight_decay"]),
                                   group["adamw_mode"], group["bias_correction"])
@@ -319,7 +320,7 @@ class InProcessAdamW(AdamW):
         model's values (load the model first). Every entry is checked before anything changes."""
         with self._exclusive("load_state_dict"):
             forget(self)  # a GradScaler's attributes, if a step it began raised
-            state_dict = _load_pre_hooks(self, state_dict)  # what they return is what loads
+            state_dict = load_pre_hooks(self, state_dict)  # what they return is what loads
             params, saved, updates = self._check_saved(state_dict)
             before = [dict(g) for g in self.param_groups]
             with _without_load_hooks(self):  # run here, before the checks and after the state
@@ -345,10 +346,10 @@ class InProcessAdamW(AdamW):
                 if p.dtype in _FLOAT16 and "master_param" not in entry:
                     state["master_param"] = p.detach().to(torch.float32, copy=True)
                 state["step"] = torch.tensor(float(_count(entry["step"], "")))
-            _load_post_hooks(self)
+            load_post_hooks(self)
 
     def _check_saved(self, state_dict):
-        groups, states, updates = _saved_groups(self.param_groups, state_dict)
+        groups, states, updates = read_saved(self.param_groups, state_dict)
         params, saved = [], []
         for group, theirs in zip(self.param_groups, groups):
             for key, p in zip(theirs["params"], group["params"]):

@@ -20,118 +20,22 @@ import weakref
 
 import torch
 
-from ._amp import SUPPORTED as _AMP_SCALING, forget, forgotten_on_error, scaler_step, skipped
+from ._amp import (SUPPORTED as _AMP_SCALING, forget, forgotten_on_error, scaler_mismatch,
+                   scaler_step, skipped)
 from ._compile import eager, eager_context
 from ._cuda import Gpu
 from ._global_stats import clip_scale, sharded, stats
+from ._groups import (as_torch_groups, check_group, check_unique, load_post_hooks,
+                      load_pre_hooks, read_saved)
 from ._layout import Layout, local
 from .functional import _number
-from ._native import (MAX_GROUPS, STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError, check_hyper,
-                      hyper)
+from ._native import MAX_GROUPS, STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
 from ._signals import deferred_interrupts
 from ._state import Snapshot, _count, prepare_group_state
 from ._stream import Stream
 from .worker import StepResult, Worker
 
 __all__ = ["AdamW"]
-
-_WHY_NOT = {
-    "amsgrad": "amsgrad=True is not supported: its running maximum of the second moment would be "
-               "a fourth state stream in the worker (4 more bytes per parameter to keep, 8 more to "
-               "move at every memory-bound step)",
-    "capturable": "capturable=True is not supported: the step runs in another process, which a "
-                  "CUDA graph cannot capture",
-    "differentiable": "differentiable=True is not supported: the step runs in another process, "
-                      "outside autograd",
-}
-
-
-def _check_group(group):
-    """Refuse what would change the math or cannot be done, with the reason."""
-    for key, why in _WHY_NOT.items():
-        if group.get(key):
-            raise ValueError(why)
-    betas = group["betas"]
-    if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
-        raise TypeError(f"betas must be a pair of numbers, not {betas!r}")
-    lr, eps, wd = (_number(k, group[k]) for k in ("lr", "eps", "weight_decay"))
-    beta1, beta2 = (_number("betas", b) for b in betas)
-    for i, beta in enumerate((beta1, beta2)):
-        if beta < 1.0 and float(torch.tensor(beta, dtype=torch.float32)) == 1.0:
-            raise ValueError(f"invalid betas: betas[{i}] = {beta!r} is 1 in float32, which the "
-                             f"kernel computes in (its largest below 1 is 0.99999994)")
-    # the ranges are libzenbind's (zb_adam_hyper_check), on the float32 values the kernel uses
-    check_hyper(hyper(lr, (beta1, beta2), eps, wd, group.get("adamw_mode", True),
-                      group.get("bias_correction", True)))
-
-
-def _check_unique(group):
-    """torch only warns of a parameter listed twice in one group (to be an error); stepping it
-    twice a step, or once with two step counts, is never what was meant."""
-    seen = set()
-    for i, p in enumerate(group["params"]):
-        if id(p) in seen:
-            raise ValueError(f"parameter {i} of the param group is listed twice in it: list each "
-                             "parameter once")
-        seen.add(id(p))
-
-
-_TORCH_GROUP_KEYS = []  # the keys of this torch's torch.optim.AdamW param groups, once known
-
-
-def _torch_group_keys():
-    if not _TORCH_GROUP_KEYS:
-        probe = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
-        _TORCH_GROUP_KEYS.append(frozenset(probe.param_groups[0]) - {"params"})
-    return _TORCH_GROUP_KEYS[0]
-
-
-def as_torch_groups(groups):
-    """A state dict's param groups in torch.optim.AdamW's keys, so that a checkpoint moves both
-    ways under DCP's strict key match: adamw_mode is torch's decoupled_weight_decay where this
-    torch's AdamW has it (2.14 does, 2.6 does not), and the DeepSpeed-style keys appear only
-    when they differ from torch's math (adamw_mode False without it, bias_correction False)."""
-    for g in groups:
-        adamw, correct = g.pop("adamw_mode", True), g.pop("bias_correction", True)
-        if "decoupled_weight_decay" in _torch_group_keys():
-            g["decoupled_weight_decay"] = bool(adamw)
-        elif not adamw:
-            g["adamw_mode"] = False
-        if not correct:
-            g["bias_correction"] = False
-    return groups
-
-
-def _from_saved(saved):
-    """A saved param group's settings in this optimizer's keys (see as_torch_groups); what a
-    group saved by torch.optim.AdamW lacks is torch's math."""
-    update = {k: v for k, v in saved.items() if k != "params"}
-    decoupled = update.pop("decoupled_weight_decay", True)
-    update.setdefault("adamw_mode", bool(decoupled))
-    update.setdefault("bias_correction", True)
-    return update
-
-
-def _saved_groups(param_groups, state_dict):
-    """A state dict's param groups, its state and each group's new settings, checked against
-    param_groups; nothing is changed here."""
-    try:
-        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
-    except (KeyError, TypeError):
-        raise ValueError("a state dict has 'state' and 'param_groups'") from None
-    if len(saved_groups) != len(param_groups):
-        raise ValueError(f"the state dict has {len(saved_groups)} param groups, this optimizer "
-                         f"{len(param_groups)}")
-    updates = []
-    for i, (group, saved) in enumerate(zip(param_groups, saved_groups)):
-        if len(saved["params"]) != len(group["params"]):
-            raise ValueError(f"param group {i} has {len(group['params'])} parameters, the state "
-                             f"dict's {len(saved['params'])}")
-        update = _from_saved(saved)
-        _check_group({**group, **update})
-        updates.append(update)
-    return saved_groups, saved_state, updates
-
 
 def _hyper(group):
     return dict(lr=float(group["lr"]), betas=tuple(float(b) for b in group["betas"]),
@@ -188,7 +92,7 @@ class AdamW(torch.optim.Optimizer):
                         maximize=maximize, foreach=foreach, capturable=capturable,
                         differentiable=differentiable, fused=fused, adamw_mode=adamw_mode,
                         bias_correction=bias_correction)
-        _check_group(defaults)
+        check_group(defaults)
         max_grad_norm = _number("max_grad_norm", max_grad_norm)
         if not (max_grad_norm >= 0.0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"invalid max_grad_norm {max_grad_norm}: must be >= 0 (0: no clip)")
@@ -318,8 +222,8 @@ class AdamW(torch.optim.Optimizer):
         first = sum(len(g["params"]) for g in self.param_groups[:-1])
         layout = None
         try:
-            _check_group(group)
-            _check_unique(group)
+            check_group(group)
+            check_unique(group)
             for i, p in enumerate(group["params"]):
                 owner = _OWNERS.get(id(p), lambda: None)()
                 if owner is not None and owner is not self and not owner._worker.closed:
@@ -404,7 +308,7 @@ class AdamW(torch.optim.Optimizer):
                                        (f"(the step was taken with {given})" if went else
                                         "(no step was taken)"))
                 elif amp is not None and amp.multiplier != given:
-                    twice = ValueError(_scaler_mismatch(amp, given, went))
+                    twice = ValueError(scaler_mismatch(amp, given, went))
                 if twice is not None and not went:
                     raise twice  # nothing stepped yet: refused before anything is
                 grad_scale = given  # else raised once the step is whole
@@ -503,7 +407,7 @@ class AdamW(torch.optim.Optimizer):
                              "negates every gradient of a step at once")
         for group, layout in zip(self.param_groups, self._layouts):
             if layout is not None:
-                _check_group(group)
+                check_group(group)
                 layout.group.set_hyper(**_hyper(group))
         return -grad_scale if maximize and maximize.pop() else grad_scale
 
@@ -815,7 +719,7 @@ class AdamW(torch.optim.Optimizer):
             self._live()
             self._not_mid_step("load a state dict", torn_ok=True)
             self._finish()  # writes into optimizer.state since it was read: the load replaces them
-            state_dict = _load_pre_hooks(self, state_dict)
+            state_dict = load_pre_hooks(self, state_dict)
             updates, prepared = self._check_state_dict(state_dict)
             self._snapshot = None  # stale from here, even if applying fails midway
             for group, update in zip(self.param_groups, updates):
@@ -831,12 +735,12 @@ class AdamW(torch.optim.Optimizer):
             self._snapshot = None
             # every master, moment and count rewritten: a step begun in a failed backward is gone
             self._torn, self._stream, self._stream_scale = False, None, None
-            _load_post_hooks(self)
+            load_post_hooks(self)
 
     def _check_state_dict(self, state_dict):
         """Each group's new settings and its state ready to apply, or an error naming what is
         wrong; nothing is changed here."""
-        saved_groups, saved_state, updates = _saved_groups(self.param_groups, state_dict)
+        saved_groups, saved_state, updates = read_saved(self.param_groups, state_dict)
         prepared = []
         for i, (saved, layout) in enumerate(zip(saved_groups, self._layouts)):
             for slot in layout.slots if layout else ():
@@ -916,32 +820,6 @@ _SLICE_MS = 200  # how long a wait goes without looking at Ctrl-C
 # id(parameter) -> weakref to the optimizer whose worker holds its master weights. Not an
 # attribute of the parameter: that would follow it into copy.deepcopy and break pickling.
 _OWNERS = {}
-
-
-def _load_pre_hooks(optimizer, state_dict):
-    """The state dict torch's load_state_dict pre-hooks (torch >= 2.1) make of state_dict: each
-    may return a new one, or change the shallow copy they get, as torch's do."""
-    state_dict = state_dict.copy()
-    for hook in getattr(optimizer, "_optimizer_load_state_dict_pre_hooks", {}).values():
-        out = hook(optimizer, state_dict)
-        if out is not None:
-            state_dict = out
-    return state_dict
-
-
-def _load_post_hooks(optimizer):
-    for hook in getattr(optimizer, "_optimizer_load_state_dict_post_hooks", {}).values():
-        hook(optimizer)
-
-
-def _scaler_mismatch(amp, given, taken):
-    taken = f"(the step was taken with {given})" if taken else "(no step was taken)"
-    if amp.multiplier is None:  # unscale_() ran
-        return (f"GradScaler.unscale_() after step_during_backward(grad_scale={given}) {taken}: "
-                f"do not unscale the gradients, give step_during_backward(grad_scale=1 / "
-                f"scaler.get_scale()) instead")
-    return (f"GradScaler's scale is 1/{1 / amp.multiplier:g}, but step_during_backward() was "
-            f"given grad_scale={given} {taken}: give it grad_scale=1 / scaler.get_scale()")
 
 
 def _now_ms():

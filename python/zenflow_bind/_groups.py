@@ -1,0 +1,121 @@
+"""torch param groups and state dicts as both zenflow_bind.optim.AdamW classes take them: what a
+group may hold (checked before anything changes), torch.optim.AdamW's keys for the saved groups,
+so that a checkpoint moves both ways, and torch's load_state_dict hooks."""
+
+import torch
+
+from .functional import _number
+from ._native import check_hyper, hyper
+
+_WHY_NOT = {
+    "amsgrad": "amsgrad=True is not supported: its running maximum of the second moment would "
+               "be a fourth state stream in the worker (4 more bytes per parameter to keep, 8 "
+               "more to move at every memory-bound step)",
+    "capturable": "capturable=True is not supported: the step runs in another process, which a "
+                  "CUDA graph cannot capture",
+    "differentiable": "differentiable=True is not supported: the step runs in another process, "
+                      "outside autograd",
+}
+
+
+def check_group(group):
+    """Refuse what would change the math or cannot be done, with the reason."""
+    for key, why in _WHY_NOT.items():
+        if group.get(key):
+            raise ValueError(why)
+    betas = group["betas"]
+    if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
+        raise TypeError(f"betas must be a pair of numbers, not {betas!r}")
+    lr, eps, wd = (_number(k, group[k]) for k in ("lr", "eps", "weight_decay"))
+    beta1, beta2 = (_number("betas", b) for b in betas)
+    for i, beta in enumerate((beta1, beta2)):
+        if beta < 1.0 and float(torch.tensor(beta, dtype=torch.float32)) == 1.0:
+            raise ValueError(f"invalid betas: betas[{i}] = {beta!r} is 1 in float32, which the "
+                             f"kernel computes in (its largest below 1 is 0.99999994)")
+    # the ranges are libzenbind's (zb_adam_hyper_check), on the float32 values the kernel uses
+    check_hyper(hyper(lr, (beta1, beta2), eps, wd, group.get("adamw_mode", True),
+                      group.get("bias_correction", True)))
+
+
+def check_unique(group):
+    """torch only warns of a parameter listed twice in one group (to be an error); stepping it
+    twice a step, or once with two step counts, is never what was meant."""
+    seen = set()
+    for i, p in enumerate(group["params"]):
+        if id(p) in seen:
+            raise ValueError(f"parameter {i} of the param group is listed twice in it: list each "
+                             "parameter once")
+        seen.add(id(p))
+
+
+_TORCH_GROUP_KEYS = []  # the keys of this torch's torch.optim.AdamW param groups, once known
+
+
+def _torch_group_keys():
+    if not _TORCH_GROUP_KEYS:
+        probe = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+        _TORCH_GROUP_KEYS.append(frozenset(probe.param_groups[0]) - {"params"})
+    return _TORCH_GROUP_KEYS[0]
+
+
+def as_torch_groups(groups):
+    """A state dict's param groups in torch.optim.AdamW's keys, so that a checkpoint moves both
+    ways under DCP's strict key match: adamw_mode is torch's decoupled_weight_decay where this
+    torch's AdamW has it (2.14 does, 2.6 does not), and the DeepSpeed-style keys appear only
+    when they differ from torch's math (adamw_mode False without it, bias_correction False)."""
+    for g in groups:
+        adamw, correct = g.pop("adamw_mode", True), g.pop("bias_correction", True)
+        if "decoupled_weight_decay" in _torch_group_keys():
+            g["decoupled_weight_decay"] = bool(adamw)
+        elif not adamw:
+            g["adamw_mode"] = False
+        if not correct:
+            g["bias_correction"] = False
+    return groups
+
+
+def _from_saved(saved):
+    """A saved param group's settings in this optimizer's keys (see as_torch_groups); what a
+    group saved by torch.optim.AdamW lacks is torch's math."""
+    update = {k: v for k, v in saved.items() if k != "params"}
+    decoupled = update.pop("decoupled_weight_decay", True)
+    update.setdefault("adamw_mode", bool(decoupled))
+    update.setdefault("bias_correction", True)
+    return update
+
+
+def read_saved(param_groups, state_dict):
+    """A state dict's param groups, its state and each group's new settings, checked against
+    param_groups; nothing is changed here."""
+    try:
+        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+    except (KeyError, TypeError):
+        raise ValueError("a state dict has 'state' and 'param_groups'") from None
+    if len(saved_groups) != len(param_groups):
+        raise ValueError(f"the state dict has {len(saved_groups)} param groups, this optimizer "
+                         f"{len(param_groups)}")
+    updates = []
+    for i, (group, saved) in enumerate(zip(param_groups, saved_groups)):
+        if len(saved["params"]) != len(group["params"]):
+            raise ValueError(f"param group {i} has {len(group['params'])} parameters, the state "
+                             f"dict's {len(saved['params'])}")
+        update = _from_saved(saved)
+        check_group({**group, **update})
+        updates.append(update)
+    return saved_groups, saved_state, updates
+
+
+def load_pre_hooks(optimizer, state_dict):
+    """The state dict torch's load_state_dict pre-hooks (torch >= 2.1) make of state_dict: each
+    may return a new one, or change the shallow copy they get, as torch's do."""
+    state_dict = state_dict.copy()
+    for hook in getattr(optimizer, "_optimizer_load_state_dict_pre_hooks", {}).values():
+        out = hook(optimizer, state_dict)
+        if out is not None:
+            state_dict = out
+    return state_dict
+
+
+def load_post_hooks(optimizer):
+    for hook in getattr(optimizer, "_optimizer_load_state_dict_post_hooks", {}).values():
+        hook(optimizer)
