@@ -39,8 +39,13 @@ int main(int argc, char **argv) {
                              "fd 3 and a socket as fd 4; see zenflow-optimizer(1).\n");
         return static_cast<int>(proto::Exit::usage);
     }
-    // Ctrl-C reaches the whole process group: let the trainer handle it and take us down.
-    std::signal(SIGINT, SIG_IGN);
+    // Signals meant for the job reach every process of it: Ctrl-C the process group, and Slurm's
+    // SIGTERM (scancel, the time limit, preemption) and --signal's choice every process of the
+    // step. They are the trainer's to act on, and a trainer that saves a checkpoint on one needs
+    // this process to hold the Adam moments until it has; we go when the trainer does (its
+    // pidfd), and SIGKILL still ends us.
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2})
+        std::signal(sig, SIG_IGN);
     struct stat st {};
     if (fstat(proto::kControlFd, &st) != 0 ||
         static_cast<size_t>(st.st_size) < sizeof(proto::Header))

@@ -7,6 +7,9 @@ import copy
 import gc
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -92,6 +95,38 @@ class Interrupt(unittest.TestCase):
                                  for s in slots))
             opt.synchronize()  # the step in flight lands
             self.assertEqual(float(opt.state_dict()["state"][0]["step"]), 1.0)
+
+
+class JobSignals(unittest.TestCase):
+    def test_a_checkpoint_on_sigterm_or_sigusr1_has_the_moments(self):
+        # Slurm signals every process of a step (scancel, the time limit, --signal=USR1@T), as a
+        # terminal does its process group: the worker gets the signal with the trainer, and must
+        # still hold the Adam moments when the trainer's handler saves them.
+        here = os.path.dirname(os.path.abspath(__file__))
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "ckpt.pt")
+                p = subprocess.Popen([sys.executable, os.path.join(here, "checkpoint_on_signal.py"),
+                                      path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, start_new_session=True)
+                try:
+                    started = p.stdout.readline().startswith("training")
+                    if started:
+                        os.killpg(p.pid, sig)
+                    out, err = p.communicate(timeout=60 if started else 150)
+                    self.assertTrue(started, out + err)
+                finally:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGKILL)
+                        p.wait()
+                self.assertEqual(p.returncode, 0, out + err)
+                saved = torch.load(path)
+                self.assertEqual(saved["signal"], sig.name)
+                state = saved["optim"]["state"]
+                self.assertEqual(sorted(state), [0, 1, 2, 3])
+                for entry in state.values():
+                    self.assertEqual(int(entry["step"]), saved["steps"])
+                    self.assertGreater(float(entry["exp_avg_sq"].sum()), 0.0)
 
 
 class Lifetime(unittest.TestCase):

@@ -851,8 +851,9 @@ static const char *worker_env(pid_t pid, const char *name) {
 }
 
 /* zenflow-optimizer(1), ENVIRONMENT: OpenMP told the thread count and not to bind, OMP_PLACES
- * removed, OMP_WAIT_POLICY passive unless the trainer set one. And it ignores SIGINT. */
-static void test_worker_environment_and_sigint(void **state) {
+ * removed, OMP_WAIT_POLICY passive unless the trainer set one. And it ignores the signals a job's
+ * processes get together (Ctrl-C, Slurm's SIGTERM, --signal's USR1). */
+static void test_worker_environment_and_job_signals(void **state) {
     (void)state;
     setenv("OMP_NUM_THREADS", "7", 1);
     setenv("OMP_PROC_BIND", "close", 1);
@@ -872,10 +873,13 @@ static void test_worker_environment_and_sigint(void **state) {
     assert_non_null(v = worker_env(pid, "OMP_WAIT_POLICY"));
     assert_string_equal(v, "passive");
     assert_null(worker_env(pid, "OMP_PLACES"));
-    /* A Ctrl-C meant for the trainer leaves the worker working. */
+    /* A Ctrl-C, Slurm's SIGTERM or a --signal meant for the trainer leaves the worker working. */
     add_group(w, 1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
-    assert_int_equal(kill(pid, SIGINT), 0);
-    assert_int_equal(step(w, 1, 0), ZB_OK);
+    const int job_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof job_signals / sizeof *job_signals; ++i) {
+        assert_int_equal(kill(pid, job_signals[i]), 0);
+        assert_int_equal(step(w, 1, 0), ZB_OK);
+    }
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 
     setenv("OMP_WAIT_POLICY", "active", 1);
@@ -1071,7 +1075,7 @@ int main(void) {
         cmocka_unit_test(test_one_gradient_buffer),
         cmocka_unit_test(test_environment_defaults),
         cmocka_unit_test(test_thread_i_on_the_ith_cpu),
-        cmocka_unit_test(test_worker_environment_and_sigint),
+        cmocka_unit_test(test_worker_environment_and_job_signals),
         cmocka_unit_test(test_destroy_a_hung_worker),
         cmocka_unit_test(test_default_worker_path),
         cmocka_unit_test(test_mems_take_effect),
