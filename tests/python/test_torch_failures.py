@@ -98,6 +98,38 @@ class Interrupt(unittest.TestCase):
 
 
 class JobSignals(unittest.TestCase):
+    def test_a_handler_that_raises_as_a_step_is_submitted_waits_until_it_is_recorded(self):
+        # A SIGTERM or SIGUSR1 handler that raises (sys.exit, an exception to leave the loop)
+        # and comes as the step goes to the worker: raised once the step is recorded as in
+        # flight, so that the save after it finishes and counts the step.
+        from unittest import mock
+
+        class Stop(Exception):
+            pass
+
+        def stop(signum, frame):
+            raise Stop(signum)
+
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            a = mlp()
+            before = signal.signal(sig, stop)
+            try:
+                with ours(a.parameters(), lr=1e-2) as opt:
+                    x, y = batches(1)[0]
+                    torch.nn.functional.mse_loss(a(x), y).backward()
+                    real = opt._worker.submit
+
+                    def submit_then_signal(*args, **kwargs):
+                        real(*args, **kwargs)
+                        os.kill(os.getpid(), sig)
+
+                    with mock.patch.object(opt._worker, "submit", side_effect=submit_then_signal):
+                        with self.assertRaises(Stop):
+                            opt.step()
+                    self.assertEqual(float(opt.state_dict()["state"][0]["step"]), 1.0)
+            finally:
+                signal.signal(sig, before)
+
     def test_a_checkpoint_on_sigterm_or_sigusr1_has_the_moments(self):
         # Slurm signals every process of a step (scancel, the time limit, --signal=USR1@T), as a
         # terminal does its process group: the worker gets the signal with the trainer, and must
