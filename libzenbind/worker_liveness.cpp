@@ -1,6 +1,7 @@
 // How the trainer learns that its worker died: the worker's pidfd becomes readable when it exits,
 // so a zero-timeout poll between bounded futex sleeps notices a death within one sleep slice.
 #include "error.hpp"
+#include "wait_deadline.hpp"
 #include "worker_handle.hpp"
 #include <zbproto/futex.hpp>
 #include <zbproto/pidfd.hpp>
@@ -53,17 +54,19 @@ void zb_worker::publish_request() {
 
 void zb_worker::wait_response(int64_t timeout_ns) {
     const uint32_t before = seq - 1;
-    const int64_t deadline = zb::proto::now_ns() + std::max<int64_t>(timeout_ns, 0);
+    zb::WaitDeadline deadline(timeout_ns);
     // Liveness is checked between sleeps of at most this long.
     constexpr int64_t slice = 100'000'000;
-    uint32_t done =
-        zb::proto::spin_for_change(ctl->done_seq, before, std::min(wait_spin_ns, timeout_ns));
+    uint32_t done = deadline.bounded(std::min(wait_spin_ns, timeout_ns), [&](int64_t ask) {
+        return zb::proto::spin_for_change(ctl->done_seq, before, ask);
+    });
     while (done == before) {
         check_alive();
-        const int64_t left = deadline - zb::proto::now_ns();
+        const int64_t left = deadline.left();
         if (left <= 0) zb::fail(ZB_ETIMEDOUT, "the optimizer worker did not answer in time");
-        done = zb::proto::sleep_for_change(ctl->done_seq, ctl->trainer_sleeping, before,
-                                           std::min(left, slice));
+        done = deadline.bounded(std::min(left, slice), [&](int64_t ask) {
+            return zb::proto::sleep_for_change(ctl->done_seq, ctl->trainer_sleeping, before, ask);
+        });
     }
     if (done != seq)
         zb::fail(ZB_EINTERNAL, "the worker answered request " + std::to_string(done) +

@@ -6,6 +6,7 @@
 #include "bitmap.hpp"
 #include "error.hpp"
 #include "unique_fd.hpp"
+#include "wait_deadline.hpp"
 #include "worker_handle.hpp"
 #include <zbproto/futex.hpp>
 #include <zbproto/pidfd.hpp>
@@ -192,7 +193,7 @@ void start(zb_worker &w, const std::string &path, const std::vector<std::string>
 // Bounded wait for the worker's ready flag; a refused header shows as Exit::version or as the
 // worker's own version in the header.
 void await_ready(zb_worker &w, const std::string &path) {
-    const int64_t deadline = proto::now_ns() + int64_t(w.control_timeout_ms) * 1'000'000;
+    zb::WaitDeadline deadline(int64_t(w.control_timeout_ms) * 1'000'000);
     for (;;) {
         const uint32_t wv = proto::atomic(w.header->worker_version).load(std::memory_order_acquire);
         if (wv != 0 && wv != proto::kVersion)
@@ -216,10 +217,11 @@ void await_ready(zb_worker &w, const std::string &path) {
             fail(e.status(),
                  std::string(e.what()) + " while starting (is " + path + " a zenflow-optimizer?)");
         }
-        const int64_t left = deadline - proto::now_ns();
+        const int64_t left = deadline.left();
         if (left <= 0) fail(ZB_ETIMEDOUT, "the optimizer worker did not start in time");
-        proto::sleep_for_change(w.ctl->ready, w.ctl->trainer_sleeping, 0,
-                                std::min<int64_t>(left, 20'000'000));
+        deadline.bounded(std::min<int64_t>(left, 20'000'000), [&](int64_t ask) {
+            return proto::sleep_for_change(w.ctl->ready, w.ctl->trainer_sleeping, 0, ask);
+        });
     }
 }
 

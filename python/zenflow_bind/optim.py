@@ -610,12 +610,18 @@ class AdamW(torch.optim.Optimizer):
         self._gpu.settle()
         if self._in_flight is None:
             return
-        deadline = _now_ms() + self.timeout_ms
+        mark = _now_ms()
+        deadline = mark + self.timeout_ms
         while True:
+            ask = min(_SLICE_MS, max(deadline - mark, 0))
             with deferred_interrupts():
-                if self._finish_within(min(_SLICE_MS, max(deadline - _now_ms(), 0)),
-                                       last=_now_ms() >= deadline - _SLICE_MS):
+                if self._finish_within(ask, last=mark >= deadline - _SLICE_MS):
                     return
+            # a slice that took longer than asked was stopped (Ctrl-Z, Slurm suspending the
+            # job, the worker with it): as in libzenbind's waits, that time does not count
+            now = _now_ms()
+            deadline += max(now - mark - ask, 0.0)
+            mark = now
 
     def _finish_within(self, timeout_ms, last):
         try:

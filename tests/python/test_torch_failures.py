@@ -98,6 +98,35 @@ class Interrupt(unittest.TestCase):
 
 
 class JobSignals(unittest.TestCase):
+    def test_a_step_stopped_past_its_timeout_completes_when_resumed(self):
+        # Ctrl-Z or Slurm suspending the job stops the trainer and its worker alike: the time
+        # stopped is not the worker's, and must not count against timeout_ms. Here the clock
+        # jumps 1.5 s inside the first wait (the trainer stopped there), the worker stays
+        # stopped 0.3 s more (it resumed last): the step completes, 1000 ms or not.
+        from unittest import mock
+        a = mlp()
+        with ours(a.parameters(), lr=1e-2, timeout_ms=1000) as opt:
+            train(a, opt, batches(1))
+            x, y = batches(1)[0]
+            torch.nn.functional.mse_loss(a(x), y).backward()
+            jumped, real_wait = [0.0], opt._worker.wait_result
+            real_now = zt._now_ms
+
+            def wait_stopped(timeout_ms):
+                if not jumped[0]:
+                    jumped[0] = 1500.0
+                    threading.Timer(0.3, os.kill, (opt.worker.pid, signal.SIGCONT)).start()
+                return real_wait(timeout_ms)
+
+            os.kill(opt.worker.pid, signal.SIGSTOP)
+            try:
+                with mock.patch.object(zt, "_now_ms", lambda: real_now() + jumped[0]), \
+                        mock.patch.object(opt._worker, "wait_result", side_effect=wait_stopped):
+                    opt.step()
+            finally:
+                os.kill(opt.worker.pid, signal.SIGCONT)
+            self.assertEqual(float(opt.state_dict()["state"][0]["step"]), 2.0)
+
     def test_a_handler_that_raises_as_a_step_is_submitted_waits_until_it_is_recorded(self):
         # A SIGTERM or SIGUSR1 handler that raises (sys.exit, an exception to leave the loop)
         # and comes as the step goes to the worker: raised once the step is recorded as in
@@ -138,9 +167,9 @@ class JobSignals(unittest.TestCase):
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             with tempfile.TemporaryDirectory() as tmp:
                 path = os.path.join(tmp, "ckpt.pt")
-                p = subprocess.Popen([sys.executable, os.path.join(here, "checkpoint_on_signal.py"),
-                                      path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, start_new_session=True)
+                script = os.path.join(here, "checkpoint_on_signal.py")
+                p = subprocess.Popen([sys.executable, script, path], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
                 try:
                     started = p.stdout.readline().startswith("training")
                     if started:

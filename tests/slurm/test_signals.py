@@ -2,10 +2,12 @@
 """A job told to stop keeps its optimizer state, on real Slurm: scancel (the time limit and
 preemption end a job the same way: SIGTERM to every process of its steps, SIGKILL KillWait seconds
 later) and scancel --signal=USR1 (sbatch --signal's warning) reach the optimizer worker with the
-trainer; the trainer's handler still saves a checkpoint with the Adam moments in it
-(tests/python/checkpoint_on_signal.py under srun --zenflow-bind). proctrack/cgroup sends such
-signals to the tasks alone (slurmstepd's children); proctrack/linuxproc, as a terminal or a
-`kill -- -PGID`, to every process, the worker too: the affinity run here is where that is tested.
+trainer, whose handler still saves a checkpoint with the Adam moments in it; a job suspended
+(scontrol suspend, PreemptMode=SUSPEND) for longer than the optimizer's timeout goes on when
+resumed (tests/python/checkpoint_on_signal.py under srun --zenflow-bind). proctrack/cgroup sends
+signals but SIGKILL to the tasks alone (slurmstepd's children) and freezes the step to suspend it;
+proctrack/linuxproc, as a terminal or a `kill -- -PGID`, signals every process, the worker too
+(SIGSTOP to suspend): the affinity run here is where the worker gets them.
 
     test_signals.py PLUGIN_SO --task-plugin cgroup|affinity [unittest args]
 """
@@ -14,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import slurm_case
 from slurm_case import HERE, STEP_TIMEOUT, ClusterCase
@@ -22,9 +25,10 @@ SRC = os.path.join(HERE, "..", "..")
 
 
 class StopSignals(ClusterCase):
-    def checkpoint_after(self, *scancel_args):
-        """Starts the trainer in an srun step, scancels its job with scancel_args once it trains,
-        and returns what it saved (None if nothing) and srun's output."""
+    def checkpoint_after(self, *scancel_args, trainer_args=(), before=None):
+        """Starts the trainer in an srun step (trainer_args after its checkpoint's path), once it
+        trains calls before(job) if given, then scancels the job with scancel_args, and returns
+        what it saved (None if nothing) and srun's output."""
         lib, optimizer = os.environ.get("ZB_TEST_BIND_LIB"), os.environ.get("ZB_TEST_OPTIMIZER")
         self.assertTrue(lib and optimizer, "CMake passes ZB_TEST_BIND_LIB and ZB_TEST_OPTIMIZER")
         env = dict(self.env, ZENFLOW_BIND_LIB=lib, ZENFLOW_OPTIMIZER=optimizer,
@@ -34,12 +38,14 @@ class StopSignals(ClusterCase):
             os.unlink(path)
         script = os.path.join(SRC, "tests", "python", "checkpoint_on_signal.py")
         p = subprocess.Popen(["srun", "-n1", "-c2", "--zenflow-bind", "/usr/bin/python3", script,
-                              path], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                              path, *trainer_args], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
         try:
             line = p.stdout.readline()
             job = re.match(r"training job=(\d+)", line)
             if job:
+                if before is not None:
+                    before(job.group(1))
                 self.run_cmd("scancel", *scancel_args, job.group(1))
             out, err = p.communicate(timeout=STEP_TIMEOUT)
         finally:
@@ -68,6 +74,20 @@ class StopSignals(ClusterCase):
 
     def test_a_usr1_warning_leaves_the_trainer_its_moments_to_save(self):
         saved, out = self.checkpoint_after("--signal=USR1")
+        self.assert_moments(saved, "SIGUSR1", out)
+
+    def test_a_job_suspended_past_its_timeout_goes_on_when_resumed(self):
+        # scontrol suspend stops (proctrack/linuxproc) or freezes (proctrack/cgroup) every
+        # process of the job, the trainer mostly inside its wait for the worker's step (4M
+        # parameters, a batch of 4): 3 s suspended, against a timeout_ms of 1 s.
+        def suspend(job):
+            self.run_cmd("scontrol", "suspend", job)
+            time.sleep(3)
+            self.run_cmd("scontrol", "resume", job)
+            time.sleep(1)
+
+        saved, out = self.checkpoint_after("--signal=USR1", trainer_args=("1000", "2048"),
+                                           before=suspend)
         self.assert_moments(saved, "SIGUSR1", out)
 
 

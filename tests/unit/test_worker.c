@@ -1054,6 +1054,76 @@ static void test_ten_thousand_steps_flat(void **state) {
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 
+/* A trainer stopped with its worker (Ctrl-Z, Slurm suspending the job) for longer than its
+ * timeouts: the time stopped does not count, so the job goes on when resumed. The worker stops
+ * first (the step cannot end), then the trainer inside its wait; both resume 1.5 s later, past
+ * the wait's 500 ms and the 500 ms control timeout of the state read after it. */
+static void test_a_stopped_job_resumes_past_its_timeouts(void **state) {
+    (void)state;
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    pid_t trainer = fork();
+    assert_true(trainer >= 0);
+    if (trainer == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test run */
+        close(up[0]);
+        close(down[1]);
+        zb_worker_attr attr;
+        zb_worker_attr_init(&attr);
+        attr.threads = 1;
+        attr.control_timeout_ms = 500;
+        zb_worker_t *w = NULL;
+        if (zb_worker_spawn(&attr, 0, &w) != ZB_OK) _exit(2);
+        zb_group_attr g = group_attr(1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+        unsigned id;
+        pid_t pid = -1;
+        if (zb_worker_group_add(w, &g, &id) != ZB_OK || zb_worker_pid(w, &pid) != ZB_OK) _exit(3);
+        if (write(up[1], &pid, sizeof pid) != sizeof pid) _exit(4);
+        for (int round = 0; round < 2; ++round) {
+            char go;
+            zb_worker_step s = {1, 1.0f, 0, NULL, 0, 0, 0.0f};
+            if (read(down[0], &go, 1) != 1) _exit(5);
+            if (round == 0 && zb_worker_submit(w, &s) != ZB_OK) _exit(6);
+            if (write(up[1], &go, 1) != 1) _exit(7);
+            int64_t count = 0;
+            /* the step's wait, then a state read bounded by control_timeout_ms */
+            const zb_status st = round == 0 ? zb_worker_wait_result(w, 500, NULL)
+                                            : zb_worker_group_get_state(w, id, NULL, NULL, &count);
+            if (st != ZB_OK || (round == 1 && count != 1)) {
+                fprintf(stderr, "round %d: %s: %s\n", round, zb_status_name(st), zb_last_error());
+                _exit(10 + round);
+            }
+            if (write(up[1], &go, 1) != 1) _exit(8);
+        }
+        _exit(zb_worker_destroy(w) == ZB_OK ? 0 : 9);
+    }
+    close(up[1]);
+    close(down[0]);
+    pid_t worker = -1;
+    char go = 'g';
+    /* No assert while either is stopped: a failed run must not leave a stopped process behind. */
+    int ok = read(up[0], &worker, sizeof worker) == sizeof worker && worker > 0;
+    for (int round = 0; ok && round < 2; ++round) {
+        kill(worker, SIGSTOP);
+        ok = write(down[1], &go, 1) == 1 && read(up[0], &go, 1) == 1; /* about to wait */
+        if (ok) {
+            usleep(20000);
+            kill(trainer, SIGSTOP);
+            usleep(1500000);
+        }
+        kill(worker, SIGCONT);
+        kill(trainer, SIGCONT);
+        ok = ok && read(up[0], &go, 1) == 1; /* its wait ended */
+    }
+    int status = 0;
+    assert_int_equal(waitpid(trainer, &status, 0), trainer);
+    close(up[0]);
+    close(down[1]);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("the resumed trainer ended with status 0x%x", status);
+}
+
 int main(void) {
     if (getenv("ZB_TEST_FAKE_WORKER")) return fake_worker();
     const struct CMUnitTest tests[] = {
@@ -1076,6 +1146,7 @@ int main(void) {
         cmocka_unit_test(test_environment_defaults),
         cmocka_unit_test(test_thread_i_on_the_ith_cpu),
         cmocka_unit_test(test_worker_environment_and_job_signals),
+        cmocka_unit_test(test_a_stopped_job_resumes_past_its_timeouts),
         cmocka_unit_test(test_destroy_a_hung_worker),
         cmocka_unit_test(test_default_worker_path),
         cmocka_unit_test(test_mems_take_effect),
