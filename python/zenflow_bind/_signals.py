@@ -2,7 +2,8 @@
 preemption; sbatch --signal's USR1) around the few places where a handler that raises would leave
 the optimizer and its worker disagreeing (a step submitted but not recorded, a result taken but
 not applied): inside the block they are held back, and when it ends the handlers that were
-installed get them, in the order they came."""
+installed get them, each one, in the order they came; the first exception a handler raises is
+raised after all have run."""
 
 import contextlib
 import signal
@@ -19,25 +20,37 @@ def deferred_interrupts():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.getsignal(s) for s in JOB_SIGNALS}
-    previous = {s: h for s, h in previous.items() if callable(h)}
+    previous = {}  # signal -> its handler, for those held here
     caught = {}  # signal -> the frame it came in (one each: a signal pending twice is once)
+    done = []  # set once the block is over: a hold still in place then delivers at once
 
     def hold(signum, frame):
+        if done:
+            return previous[signum](signum, frame)
         caught.setdefault(signum, frame)
+        return None
 
-    for s in previous:
-        signal.signal(s, hold)
+    # signal.signal() first runs the Python handlers of signals already pending, which may raise:
+    # whatever was swapped is put back whatever raises, and every held signal is delivered.
+    first = None
     try:
+        for s in JOB_SIGNALS:
+            handler = signal.getsignal(s)
+            if callable(handler):
+                previous[s] = handler  # first: put back whatever raises from here on
+                signal.signal(s, hold)
         yield
     finally:
+        done.append(True)
         for s, handler in previous.items():
-            signal.signal(s, handler)
-        held = list(caught.items())
-        for i, (s, frame) in enumerate(held):
+            try:
+                signal.signal(s, handler)
+            except BaseException as e:  # noqa: B036 (a pending handler's: raised below)
+                first = e if first is None else first
+        for s, frame in list(caught.items()):
             try:
                 previous[s](s, frame)  # Python's SIGINT handler raises KeyboardInterrupt
-            except BaseException:
-                for later, _ in held[i + 1:]:
-                    signal.raise_signal(later)  # handled as soon as this exception is
-                raise
+            except BaseException as e:  # noqa: B036 (raised below, the first one)
+                first = e if first is None else first
+        if first is not None:
+            raise first

@@ -9,6 +9,7 @@ import numpy as np
 
 from . import _native
 from ._native import ZenbindError, check, library
+from ._signals import deferred_interrupts
 
 StepResult = collections.namedtuple("StepResult", "nonfinite grad_norm skipped seconds")
 StepResult.__doc__ = """What the worker reports for a step: non-finite gradient elements after
@@ -80,10 +81,11 @@ class Group:
         later step leaves them as they are. Between steps only."""
         lib, handle = library(), ctypes.c_void_p()
         m, v, step = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int64()
-        check(lib.zb_worker_group_take_state(self.worker._live(), self.index, ctypes.byref(handle),
-                                             ctypes.byref(m), ctypes.byref(v),
-                                             ctypes.byref(step)))
-        owner = _native.Owner(lib.zb_worker_state_release, handle.value)
+        with deferred_interrupts():  # an interrupt between the two would leak the memory
+            check(lib.zb_worker_group_take_state(self.worker._live(), self.index,
+                                                 ctypes.byref(handle), ctypes.byref(m),
+                                                 ctypes.byref(v), ctypes.byref(step)))
+            owner = _native.Owner(lib.zb_worker_state_release, handle.value)
         return (_native.array(m.value, "fp32", self.numel, owner),
                 _native.array(v.value, "fp32", self.numel, owner), step.value)
 

@@ -159,6 +159,54 @@ class JobSignals(unittest.TestCase):
             finally:
                 signal.signal(sig, before)
 
+    def test_every_held_signal_reaches_its_handler_the_first_raise_wins(self):
+        from zenflow_bind._signals import deferred_interrupts
+        ran, before = [], {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+
+        def term(signum, frame):
+            ran.append("TERM")
+            raise SystemExit(3)
+
+        signal.signal(signal.SIGTERM, term)
+        signal.signal(signal.SIGUSR1, lambda signum, frame: ran.append("USR1"))
+        try:
+            with self.assertRaises(SystemExit) as ctx:
+                with deferred_interrupts():
+                    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+                        os.kill(os.getpid(), s)  # SIGINT's handler raises KeyboardInterrupt
+                    self.assertEqual(ran, [])  # held
+            self.assertEqual(ctx.exception.code, 3)
+            self.assertEqual(ran, ["TERM", "USR1"])
+            self.assertIs(signal.getsignal(signal.SIGTERM), term)
+        finally:
+            for s, handler in before.items():
+                signal.signal(s, handler)
+
+    def test_a_signal_as_the_handlers_go_back_leaves_none_held(self):
+        # Ctrl-C lands right after SIGINT's handler is back, before SIGTERM's is: it raises
+        # there, and SIGTERM's handler must still be put back.
+        from unittest import mock
+        from zenflow_bind._signals import deferred_interrupts
+        ran, before, real = [], signal.getsignal(signal.SIGTERM), signal.signal
+
+        def spy(signum, handler):
+            out = real(signum, handler)
+            if signum == signal.SIGINT and handler is signal.default_int_handler:
+                os.kill(os.getpid(), signal.SIGINT)
+            return out
+
+        signal.signal(signal.SIGTERM, lambda signum, frame: ran.append("TERM"))
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                with deferred_interrupts():
+                    patch = mock.patch.object(signal, "signal", spy)
+                    patch.start()
+            patch.stop()
+            os.kill(os.getpid(), signal.SIGTERM)
+            self.assertEqual(ran, ["TERM"])
+        finally:
+            signal.signal(signal.SIGTERM, before)
+
     def test_a_checkpoint_on_sigterm_or_sigusr1_has_the_moments(self):
         # Slurm signals every process of a step (scancel, the time limit, --signal=USR1@T), as a
         # terminal does its process group: the worker gets the signal with the trainer, and must
