@@ -65,7 +65,10 @@ proto::Hyper to_shm(const zb_adam_hyper &h) {
                         0};
 }
 
-// The checks common to reading and writing a group's state.
+} // namespace
+
+namespace zb::worker_client {
+
 zb_worker &state_handle(zb_worker *worker, unsigned group, const char *fn) {
     zb_worker &w = handle(worker, fn);
     w.check_alive();
@@ -76,7 +79,6 @@ zb_worker &state_handle(zb_worker *worker, unsigned group, const char *fn) {
     return w;
 }
 
-// Queues a segment's fd for the worker; the caller publishes the command that takes it next.
 void send_segment(int sock, int fd, uint32_t tag, const char *what) {
     if (const int err = proto::send_fd(sock, fd, tag)) {
         errno = err;
@@ -84,13 +86,10 @@ void send_segment(int sock, int fd, uint32_t tag, const char *what) {
     }
 }
 
-} // namespace
+} // namespace zb::worker_client
 
-// What zb_worker_group_take_state hands out: a private mapping of a transfer segment.
-struct zb_worker_state {
-    void *base;
-    size_t size;
-};
+using zb::worker_client::send_segment;
+using zb::worker_client::state_handle;
 
 extern "C" {
 
@@ -137,7 +136,9 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
         w.ctl->ngroups = g;
         w.run_state_command("register group " + std::to_string(g) + " (" + std::to_string(n) +
                             " parameters)");
+        w.moments.reserve(w.groups.size() + 1);
         w.groups.push_back(std::move(seg));
+        w.moments.push_back(w.ctl->moments);
         *group = g;
     });
 }
@@ -153,6 +154,7 @@ zb_status zb_worker_group_remove(zb_worker_t *worker, unsigned group) {
         w.ctl->ngroups = group;
         w.run_state_command("remove group " + std::to_string(group));
         w.groups.pop_back();
+        w.moments.pop_back();
     });
 }
 
@@ -265,105 +267,6 @@ zb_status zb_worker_wait_result(zb_worker_t *worker, int timeout_ms, zb_worker_r
     });
 }
 
-namespace {
-
-// A large copy between the caller's memory and a fresh transfer segment (the state of a group,
-// whose pages on one side or the other are faulted in by this copy): on OpenMP's default thread
-// count (the training CPUs), a thread per 16 MiB at most, in 2 MiB chunks.
-void parallel_copy(void *to, const void *from, size_t bytes) {
-    constexpr size_t kChunk = size_t(2) << 20, kPerThread = size_t(16) << 20;
-    const size_t chunks = (bytes + kChunk - 1) / kChunk;
-    const int threads =
-        static_cast<int>(std::min<size_t>(size_t(omp_get_max_threads()), bytes / kPerThread + 1));
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (size_t c = 0; c < chunks; ++c) {
-        const size_t at = c * kChunk, size = std::min(kChunk, bytes - at);
-        std::memcpy(static_cast<char *>(to) + at, static_cast<const char *>(from) + at, size);
-    }
-}
-
-// Asks the worker for a group's state: its moments into `seg` (null: the step count alone).
-void state_out(zb_worker &w, unsigned group, const zb::shm::Segment *seg) {
-    if (seg) send_segment(w.sock, seg->fd(), group, "optimizer state's shared memory");
-    w.ctl->command = proto::Command::get_state;
-    w.ctl->ngroups = group;
-    w.ctl->transfer = seg ? 1 : 0;
-    w.run_state_command("return the optimizer state of group " + std::to_string(group));
-}
-
-} // namespace
-
-zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *exp_avg,
-                                    float *exp_avg_sq, int64_t *step) {
-    return zb::guard([&] {
-        zb_worker &w = state_handle(worker, group, "zb_worker_group_get_state");
-        const size_t n = w.ctl->groups[group].numel;
-        const proto::TransferLayout t = proto::transfer_layout(n);
-        std::optional<zb::shm::Segment> seg;
-        if (exp_avg || exp_avg_sq) seg.emplace("zenflow optimizer state", t.size, w.mems);
-        state_out(w, group, seg ? &*seg : nullptr);
-        const char *base = seg ? static_cast<const char *>(seg->base()) : nullptr;
-        if (exp_avg) parallel_copy(exp_avg, base, 4 * n);
-        if (exp_avg_sq) parallel_copy(exp_avg_sq, base + t.exp_avg_sq, 4 * n);
-        if (step) *step = w.ctl->state_step;
-    });
-}
-
-zb_status zb_worker_group_take_state(zb_worker_t *worker, unsigned group, zb_worker_state_t **state,
-                                     float **exp_avg, float **exp_avg_sq, int64_t *step) {
-    return zb::guard([&] {
-        zb_worker &w = state_handle(worker, group, "zb_worker_group_take_state");
-        if (!state || !exp_avg || !exp_avg_sq)
-            fail(ZB_EINVAL, "zb_worker_group_take_state: state, exp_avg or exp_avg_sq is NULL");
-        const proto::TransferLayout t = proto::transfer_layout(w.ctl->groups[group].numel);
-        zb::shm::Segment seg("zenflow optimizer state", t.size, w.mems);
-        state_out(w, group, &seg);
-        // The caller's view: private, so its writes and a fork's stay out of the segment; reading
-        // maps the pages the worker wrote (no copy). The segment's fd and shared mapping go with
-        // `seg`; this mapping alone keeps the memory.
-        void *view = mmap(nullptr, t.size, PROT_READ | PROT_WRITE, MAP_PRIVATE, seg.fd(), 0);
-        if (view == MAP_FAILED) zb::fail_errno("zb_worker_group_take_state: mmap of the state");
-        *state = new (std::nothrow) zb_worker_state{view, t.size};
-        if (!*state) {
-            munmap(view, t.size);
-            fail(ZB_ENOMEM, "zb_worker_group_take_state: out of memory");
-        }
-        *exp_avg = static_cast<float *>(view);
-        *exp_avg_sq = reinterpret_cast<float *>(static_cast<char *>(view) + t.exp_avg_sq);
-        if (step) *step = w.ctl->state_step;
-    });
-}
-
-void zb_worker_state_release(zb_worker_state_t *state) {
-    if (!state) return;
-    munmap(state->base, state->size);
-    delete state;
-}
-
-zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const float *exp_avg,
-                                    const float *exp_avg_sq, int64_t step) {
-    return zb::guard([&] {
-        zb_worker &w = state_handle(worker, group, "zb_worker_group_set_state");
-        if (step < 0) fail(ZB_EINVAL, "zb_worker_group_set_state: step must be >= 0");
-        const size_t n = w.ctl->groups[group].numel;
-        const proto::TransferLayout t = proto::transfer_layout(n);
-        // A fresh segment reads as zeros: the moments left NULL need no writing.
-        std::optional<zb::shm::Segment> seg;
-        if (exp_avg || exp_avg_sq) {
-            seg.emplace("zenflow optimizer state", t.size, w.mems);
-            char *base = static_cast<char *>(seg->base());
-            if (exp_avg) parallel_copy(base, exp_avg, 4 * n);
-            if (exp_avg_sq) parallel_copy(base + t.exp_avg_sq, exp_avg_sq, 4 * n);
-            send_segment(w.sock, seg->fd(), group, "optimizer state's shared memory");
-        }
-        w.ctl->command = proto::Command::set_state;
-        w.ctl->ngroups = group;
-        w.ctl->step = step;
-        w.ctl->transfer = seg ? 1 : 0;
-        w.run_state_command("set the optimizer state of group " + std::to_string(group));
-    });
-}
-
 zb_status zb_worker_group_set_ranges(zb_worker_t *worker, unsigned group,
                                      const zb_step_range *ranges, size_t count) {
     static_assert(sizeof(zb_step_range) == sizeof(proto::StepRange) &&
@@ -382,7 +285,7 @@ zb_status zb_worker_group_set_ranges(zb_worker_t *worker, unsigned group,
         w.ctl->command = proto::Command::set_ranges;
         w.ctl->ngroups = group;
         w.ctl->step = static_cast<int64_t>(count);
-        w.ctl->transfer = seg ? 1 : 0;
+        w.ctl->transfer = seg ? proto::Transfer::segment : proto::Transfer::none;
         w.run_state_command("set the step ranges of group " + std::to_string(group));
     });
 }

@@ -17,6 +17,7 @@ struct zb_worker {
     zb::proto::Header *header = nullptr;
     zb::proto::Control *ctl = nullptr;
     std::vector<zb::shm::Segment> groups;
+    std::vector<uint64_t> moments; // each group's moments' address in the worker
     std::vector<int> mems;
     pid_t owner = -1; // the process that spawned the worker; a forked child only reads its copy
     pid_t pid = -1;
@@ -58,5 +59,12 @@ namespace zb::worker_client {
 
 // "exited with status N", "was killed by signal 9 (Killed)": from a waitid() result.
 std::string describe_exit(int code, int status);
+
+// The handle of a state command (reading or writing a group's state, its ranges, removing it):
+// the caller's own, the worker alive, no step in flight, `group` registered; else throws,
+// naming `fn`.
+zb_worker &state_handle(zb_worker *worker, unsigned group, const char *fn);
+// Queues a segment's fd for the worker; the caller publishes the command that takes it next.
+void send_segment(int sock, int fd, uint32_t tag, const char *what);
 
 } // namespace zb::worker_client

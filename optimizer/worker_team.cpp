@@ -81,9 +81,11 @@ struct Team {
     bool skip = false;
     GradStats found;
     std::vector<GradStats> blocks;
-    // A state command's group and its mapped transfer segment (null: none was sent).
+    // A state command's group and its mapped transfer segment (null: none was sent), or
+    // in_place: set_state's moments already written into the group's memory by the trainer.
     size_t state_group = 0;
     char *transfer = nullptr;
+    bool in_place = false;
 
     void answer(zb_status status, const char *message) {
         ctl.status = status;
@@ -152,6 +154,7 @@ Work add_group(Team &t) {
     const uint32_t nmems = t.ctl.nmems < proto::kMaxNodes ? t.ctl.nmems : proto::kMaxNodes;
     proto::prefer_nodes(m, 8 * g.stride, t.ctl.mems, nmems);
     g.moments = static_cast<float *>(m);
+    t.ctl.moments = reinterpret_cast<uintptr_t>(m);
     g.grad = grad_type(d.grad);
     g.copy = copy_type(d.copy);
     g.first_block = t.blocks.size();
@@ -232,8 +235,9 @@ bool map_transfer(Team &t, uint32_t index, bool valid, uint64_t size, const std:
                   char *&base) {
     base = nullptr;
     uint32_t tag = 0;
-    const int fd = t.ctl.transfer ? proto::receive_fd(t.sock, tag) : -1;
-    if (t.ctl.transfer && fd < 0) {
+    const bool sent = t.ctl.transfer == proto::Transfer::segment;
+    const int fd = sent ? proto::receive_fd(t.sock, tag) : -1;
+    if (sent && fd < 0) {
         t.answer(ZB_EINTERNAL, ("no shared-memory fd arrived with the " + what).c_str());
         return false;
     }
@@ -264,7 +268,7 @@ Work set_ranges(Team &t) {
     const int64_t count = t.ctl.step;
     const bool valid = index < t.groups.size() && count >= 0 &&
                        uint64_t(count) <= t.groups[index].numel &&
-                       (count > 0) == (t.ctl.transfer != 0);
+                       (count > 0) == (t.ctl.transfer == proto::Transfer::segment);
     const uint64_t size = valid ? uint64_t(count) * sizeof(proto::StepRange) : 0;
     char *base = nullptr;
     if (!map_transfer(t, index, valid, size, "step ranges", base)) return Work::answered;
@@ -355,7 +359,9 @@ Work prepare_step(Team &t) {
 // Master only: receive and map a state command's transfer segment, if one was sent.
 Work take_state(Team &t, Work work) {
     const uint32_t index = t.ctl.ngroups;
-    const bool valid = index < t.groups.size();
+    const bool in_place = t.ctl.transfer == proto::Transfer::in_place;
+    const bool valid = index < t.groups.size() && (!in_place || work == Work::state_in) &&
+                       t.ctl.transfer <= proto::Transfer::in_place;
     const uint64_t size = valid ? proto::transfer_layout(t.groups[index].numel).size : 0;
     char *base = nullptr;
     if (!map_transfer(t, index, valid, size, "optimizer state", base)) return Work::answered;
@@ -366,6 +372,7 @@ Work take_state(Team &t, Work work) {
     }
     t.state_group = index;
     t.transfer = base;
+    t.in_place = in_place;
     return work;
 }
 
@@ -496,6 +503,7 @@ void finish(Team &t, Work work) {
             g.steps = ctl.step;
         if (t.transfer) munmap(t.transfer, proto::transfer_layout(g.numel).size);
         t.transfer = nullptr;
+        t.in_place = false;
     }
     t.answer(ZB_OK, "");
 }
@@ -608,7 +616,7 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
                 const Group &g = t.groups[t.state_group];
                 if (t.transfer)
                     copy_state(g, t.transfer, work == Work::state_out, me, threads);
-                else if (work == Work::state_in)
+                else if (work == Work::state_in && !t.in_place)
                     zero_slice(g, me, threads);
                 break;
             }

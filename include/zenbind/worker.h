@@ -245,9 +245,26 @@ zb_status zb_worker_group_take_state(zb_worker_t *worker, unsigned group, zb_wor
 void zb_worker_state_release(zb_worker_state_t *state);
 /* Writes them as given (the caller's checkpoint): NULL moments mean zeros; step >= 0 becomes the
  * group's count (the next step with zb_worker_step.step == 0 uses step + 1); negative is
- * ZB_EINVAL. */
+ * ZB_EINVAL. The moments go as zb_worker_group_load_state's do. */
 zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const float *exp_avg,
                                     const float *exp_avg_sq, int64_t step);
+/* Elements [offset, offset + numel) of a group, for zb_worker_group_load_state: their moments
+ * are read from exp_avg and exp_avg_sq, numel floats each (NULL: zeros). */
+typedef struct zb_state_range {
+    size_t offset, numel;
+    const float *exp_avg, *exp_avg_sq;
+} zb_state_range;
+/* zb_worker_group_set_state from where a checkpoint holds the moments (a tensor per parameter),
+ * with no gathering first: the group's moments become the ranges' values, zeros between and
+ * after them (count 0: all zeros), and step its count. The ranges are sorted, disjoint, non-empty
+ * and inside the group; any other table is ZB_EINVAL and changes nothing. The moments are written
+ * straight into the worker's memory (process_vm_writev(2)) where the system lets a process write
+ * into its child's; where it does not (Yama ptrace_scope 2 or 3, a seccomp filter), they travel
+ * through a fresh transfer segment, as the state out does. The ranges' memory must be readable:
+ * where it is not, the call fails (ZB_EINVAL, the group's moments then unspecified: load again)
+ * or crashes as memcpy(3) would. Added in ABI 2.1 (ZENBIND_2.1). */
+zb_status zb_worker_group_load_state(zb_worker_t *worker, unsigned group,
+                                     const zb_state_range *ranges, size_t count, int64_t step);
 
 /* A range of a group's elements, [offset, offset + numel), that steps differently from the rest:
  * torch counts steps per parameter and leaves a parameter without a gradient alone, where the

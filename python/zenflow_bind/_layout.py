@@ -233,12 +233,17 @@ class Buckets:
         for g in self.groups:
             g.set_hyper(**hyper)
 
-    def set_state(self, exp_avg, exp_avg_sq, step):
-        at = 0
+    def load_state(self, ranges, step):
+        """The moments from ranges (offset, numel, exp_avg, exp_avg_sq) of the param group,
+        sorted, each inside one bucket (a parameter is never cut); zeros elsewhere."""
+        at, i = 0, 0
         for g in self.groups:
-            cut = slice(at, at + g.numel)
-            g.set_state(None if exp_avg is None else exp_avg[cut],
-                        None if exp_avg_sq is None else exp_avg_sq[cut], step)
+            mine = []
+            while i < len(ranges) and ranges[i][0] < at + g.numel:
+                offset, numel, m, v = ranges[i]
+                mine.append((offset - at, numel, m, v))
+                i += 1
+            g.load_state(mine, step)
             at += g.numel
 
 

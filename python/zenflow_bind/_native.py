@@ -65,6 +65,13 @@ class StepRange(ctypes.Structure):
                 ("idle", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
 
 
+class StateRange(ctypes.Structure):
+    """zb_state_range: elements [offset, offset + numel) of a group and where their moments are
+    read from (None: zeros)."""
+    _fields_ = [("offset", ctypes.c_size_t), ("numel", ctypes.c_size_t),
+                ("exp_avg", ctypes.c_void_p), ("exp_avg_sq", ctypes.c_void_p)]
+
+
 class Step(ctypes.Structure):
     _fields_ = [("step", ctypes.c_int64), ("grad_scale", ctypes.c_float),
                 ("grad_buffer", ctypes.c_uint), ("hypers", ctypes.POINTER(Hyper)),
@@ -156,6 +163,9 @@ _PROTOS = {
     "zb_worker_state_release": (None, [ctypes.c_void_p]),
     "zb_worker_group_set_state": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p,
                                                  ctypes.c_void_p, ctypes.c_int64]),
+    "zb_worker_group_load_state": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint,
+                                                  _P(StateRange), ctypes.c_size_t,
+                                                  ctypes.c_int64]),
     "zb_worker_group_set_ranges": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint,
                                                   _P(StepRange), ctypes.c_size_t]),
     "zb_worker_group_remove": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint]),

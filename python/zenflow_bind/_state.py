@@ -150,10 +150,10 @@ def _count(value, where):
 
 def prepare_group_state(layout, states, where, keys=None):
     """One param group's state from torch-format entries (None or {} for no state), checked
-    whole before anything is changed: (exp_avg, exp_avg_sq) flat fp32 over the group, the steps
-    and the fp32 masters (None: take the model's) in slot order."""
-    m, v = torch.zeros(layout.numel), torch.zeros(layout.numel)
-    steps, masters = [], []
+    whole before anything is changed: the moments as ranges (offset, numel, exp_avg, exp_avg_sq)
+    of the group, flat fp32 (the entries' own tensors where they are that already), the steps and
+    the fp32 masters (None: take the model's) in slot order."""
+    moments, steps, masters = [], [], []
     for index, (slot, state) in enumerate(zip(layout.slots, states)):
         here = f"{where}, {_name(keys, index)}"
         if not state:
@@ -166,10 +166,11 @@ def prepare_group_state(layout, states, where, keys=None):
         if missing:
             raise ValueError(f"{here}: its state has no {', '.join(missing)} (it has "
                              f"{', '.join(map(str, state)) or 'nothing'})")
-        cut = slice(slot.offset, slot.offset + slot.numel)
-        m[cut] = _flat(state["exp_avg"], slot, "exp_avg", here)
-        v[cut] = _flat(state["exp_avg_sq"], slot, "exp_avg_sq", here)
+        m = _flat(state["exp_avg"], slot, "exp_avg", here)
+        v = _flat(state["exp_avg_sq"], slot, "exp_avg_sq", here)
+        if slot.numel:
+            moments.append((slot.offset, slot.numel, m, v))
         steps.append(_count(state["step"], here))
         master = state.get("master_param")
         masters.append(None if master is None else _flat(master, slot, "master_param", here))
-    return m, v, steps, masters
+    return moments, steps, masters

@@ -763,7 +763,7 @@ class AdamW(torch.optim.Optimizer):
 
     def _apply_group_state(self, layout, prepared):
         self._gpu.settle()  # the masters may be what a copy to the GPU still reads
-        m, v, steps, masters = prepared
+        moments, steps, masters = prepared
         for slot in layout.slots:
             self._steps.pop(slot.param, None)
         for slot, master in zip(layout.slots, masters):
@@ -775,7 +775,7 @@ class AdamW(torch.optim.Optimizer):
             if count:
                 self._steps[slot.param] = count
         count = max(steps, default=0)
-        layout.group.set_state(m, v, count)
+        layout.group.load_state(moments, count)
         layout.set_ranges([count - c for c in steps])  # (and none idle)
 
     # -- lifetime ---------------------------------------------------------------------------

@@ -95,6 +95,15 @@ class Group:
             self.worker._live(), self.index, _address(exp_avg, self.numel),
             _address(exp_avg_sq, self.numel), step))
 
+    def load_state(self, ranges, step):
+        """set_state from where the moments are, with no gathering first: ranges (offset,
+        numel, exp_avg, exp_avg_sq) of the group, sorted and disjoint, each moment numel
+        elements as set_state takes them (None: zeros); zeros around them. Between steps only."""
+        table = (_native.StateRange * max(len(ranges), 1))(
+            *[_native.StateRange(o, n, _address(m, n), _address(v, n)) for o, n, m, v in ranges])
+        check(library().zb_worker_group_load_state(self.worker._live(), self.index, table,
+                                                   len(ranges), step))
+
     def set_ranges(self, ranges):
         """Ranges (offset, numel, lag, idle) of the group that step differently: `lag` (> 0)
         steps behind the group, stepped with their own step number (bias correction), or idle

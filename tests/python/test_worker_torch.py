@@ -202,6 +202,25 @@ class Behaviour(unittest.TestCase):
                 with self.assertRaisesRegex(ValueError, "contiguous float32 of 1000"):
                     g.set_state(bad, None, 1)
 
+    def test_state_loaded_from_ranges(self):
+        with Worker(threads=2) as w:
+            g = w.add_group(1000)
+            g.set_state(np.ones(1000, np.float32), np.ones(1000, np.float32), 2)
+            a, b = torch.linspace(1, 2, 100), np.arange(300, dtype=np.float32)
+            g.load_state([(10, 100, a, None), (500, 300, b, b * 2)], 9)
+            m, v = np.empty(1000, np.float32), np.empty(1000, np.float32)
+            self.assertEqual(g.get_state(m, v), 9)
+            want_m, want_v = np.zeros(1000, np.float32), np.zeros(1000, np.float32)
+            want_m[10:110], want_m[500:800], want_v[500:800] = a.numpy(), b, b * 2
+            np.testing.assert_array_equal(m, want_m)
+            np.testing.assert_array_equal(v, want_v)
+            with self.assertRaisesRegex(ZenbindError, "range 1"):
+                g.load_state([(500, 300, b, b), (10, 100, a, a)], 3)  # out of order
+            self.assertEqual(g.get_state(m, None), 9)
+            np.testing.assert_array_equal(m, want_m)
+            with self.assertRaisesRegex(ValueError, "contiguous float32 of 100"):
+                g.load_state([(10, 100, torch.zeros(200)[::2], None)], 1)
+
     def test_taken_state_is_its_own_memory_while_viewed(self):
         def mapped():
             with open("/proc/self/maps") as maps:

@@ -648,7 +648,7 @@ static void test_worker_refuses_other_version(void **state) {
     assert_non_null(strstr(msg, "layout 999"));
     uint32_t echoed = 0;
     assert_int_equal(pread(fd, &echoed, 4, 12), 4);
-    assert_int_equal(echoed, 6); /* the worker's own layout version (zbproto/layout.hpp) */
+    assert_int_equal(echoed, 7); /* the worker's own layout version (zbproto/layout.hpp) */
     close(fd);
 }
 

@@ -15,7 +15,7 @@
 namespace zb::proto {
 
 inline constexpr uint64_t kMagic = 0x314d5357464e455aULL; // "ZENFWSM1" little-endian
-inline constexpr uint32_t kVersion = 6;
+inline constexpr uint32_t kVersion = 7;
 inline constexpr uint32_t kMaxGroups = 256;
 inline constexpr uint32_t kMaxThreads = 1024;
 inline constexpr uint32_t kMaxNodes = 64;
@@ -46,6 +46,12 @@ enum class Command : uint32_t {
     set_ranges = 6,  // a group's StepRanges (Control::step of them) through a transfer segment
     remove_group = 7 // the newest group (Control::ngroups), its memory unmapped
 };
+
+// Control::transfer: how a state command's moments travel. set_state with none zeroes them;
+// get_state with none returns the step count alone. in_place (set_state): the trainer has written
+// them straight into the worker's memory (process_vm_writev, at Control::moments of add_group), so
+// the worker only takes the step count.
+enum class Transfer : uint32_t { none = 0, segment = 1, in_place = 2 };
 
 // A range of a group that steps differently (zb_step_range): `lag` steps behind the group's
 // count, so a step numbered S updates it as step S - lag (bias correction is all the number
@@ -129,7 +135,7 @@ struct alignas(64) Control {
     uint32_t grad_buffer;
     uint32_t flags; // kStep* of a step
     float max_grad_norm;
-    uint32_t transfer; // get_state/set_state: 1 if a transfer segment was sent with the command
+    Transfer transfer; // get_state/set_state: how the moments travel
 
     // Response: result and message, then done_seq = req_seq (release).
     alignas(64) uint32_t done_seq;
@@ -140,6 +146,9 @@ struct alignas(64) Control {
     uint64_t step_ns;   // the worker's own time for the step: request taken to answer
     double grad_norm;   // of the scaled gradients, when the step computed it; else 0
     int64_t state_step; // get_state: the group's step count
+    uint64_t moments;   // add_group: where the group's moments are in the worker (exp_avg, then
+                        // exp_avg_sq at 4 * page_round(4 * numel) bytes on), for
+                        // Transfer::in_place
     char message[kMessageSize];
 
     alignas(64) GroupDesc groups[kMaxGroups];

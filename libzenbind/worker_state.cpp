@@ -1,0 +1,202 @@
+// A group's optimizer state in and out of the worker, between steps: the moments through a
+// transfer segment or, where the system allows it, written straight into the worker's memory.
+#include "error.hpp"
+#include "remote_memory.hpp"
+#include "worker_handle.hpp"
+
+#include <zbproto/fd_passing.hpp>
+#include <zbproto/group.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <optional>
+#include <string>
+#include <sys/mman.h>
+#include <vector>
+
+#include <omp.h>
+
+namespace {
+
+using zb::fail;
+using zb::worker_client::send_segment;
+using zb::worker_client::state_handle;
+namespace proto = zb::proto;
+
+// A large copy between the caller's memory and a fresh transfer segment (the state of a group,
+// whose pages on one side or the other are faulted in by this copy): on OpenMP's default thread
+// count (the training CPUs), a thread per 16 MiB at most, in 2 MiB chunks.
+void parallel_copy(void *to, const void *from, size_t bytes) {
+    constexpr size_t kChunk = size_t(2) << 20, kPerThread = size_t(16) << 20;
+    const size_t chunks = (bytes + kChunk - 1) / kChunk;
+    const int threads =
+        static_cast<int>(std::min<size_t>(size_t(omp_get_max_threads()), bytes / kPerThread + 1));
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (size_t c = 0; c < chunks; ++c) {
+        const size_t at = c * kChunk, size = std::min(kChunk, bytes - at);
+        std::memcpy(static_cast<char *>(to) + at, static_cast<const char *>(from) + at, size);
+    }
+}
+
+// Asks the worker for a group's state: its moments into `seg` (null: the step count alone).
+void state_out(zb_worker &w, unsigned group, const zb::shm::Segment *seg) {
+    if (seg) send_segment(w.sock, seg->fd(), group, "optimizer state's shared memory");
+    w.ctl->command = proto::Command::get_state;
+    w.ctl->ngroups = group;
+    w.ctl->transfer = seg ? proto::Transfer::segment : proto::Transfer::none;
+    w.run_state_command("return the optimizer state of group " + std::to_string(group));
+}
+
+// The ranges of a load, checked: sorted, disjoint, inside the group's n elements, none empty.
+void check_ranges(const zb_state_range *ranges, size_t count, size_t n, const char *fn) {
+    if (count && !ranges) fail(ZB_EINVAL, std::string(fn) + ": ranges is NULL");
+    size_t end = 0;
+    for (size_t i = 0; i < count; ++i) {
+        const zb_state_range &r = ranges[i];
+        if (r.numel == 0 || r.offset < end || r.numel > n || r.offset > n - r.numel)
+            fail(ZB_EINVAL, std::string(fn) + ": range " + std::to_string(i) + " (elements " +
+                                std::to_string(r.offset) + " + " + std::to_string(r.numel) +
+                                ") is empty, overlaps the one before or ends past the group's " +
+                                std::to_string(n));
+        end = r.offset + r.numel;
+    }
+}
+
+// One moment of the group (`base`: where the worker keeps it) as pieces: each range's values,
+// zeros around them.
+void moment_pieces(std::vector<zb::remote::Piece> &out, uint64_t base, size_t n,
+                   const zb_state_range *ranges, size_t count, bool second) {
+    size_t at = 0;
+    for (size_t i = 0; i < count; ++i) {
+        const zb_state_range &r = ranges[i];
+        if (r.offset > at) out.push_back({base + 4 * at, nullptr, 4 * (r.offset - at)});
+        out.push_back({base + 4 * r.offset, second ? r.exp_avg_sq : r.exp_avg, 4 * r.numel});
+        at = r.offset + r.numel;
+    }
+    if (at < n) out.push_back({base + 4 * at, nullptr, 4 * (n - at)});
+}
+
+// The ranges written into the worker's copy of the moments; false if the system refuses.
+bool load_in_place(const zb_worker &w, unsigned group, size_t n, const zb_state_range *ranges,
+                   size_t count) {
+    const uint64_t m = w.moments[group], stride = proto::page_round(4 * n);
+    std::vector<zb::remote::Piece> pieces;
+    moment_pieces(pieces, m, n, ranges, count, false);
+    moment_pieces(pieces, m + stride, n, ranges, count, true);
+    return zb::remote::write(w.pid, pieces);
+}
+
+// The ranges in a fresh transfer segment (zeros elsewhere), for a system that refuses the above.
+zb::shm::Segment load_segment(const zb_worker &w, size_t n, const zb_state_range *ranges,
+                              size_t count) {
+    const proto::TransferLayout t = proto::transfer_layout(n);
+    zb::shm::Segment seg("zenflow optimizer state", t.size, w.mems);
+    char *base = static_cast<char *>(seg.base());
+    for (size_t i = 0; i < count; ++i) {
+        const zb_state_range &r = ranges[i];
+        if (r.exp_avg) parallel_copy(base + 4 * r.offset, r.exp_avg, 4 * r.numel);
+        if (r.exp_avg_sq)
+            parallel_copy(base + t.exp_avg_sq + 4 * r.offset, r.exp_avg_sq, 4 * r.numel);
+    }
+    return seg;
+}
+
+void load_state(zb_worker_t *worker, unsigned group, const zb_state_range *ranges, size_t count,
+                int64_t step, const char *fn) {
+    zb_worker &w = state_handle(worker, group, fn);
+    if (step < 0) fail(ZB_EINVAL, std::string(fn) + ": step must be >= 0");
+    const size_t n = w.ctl->groups[group].numel;
+    check_ranges(ranges, count, n, fn);
+    // No range: the worker zeroes the moments itself.
+    proto::Transfer how = proto::Transfer::none;
+    std::optional<zb::shm::Segment> seg;
+    if (count && load_in_place(w, group, n, ranges, count)) {
+        how = proto::Transfer::in_place;
+    } else if (count) {
+        seg.emplace(load_segment(w, n, ranges, count));
+        send_segment(w.sock, seg->fd(), group, "optimizer state's shared memory");
+        how = proto::Transfer::segment;
+    }
+    w.ctl->command = proto::Command::set_state;
+    w.ctl->ngroups = group;
+    w.ctl->step = step;
+    w.ctl->transfer = how;
+    w.run_state_command("set the optimizer state of group " + std::to_string(group));
+}
+
+} // namespace
+
+// What zb_worker_group_take_state hands out: a private mapping of a transfer segment.
+struct zb_worker_state {
+    void *base;
+    size_t size;
+};
+
+extern "C" {
+
+zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *exp_avg,
+                                    float *exp_avg_sq, int64_t *step) {
+    return zb::guard([&] {
+        zb_worker &w = state_handle(worker, group, "zb_worker_group_get_state");
+        const size_t n = w.ctl->groups[group].numel;
+        const proto::TransferLayout t = proto::transfer_layout(n);
+        std::optional<zb::shm::Segment> seg;
+        if (exp_avg || exp_avg_sq) seg.emplace("zenflow optimizer state", t.size, w.mems);
+        state_out(w, group, seg ? &*seg : nullptr);
+        const char *base = seg ? static_cast<const char *>(seg->base()) : nullptr;
+        if (exp_avg) parallel_copy(exp_avg, base, 4 * n);
+        if (exp_avg_sq) parallel_copy(exp_avg_sq, base + t.exp_avg_sq, 4 * n);
+        if (step) *step = w.ctl->state_step;
+    });
+}
+
+zb_status zb_worker_group_take_state(zb_worker_t *worker, unsigned group, zb_worker_state_t **state,
+                                     float **exp_avg, float **exp_avg_sq, int64_t *step) {
+    return zb::guard([&] {
+        zb_worker &w = state_handle(worker, group, "zb_worker_group_take_state");
+        if (!state || !exp_avg || !exp_avg_sq)
+            fail(ZB_EINVAL, "zb_worker_group_take_state: state, exp_avg or exp_avg_sq is NULL");
+        const proto::TransferLayout t = proto::transfer_layout(w.ctl->groups[group].numel);
+        zb::shm::Segment seg("zenflow optimizer state", t.size, w.mems);
+        state_out(w, group, &seg);
+        // The caller's view: private, so its writes and a fork's stay out of the segment; reading
+        // maps the pages the worker wrote (no copy). The segment's fd and shared mapping go with
+        // `seg`; this mapping alone keeps the memory.
+        void *view = mmap(nullptr, t.size, PROT_READ | PROT_WRITE, MAP_PRIVATE, seg.fd(), 0);
+        if (view == MAP_FAILED) zb::fail_errno("zb_worker_group_take_state: mmap of the state");
+        *state = new (std::nothrow) zb_worker_state{view, t.size};
+        if (!*state) {
+            munmap(view, t.size);
+            fail(ZB_ENOMEM, "zb_worker_group_take_state: out of memory");
+        }
+        *exp_avg = static_cast<float *>(view);
+        *exp_avg_sq = reinterpret_cast<float *>(static_cast<char *>(view) + t.exp_avg_sq);
+        if (step) *step = w.ctl->state_step;
+    });
+}
+
+void zb_worker_state_release(zb_worker_state_t *state) {
+    if (!state) return;
+    munmap(state->base, state->size);
+    delete state;
+}
+
+zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const float *exp_avg,
+                                    const float *exp_avg_sq, int64_t step) {
+    return zb::guard([&] {
+        const char *fn = "zb_worker_group_set_state";
+        const zb_worker &w = state_handle(worker, group, fn);
+        const zb_state_range whole{0, w.ctl->groups[group].numel, exp_avg, exp_avg_sq};
+        const bool any = exp_avg || exp_avg_sq;
+        load_state(worker, group, any ? &whole : nullptr, any ? 1 : 0, step, fn);
+    });
+}
+
+zb_status zb_worker_group_load_state(zb_worker_t *worker, unsigned group,
+                                     const zb_state_range *ranges, size_t count, int64_t step) {
+    return zb::guard(
+        [&] { load_state(worker, group, ranges, count, step, "zb_worker_group_load_state"); });
+}
+
+} // extern "C"
