@@ -7,6 +7,8 @@
 #include <string>
 #include <sys/uio.h>
 
+#include <omp.h>
+
 namespace zb::remote {
 
 namespace {
@@ -15,50 +17,37 @@ namespace {
 constexpr size_t kZeros = size_t(256) << 10;
 alignas(64) char zeros[kZeros];
 
-// At most this many iovecs per call (IOV_MAX is 1024 on Linux).
-constexpr size_t kBatch = 1024;
+// Pieces go in iovecs of at most kChunk bytes, so that threads can share them out; a call takes
+// at most kBatch of them (IOV_MAX is 1024 on Linux).
+constexpr size_t kChunk = size_t(4) << 20, kBatch = 1024, kPerThread = size_t(16) << 20;
 
-bool refused(int err) {
-    return err == EPERM || err == EACCES || err == ENOSYS;
-}
+using Call = ssize_t (*)(pid_t, const iovec *, unsigned long, const iovec *, unsigned long,
+                         unsigned long);
 
-} // namespace
+struct Outcome {
+    int err = 0;          // errno of the call that failed
+    bool refused = false; // the first call of this thread was refused
+};
 
-bool write(pid_t pid, const std::vector<Piece> &pieces) {
-    // Pieces cut to iovecs: zeros in kZeros blocks, the same block read again for each.
-    std::vector<iovec> local, remote;
-    for (const Piece &p : pieces)
-        for (size_t at = 0; at < p.bytes;) {
-            const size_t n = p.from ? p.bytes - at : std::min(kZeros, p.bytes - at);
-            const void *src = p.from ? static_cast<const char *>(p.from) + at : zeros;
-            local.push_back(iovec{const_cast<void *>(src), n});
-            remote.push_back(iovec{reinterpret_cast<void *>(p.to + at), n});
-            at += n;
-        }
+// Copies iovecs [i, end) with `call`, in batches, going on after a partial copy.
+Outcome copy(pid_t pid, Call call, iovec *local, iovec *remote, size_t i, size_t end) {
     bool first = true;
-    for (size_t i = 0; i < local.size();) {
-        const size_t count = std::min(kBatch, local.size() - i);
+    while (i < end) {
+        const size_t count = std::min(kBatch, end - i);
         size_t want = 0;
         for (size_t k = i; k < i + count; ++k)
             want += local[k].iov_len;
-        const ssize_t got = process_vm_writev(pid, &local[i], count, &remote[i], count, 0);
-        if (got < 0 && first && refused(errno)) return false;
+        const ssize_t got = call(pid, &local[i], count, &remote[i], count, 0);
         if (got <= 0) {
             const int err = got < 0 ? errno : EFAULT;
-            if (err == ESRCH) fail(ZB_EDEAD, "the optimizer worker is gone");
-            if (err == EFAULT)
-                fail(ZB_EINVAL, "the optimizer state to load is not readable memory of this "
-                                "process");
-            errno = err;
-            fail_errno("writing the optimizer state into the worker (process_vm_writev)");
+            return Outcome{err, first && (err == EPERM || err == EACCES || err == ENOSYS)};
         }
         first = false;
         if (size_t(got) == want) {
             i += count;
             continue;
         }
-        // A partial write: what is left of the batch goes again.
-        for (size_t done = size_t(got); done > 0;) {
+        for (size_t done = size_t(got); done > 0;) { // what is left of the batch goes again
             const size_t n = std::min(done, local[i].iov_len);
             local[i].iov_base = static_cast<char *>(local[i].iov_base) + n;
             remote[i].iov_base = static_cast<char *>(remote[i].iov_base) + n;
@@ -68,7 +57,56 @@ bool write(pid_t pid, const std::vector<Piece> &pieces) {
             if (local[i].iov_len == 0) ++i;
         }
     }
+    return Outcome{};
+}
+
+bool transfer(pid_t pid, const std::vector<Piece> &pieces, bool out) {
+    std::vector<iovec> local, remote;
+    size_t total = 0;
+    for (const Piece &p : pieces) {
+        const size_t chunk = p.local ? kChunk : kZeros; // zeros: the same block read again
+        for (size_t at = 0; at < p.bytes;) {
+            const size_t n = std::min(chunk, p.bytes - at);
+            void *mine = p.local ? static_cast<char *>(p.local) + at : zeros;
+            local.push_back(iovec{mine, n});
+            remote.push_back(iovec{reinterpret_cast<void *>(p.remote + at), n});
+            at += n;
+        }
+        total += p.bytes;
+    }
+    const Call call = out ? process_vm_writev : process_vm_readv;
+    const size_t threads = std::max<size_t>(
+        1, std::min({size_t(omp_get_max_threads()), total / kPerThread + 1, local.size()}));
+    std::vector<Outcome> outcome(threads);
+#pragma omp parallel for num_threads(static_cast <int>(threads)) schedule(static, 1)
+    for (size_t t = 0; t < threads; ++t)
+        outcome[t] = copy(pid, call, local.data(), remote.data(), local.size() * t / threads,
+                          local.size() * (t + 1) / threads);
+    for (const Outcome &o : outcome)
+        if (o.refused) return false;
+    for (const Outcome &o : outcome) {
+        if (!o.err) continue;
+        if (o.err == ESRCH) fail(ZB_EDEAD, "the optimizer worker is gone");
+        if (o.err == EFAULT)
+            fail(ZB_EINVAL, out ? "the optimizer state to load is not readable memory (or the "
+                                  "worker's moments are not where it said)"
+                                : "the memory for the optimizer state is not writable (or the "
+                                  "worker's moments are not where it said)");
+        errno = o.err;
+        fail_errno(out ? "writing the optimizer state into the worker (process_vm_writev)"
+                       : "reading the optimizer state from the worker (process_vm_readv)");
+    }
     return true;
+}
+
+} // namespace
+
+bool write(pid_t pid, const std::vector<Piece> &pieces) {
+    return transfer(pid, pieces, true);
+}
+
+bool read(pid_t pid, const std::vector<Piece> &pieces) {
+    return transfer(pid, pieces, false);
 }
 
 } // namespace zb::remote

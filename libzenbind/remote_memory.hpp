@@ -1,5 +1,6 @@
-// Writes into the worker's memory from the trainer with process_vm_writev(2): a checkpoint's
-// moments go straight to where the worker keeps them, with no segment of fresh pages between.
+// The worker's memory read and written from the trainer with process_vm_readv(2) and
+// process_vm_writev(2): a group's moments go straight between where the worker keeps them and the
+// caller's memory, with no segment of fresh shared pages between.
 #pragma once
 
 #include <cstddef>
@@ -9,18 +10,23 @@
 
 namespace zb::remote {
 
-// `bytes` from `from` (null: zeros) to address `to` in the other process.
+// `bytes` at address `remote` in the other process and at `local` in this one (null, when
+// writing: zeros).
 struct Piece {
-    uint64_t to;
-    const void *from;
+    uint64_t remote;
+    void *local;
     size_t bytes;
 };
 
-// Writes every piece into process `pid`, in order. False, with nothing written, when the system
-// does not let this process write into pid's memory (EPERM, EACCES: Yama's ptrace_scope 2 or 3, a
-// pid that is not our child; ENOSYS: a seccomp filter or a kernel without cross-memory attach).
-// Throws zb::Error for anything else: ZB_EINVAL for memory of ours that cannot be read (EFAULT),
-// ZB_EDEAD for a process that is gone (ESRCH).
+// Copies every piece from this process into process `pid` (write) or from it (read), on OpenMP's
+// default thread count (a thread per 16 MiB at most). False when the system does not let this
+// process reach pid's memory (EPERM, EACCES: Yama's ptrace_scope 2 or 3, or 1 and a pid that is
+// not our descendant; ENOSYS: a seccomp filter or a kernel without cross-memory attach); what was
+// copied then is unspecified. Throws zb::Error for anything else: ZB_EINVAL for memory that cannot
+// be read or written (EFAULT), ZB_EDEAD for a process that is gone (ESRCH). The caller makes sure
+// pid is still its worker: a child not yet reaped, whose pid no other process can take (a trainer
+// whose children are reaped elsewhere, SIGCHLD ignored, is told so by check_alive first).
 bool write(pid_t pid, const std::vector<Piece> &pieces);
+bool read(pid_t pid, const std::vector<Piece> &pieces);
 
 } // namespace zb::remote

@@ -32,9 +32,9 @@ std::string mib(uint64_t bytes) {
     return std::to_string((bytes + (1u << 20) - 1) >> 20) + " MiB";
 }
 
-// A job under Slurm's ConstrainRAMSpace runs in a memory cgroup: memory it cannot hold would not
-// fail here but get the trainer or the worker OOM-killed later. Refuse it while nothing is lost.
-void check_memory_cgroup(const char *what, size_t size, size_t worker_bytes) {
+} // namespace
+
+void check_memory_cgroup(const char *kind, const char *what, size_t size, size_t worker_bytes) {
     uint64_t headroom = 0, limit = 0, in_use = 0;
     char source[4096];
     if (zb_cgroup_memory_headroom(nullptr, 0, &headroom, &limit, &in_use, source, sizeof source) !=
@@ -43,17 +43,15 @@ void check_memory_cgroup(const char *what, size_t size, size_t worker_bytes) {
     const uint64_t need = uint64_t(size) + worker_bytes;
     if (need <= headroom) return;
     fail(ZB_ENOMEM,
-         std::string("cannot reserve ") + mib(size) + " of shared memory for the " + what +
+         std::string("cannot reserve ") + mib(size) + " of " + kind + " for the " + what +
              (worker_bytes ? " and " + mib(worker_bytes) + " of Adam moments in the worker" : "") +
              ": the job's memory cgroup allows " + mib(headroom) + " more (limit " + mib(limit) +
              " in " + source + ", " + mib(in_use) + " in use)");
 }
 
-} // namespace
-
 Segment::Segment(const char *what, size_t size, const std::vector<int> &nodes, size_t worker_bytes)
     : size_(size) {
-    check_memory_cgroup(what, size, worker_bytes);
+    check_memory_cgroup("shared memory", what, size, worker_bytes);
     fd_ = memfd_create(what, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd_ < 0) fail_errno(std::string("memfd_create for the ") + what);
     try {

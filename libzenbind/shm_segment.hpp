@@ -10,6 +10,12 @@
 
 namespace zb::shm {
 
+// A job under Slurm's ConstrainRAMSpace runs in a memory cgroup: memory it cannot hold would not
+// fail when reserved but get the trainer or the worker OOM-killed later. Refuses (ZB_ENOMEM) `size`
+// bytes of `kind` ("shared memory", "memory") for `what`, plus `worker_bytes` the worker will
+// allocate, beyond the cgroup's headroom, while nothing is lost; no limit, nothing refused.
+void check_memory_cgroup(const char *kind, const char *what, size_t size, size_t worker_bytes);
+
 class Segment {
   public:
     Segment() = default;

@@ -8,11 +8,13 @@
 #include <zbproto/group.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <new>
 #include <optional>
 #include <string>
 #include <sys/mman.h>
+#include <utility>
 #include <vector>
 
 #include <omp.h>
@@ -71,7 +73,9 @@ void moment_pieces(std::vector<zb::remote::Piece> &out, uint64_t base, size_t n,
     for (size_t i = 0; i < count; ++i) {
         const zb_state_range &r = ranges[i];
         if (r.offset > at) out.push_back({base + 4 * at, nullptr, 4 * (r.offset - at)});
-        out.push_back({base + 4 * r.offset, second ? r.exp_avg_sq : r.exp_avg, 4 * r.numel});
+        // Only read from: process_vm_writev's local iovecs are not const.
+        const float *from = second ? r.exp_avg_sq : r.exp_avg;
+        out.push_back({base + 4 * r.offset, const_cast<float *>(from), 4 * r.numel});
         at = r.offset + r.numel;
     }
     if (at < n) out.push_back({base + 4 * at, nullptr, 4 * (n - at)});
@@ -85,6 +89,50 @@ bool load_in_place(const zb_worker &w, unsigned group, size_t n, const zb_state_
     moment_pieces(pieces, m, n, ranges, count, false);
     moment_pieces(pieces, m + stride, n, ranges, count, true);
     return zb::remote::write(w.pid, pieces);
+}
+
+// The group's moments read straight from the worker into exp_avg and exp_avg_sq (numel floats
+// each; null: not read); false if the system refuses.
+bool read_moments(const zb_worker &w, unsigned group, float *exp_avg, float *exp_avg_sq) {
+    const size_t n = w.ctl->groups[group].numel;
+    const uint64_t m = w.moments[group], stride = proto::page_round(4 * n);
+    std::vector<zb::remote::Piece> pieces;
+    if (exp_avg) pieces.push_back({m, exp_avg, 4 * n});
+    if (exp_avg_sq) pieces.push_back({m + stride, exp_avg_sq, 4 * n});
+    return zb::remote::read(w.pid, pieces);
+}
+
+// Anonymous memory of the caller's, unmapped unless released.
+struct Anonymous {
+    void *base = nullptr;
+    size_t size = 0;
+    explicit Anonymous(size_t bytes) : size(bytes) {
+        base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) {
+            base = nullptr;
+            fail(ZB_ENOMEM,
+                 "cannot map " + std::to_string(size) +
+                     " bytes of memory for the optimizer state: " + std::strerror(errno));
+        }
+    }
+    ~Anonymous() {
+        if (base) munmap(base, size);
+    }
+    Anonymous(const Anonymous &) = delete;
+    Anonymous &operator=(const Anonymous &) = delete;
+    void *release() { return std::exchange(base, nullptr); }
+};
+
+// A private view of the state through a transfer segment the worker writes, for a system that
+// refuses read_moments: its writes and a fork's stay out of the segment; reading maps the pages
+// the worker wrote. The segment's fd and shared mapping go with `seg`; the view alone keeps the
+// memory.
+void *take_through_segment(zb_worker &w, unsigned group, size_t size) {
+    zb::shm::Segment seg("zenflow optimizer state", size, w.mems);
+    state_out(w, group, &seg);
+    void *view = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, seg.fd(), 0);
+    if (view == MAP_FAILED) zb::fail_errno("zb_worker_group_take_state: mmap of the state");
+    return view;
 }
 
 // The ranges in a fresh transfer segment (zeros elsewhere), for a system that refuses the above.
@@ -127,7 +175,8 @@ void load_state(zb_worker_t *worker, unsigned group, const zb_state_range *range
 
 } // namespace
 
-// What zb_worker_group_take_state hands out: a private mapping of a transfer segment.
+// What zb_worker_group_take_state hands out: memory the moments were read into, or a private view
+// of the transfer segment the worker wrote them into.
 struct zb_worker_state {
     void *base;
     size_t size;
@@ -142,11 +191,14 @@ zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *
         const size_t n = w.ctl->groups[group].numel;
         const proto::TransferLayout t = proto::transfer_layout(n);
         std::optional<zb::shm::Segment> seg;
-        if (exp_avg || exp_avg_sq) seg.emplace("zenflow optimizer state", t.size, w.mems);
-        state_out(w, group, seg ? &*seg : nullptr);
-        const char *base = seg ? static_cast<const char *>(seg->base()) : nullptr;
-        if (exp_avg) parallel_copy(exp_avg, base, 4 * n);
-        if (exp_avg_sq) parallel_copy(exp_avg_sq, base + t.exp_avg_sq, 4 * n);
+        if ((exp_avg || exp_avg_sq) && !read_moments(w, group, exp_avg, exp_avg_sq))
+            seg.emplace("zenflow optimizer state", t.size, w.mems);
+        state_out(w, group, seg ? &*seg : nullptr); // the step count, and the moments if seg
+        if (seg) {
+            const char *base = static_cast<const char *>(seg->base());
+            if (exp_avg) parallel_copy(exp_avg, base, 4 * n);
+            if (exp_avg_sq) parallel_copy(exp_avg_sq, base + t.exp_avg_sq, 4 * n);
+        }
         if (step) *step = w.ctl->state_step;
     });
 }
@@ -158,13 +210,20 @@ zb_status zb_worker_group_take_state(zb_worker_t *worker, unsigned group, zb_wor
         if (!state || !exp_avg || !exp_avg_sq)
             fail(ZB_EINVAL, "zb_worker_group_take_state: state, exp_avg or exp_avg_sq is NULL");
         const proto::TransferLayout t = proto::transfer_layout(w.ctl->groups[group].numel);
-        zb::shm::Segment seg("zenflow optimizer state", t.size, w.mems);
-        state_out(w, group, &seg);
-        // The caller's view: private, so its writes and a fork's stay out of the segment; reading
-        // maps the pages the worker wrote (no copy). The segment's fd and shared mapping go with
-        // `seg`; this mapping alone keeps the memory.
-        void *view = mmap(nullptr, t.size, PROT_READ | PROT_WRITE, MAP_PRIVATE, seg.fd(), 0);
-        if (view == MAP_FAILED) zb::fail_errno("zb_worker_group_take_state: mmap of the state");
+        // Memory of the caller's own, which the moments are read into; its pages are faulted in
+        // by the reading threads.
+        zb::shm::check_memory_cgroup("memory", "zenflow optimizer state", t.size, 0);
+        void *view = nullptr;
+        {
+            Anonymous mine(t.size);
+            char *base = static_cast<char *>(mine.base);
+            if (read_moments(w, group, reinterpret_cast<float *>(base),
+                             reinterpret_cast<float *>(base + t.exp_avg_sq))) {
+                state_out(w, group, nullptr); // the step count
+                view = mine.release();
+            }
+        }
+        if (!view) view = take_through_segment(w, group, t.size);
         *state = new (std::nothrow) zb_worker_state{view, t.size};
         if (!*state) {
             munmap(view, t.size);

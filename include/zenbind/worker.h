@@ -221,23 +221,26 @@ typedef struct zb_worker_result {
 zb_status zb_worker_wait_result(zb_worker_t *worker, int timeout_ms, zb_worker_result *out);
 
 /* A group's optimizer state between steps, for checkpoints. Not allowed while a step is in flight
- * (ZB_EINVAL); an unknown group is ZB_EINVAL. The moments live only in the worker: they travel
- * through a temporary shared segment of 8 bytes per parameter, copied by the worker's pinned
- * threads, each its own slice, so they stay NUMA-local; every wait is bounded by
- * control_timeout_ms (past it the worker is stopped: ZB_ETIMEDOUT, then ZB_EDEAD). */
+ * (ZB_EINVAL); an unknown group is ZB_EINVAL. The moments live only in the worker, on its
+ * threads' NUMA nodes. They are read from and written into its memory straight
+ * (process_vm_readv(2), process_vm_writev(2)) where the system lets a process reach its child's;
+ * where it does not (Yama's ptrace_scope 2 or 3, a seccomp filter) they travel through a temporary
+ * shared segment of 8 bytes per parameter, copied by the worker's pinned threads. Every wait is
+ * bounded by control_timeout_ms (past it the worker is stopped: ZB_ETIMEDOUT, then ZB_EDEAD). */
 
 /* exp_avg and exp_avg_sq receive numel floats each (NULL: skip that one); *step (may be NULL) the
  * group's step count, the number of steps applied to it (0 for a fresh group). */
 zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *exp_avg,
                                     float *exp_avg_sq, int64_t *step);
 /* The same state without a copy into the caller's memory, for a caller that only reads it or
- * keeps it (a checkpoint): the worker writes the moments into memory of their own, handed over as
+ * keeps it (a checkpoint): the moments are copied once, into memory of their own handed over as
  * *state. *exp_avg and *exp_avg_sq point at numel floats each in it, 64-byte aligned, writable,
  * valid until zb_worker_state_release(*state), which may come after zb_worker_destroy. The memory
  * is the caller's alone: writes to it stay there (zb_worker_group_set_state gives the worker new
- * state) and a forked child gets a copy-on-write view. 8 bytes per parameter, the pages placed
- * like the worker's memory (zb_worker_attr.mems). All three pointers are required; *step may be
- * NULL. Added in ABI 2.1 (ZENBIND_2.1). */
+ * state) and a forked child gets a copy-on-write view. 8 bytes per parameter (anonymous memory
+ * faulted in by the reading threads; where the moments come through a segment, a private view of
+ * it, placed like the worker's memory, zb_worker_attr.mems). All three pointers are required; *step
+ * may be NULL. Added in ABI 2.1 (ZENBIND_2.1). */
 typedef struct zb_worker_state zb_worker_state_t;
 zb_status zb_worker_group_take_state(zb_worker_t *worker, unsigned group, zb_worker_state_t **state,
                                      float **exp_avg, float **exp_avg_sq, int64_t *step);

@@ -8,9 +8,9 @@ get_optimizer_state_dict, state_dict(), a user's loop), kept while nothing steps
 the next step, which first sends the worker whatever was written into it (in place or by
 assignment). torch code that reads optimizer.state sees exactly what torch.optim.AdamW would
 hold: nothing before a parameter's first step, then step, exp_avg, exp_avg_sq (and master_param
-for a 16-bit parameter), as DTensors sharded like their parameter under FSDP2. The worker writes
-a snapshot's moments into memory of their own that the entries view (8 bytes per parameter, freed
-with the last tensor viewing it), so taking one costs the worker's copy and no other."""
+for a 16-bit parameter), as DTensors sharded like their parameter under FSDP2. A snapshot's
+moments are copied once out of the worker into memory of their own that the entries view (8 bytes
+per parameter, freed with the last tensor viewing it), and never again."""
 
 import collections
 import math

@@ -76,8 +76,8 @@ class Group:
 
     def take_state(self):
         """(exp_avg, exp_avg_sq, step): the Adam moments as float32 arrays in memory of their own,
-        which the worker writes them into (nothing is copied into the caller's), kept while any
-        view of them lives; writes to them stay here (set_state gives the worker new ones), a
+        copied once out of the worker (nothing is copied into the caller's), kept while any view
+        of them lives; writes to them stay here (set_state gives the worker new ones), a
         later step leaves them as they are. Between steps only."""
         lib, handle = library(), ctypes.c_void_p()
         m, v, step = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int64()

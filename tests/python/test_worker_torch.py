@@ -13,6 +13,7 @@ import unittest
 import numpy as np
 import torch
 
+from torch_cases import mapped
 from zenflow_bind import Group, Worker, ZenbindError
 
 
@@ -222,10 +223,6 @@ class Behaviour(unittest.TestCase):
                 g.load_state([(10, 100, torch.zeros(200)[::2], None)], 1)
 
     def test_taken_state_is_its_own_memory_while_viewed(self):
-        def mapped():
-            with open("/proc/self/maps") as maps:
-                return sum("zenflow optimizer state" in line for line in maps)
-        before = mapped()
         with Worker(threads=2) as w:
             g = w.add_group(100000)
             m = np.linspace(-1, 1, 100000, dtype=np.float32)
@@ -234,7 +231,7 @@ class Behaviour(unittest.TestCase):
             self.assertEqual(step, 3)
             np.testing.assert_array_equal(taken_m, m)
             np.testing.assert_array_equal(taken_v, m * m)
-            self.assertEqual(mapped(), before + 1)
+            memory = [taken_m.ctypes.data, taken_v.ctypes.data]
             taken_m[0] = 5.0  # the caller's: the worker keeps its own
             got = np.empty(100000, np.float32)
             g.get_state(got, None)
@@ -246,10 +243,10 @@ class Behaviour(unittest.TestCase):
             np.testing.assert_array_equal(taken_v, m * m)
         view = torch.from_numpy(taken_v)[10:20]  # a torch view keeps it, the worker gone
         del taken_m, taken_v
-        self.assertEqual(mapped(), before + 1)
+        self.assertEqual(mapped(memory), 2)
         self.assertTrue(torch.equal(view, torch.from_numpy(m[10:20] ** 2)))
         del view
-        self.assertEqual(mapped(), before)
+        self.assertEqual(mapped(memory), 0)  # unmapped with the last view
 
     def test_bad_arguments(self):
         with Worker(threads=1) as w:

@@ -1,6 +1,7 @@
 """Shared pieces of the zenflow_bind.optim tests: seeded models, data and comparisons."""
 
 import copy
+import ctypes
 import os
 
 import torch
@@ -68,6 +69,19 @@ def proc_stat(pid):
             return f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_RESIDENT = ctypes.create_string_buffer(1)
+
+
+def mapped(addresses):
+    """How many of these addresses lie in a mapping of this process: mincore(2) of their page
+    fails with ENOMEM where none does. It allocates nothing that could be mapped where memory
+    was just unmapped, as reading /proc/self/maps would."""
+    return sum(_LIBC.mincore(a - a % _PAGE, _PAGE, _RESIDENT) == 0 for a in addresses)
 
 
 def alive(pid):

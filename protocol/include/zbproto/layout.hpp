@@ -147,7 +147,7 @@ struct alignas(64) Control {
     double grad_norm;   // of the scaled gradients, when the step computed it; else 0
     int64_t state_step; // get_state: the group's step count
     uint64_t moments;   // add_group: where the group's moments are in the worker (exp_avg, then
-                        // exp_avg_sq at 4 * page_round(4 * numel) bytes on), for
+                        // exp_avg_sq page_round(4 * numel) bytes on), for
                         // Transfer::in_place
     char message[kMessageSize];
 

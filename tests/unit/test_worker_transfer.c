@@ -1,8 +1,8 @@
-/* zb_worker_group_load_state: a group's moments from ranges (a checkpoint's tensor per
- * parameter), zeros around them; written straight into the worker where the system allows it
- * (shown by loading with memfd_create refused), through a transfer segment where it does not
- * (process_vm_writev refused by a seccomp filter, as a container's may); bad tables change
- * nothing. */
+/* A group's state in and out of the worker: zb_worker_group_load_state's moments from ranges (a
+ * checkpoint's tensor per parameter), zeros around them, bad tables changing nothing; and every
+ * state call written into or read from the worker's memory where the system allows it (shown
+ * with memfd_create refused), through a transfer segment where it does not (process_vm_writev or
+ * _readv refused by a seccomp filter, as a container's may). */
 #define _GNU_SOURCE
 #include <zenbind/worker.h>
 
@@ -175,8 +175,8 @@ static void test_load_refuses_bad_tables(void **state) {
     zb_worker_destroy(w);
 }
 
-/* A seccomp filter on this thread (and what it spawns) that fails system call `nr` with `err`;
- * 0, or why it could not be installed. */
+/* A seccomp filter on every thread of this process (and what it spawns) that fails system call
+ * `nr` with `err`; 0, or why it could not be installed. */
 static int refuse_syscall(long nr, int err) {
     struct sock_filter code[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
@@ -186,15 +186,67 @@ static int refuse_syscall(long nr, int err) {
     };
     struct sock_fprog prog = {sizeof code / sizeof *code, code};
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return errno;
-    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) return errno;
+    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog) != 0)
+        return errno;
     return 0;
 }
 
-/* In a child (a seccomp filter cannot be taken off): loads some_ranges with `nr` failing with
- * `err` from `when` on (0: before the worker is spawned, 1: once its group is added) and checks
- * what the worker then holds. Exits 0 if it does, 1 if not, 77 if the filter cannot be
- * installed. */
-static void load_with_syscall_refused(long nr, int err, int when) {
+/* What the worker holds, against m and v over the whole group and step: 0 if the same. */
+static int holds(zb_worker_t *w, unsigned id, const float *m, const float *v, int64_t step) {
+    float *gm = malloc(4 * kN), *gv = malloc(4 * kN), *tm = NULL, *tv = NULL;
+    int64_t got = -1, taken_step = -1;
+    zb_worker_state_t *taken = NULL;
+    int bad = !gm || !gv;
+    if (!bad && zb_worker_group_get_state(w, id, gm, gv, &got) != ZB_OK) {
+        fprintf(stderr, "get_state: %s\n", zb_last_error());
+        bad = 1;
+    }
+    if (!bad && zb_worker_group_take_state(w, id, &taken, &tm, &tv, &taken_step) != ZB_OK) {
+        fprintf(stderr, "take_state: %s\n", zb_last_error());
+        bad = 1;
+    }
+    if (!bad)
+        bad = got != step || taken_step != step || memcmp(gm, m, 4 * kN) || memcmp(gv, v, 4 * kN) ||
+              memcmp(tm, m, 4 * kN) || memcmp(tv, v, 4 * kN);
+    zb_worker_state_release(taken);
+    free(gm);
+    free(gv);
+    return bad;
+}
+
+/* Loads some_ranges and checks what the worker then holds. */
+static int load_ranges(zb_worker_t *w, unsigned id) {
+    float *x = floats(kN, -1.0f, 1e-3f), *y = floats(kN, 0.0f, 1e-6f);
+    float *m = calloc(kN, 4), *v = calloc(kN, 4);
+    zb_state_range r[3];
+    const size_t count = some_ranges(r, x, y);
+    if (zb_worker_group_load_state(w, id, r, count, 12) != ZB_OK) {
+        fprintf(stderr, "load: %s\n", zb_last_error());
+        return 1;
+    }
+    for (size_t i = 0; i < count; ++i) {
+        if (r[i].exp_avg) memcpy(m + r[i].offset, r[i].exp_avg, 4 * r[i].numel);
+        if (r[i].exp_avg_sq) memcpy(v + r[i].offset, r[i].exp_avg_sq, 4 * r[i].numel);
+    }
+    return holds(w, id, m, v, 12);
+}
+
+/* Sets a state and reads it back with get_state and take_state. */
+static int set_and_read(zb_worker_t *w, unsigned id) {
+    float *m = floats(kN, -2.0f, 1e-3f), *v = floats(kN, 1.0f, 1e-4f);
+    if (zb_worker_group_set_state(w, id, m, v, 33) != ZB_OK) {
+        fprintf(stderr, "set_state: %s\n", zb_last_error());
+        return 1;
+    }
+    return holds(w, id, m, v, 33);
+}
+
+/* In a child (a seccomp filter cannot be taken off): runs `scenario` on a worker's group with
+ * system call `nr` failing with `err` from `when` on (0: before the worker is spawned, 1: once
+ * its group is added). The child exits 0 if the scenario holds, 1 if not, 77 if the filter
+ * cannot be installed (skipped). */
+static void with_syscall_refused(long nr, int err, int when,
+                                 int (*scenario)(zb_worker_t *, unsigned)) {
     const pid_t child = fork();
     assert_true(child >= 0);
     if (child == 0) {
@@ -207,52 +259,9 @@ static void load_with_syscall_refused(long nr, int err, int when) {
             _exit(1);
         }
         if (when == 1 && refuse_syscall(nr, err)) _exit(77);
-        float *x = floats(kN, -1.0f, 1e-3f), *y = floats(kN, 0.0f, 1e-6f);
-        float *m = malloc(4 * kN), *v = malloc(4 * kN);
-        zb_state_range r[3];
-        const size_t count = some_ranges(r, x, y);
-        if (zb_worker_group_load_state(w, id, r, count, 12) != ZB_OK) {
-            fprintf(stderr, "load: %s\n", zb_last_error());
-            _exit(1);
-        }
-        /* Read back by a step's effect where reading needs what is refused: a step from the
-         * loaded moments with zero gradients moves each parameter by lr * m / (sqrt(v) + eps)
-         * (bias-corrected), so parameters still at zero mark the zeros; others moved. */
-        if (nr == SYS_memfd_create) {
-            memset(m, 0, 4 * kN);
-            for (size_t i = 0; i < count; ++i)
-                if (r[i].exp_avg) memcpy(m + r[i].offset, r[i].exp_avg, 4 * r[i].numel);
-            zb_group_buffers b;
-            if (zb_worker_group_buffers(w, id, &b) != ZB_OK) _exit(1);
-            memset(b.params, 0, 4 * kN);
-            memset(b.grads[0], 0, 4 * kN);
-            zb_worker_step st = {0, 1.0f, 0, NULL, 0, 0, 0.0f};
-            if (zb_worker_submit(w, &st) != ZB_OK || zb_worker_wait_result(w, 30000, NULL))
-                _exit(1);
-            for (size_t i = 0; i < kN; ++i)
-                if ((b.params[i] != 0.0f) != (m[i] != 0.0f)) {
-                    fprintf(stderr, "element %zu: parameter %g, exp_avg %g\n", i, b.params[i],
-                            m[i]);
-                    _exit(1);
-                }
-            _exit(0);
-        }
-        int64_t step = -1;
-        if (zb_worker_group_get_state(w, id, m, v, &step) != ZB_OK || step != 12) _exit(1);
-        size_t at = 0;
-        for (size_t i = 0; i <= count; ++i) {
-            const size_t end = i < count ? r[i].offset : kN;
-            for (; at < end; ++at)
-                if (m[at] != 0.0f || v[at] != 0.0f) _exit(1);
-            if (i == count) break;
-            for (size_t k = 0; k < r[i].numel; ++k)
-                if (m[at + k] != (r[i].exp_avg ? r[i].exp_avg[k] : 0.0f) ||
-                    v[at + k] != (r[i].exp_avg_sq ? r[i].exp_avg_sq[k] : 0.0f))
-                    _exit(1);
-            at += r[i].numel;
-        }
+        const int bad = scenario(w, id);
         zb_worker_destroy(w);
-        _exit(0);
+        _exit(bad ? 1 : 0);
     }
     int status;
     assert_int_equal(waitpid(child, &status, 0), child);
@@ -265,18 +274,26 @@ static void load_with_syscall_refused(long nr, int err, int when) {
 }
 
 /* Where a process may not write into its child (a container's seccomp profile, Yama's
- * ptrace_scope 2 or 3), the moments go through a transfer segment. */
+ * ptrace_scope 2 or 3), the moments go in through a transfer segment... */
 static void test_load_without_cross_memory_writes(void **state) {
     (void)state;
-    load_with_syscall_refused(SYS_process_vm_writev, EPERM, 0);
-    load_with_syscall_refused(SYS_process_vm_writev, ENOSYS, 0);
+    with_syscall_refused(SYS_process_vm_writev, EPERM, 0, load_ranges);
+    with_syscall_refused(SYS_process_vm_writev, ENOSYS, 0, set_and_read);
 }
 
-/* Where it may, they need no segment: the load works with memfd_create refused. */
-static void test_load_writes_into_the_worker(void **state) {
+/* ...and out, where it may not read from it. */
+static void test_state_out_without_cross_memory_reads(void **state) {
     (void)state;
-    if (under_qemu_user("process_vm_writev into a child")) skip();
-    load_with_syscall_refused(SYS_memfd_create, EMFILE, 1);
+    with_syscall_refused(SYS_process_vm_readv, EPERM, 0, set_and_read);
+    with_syscall_refused(SYS_process_vm_readv, EACCES, 0, load_ranges);
+}
+
+/* Where it may, they need no segment either way: all works with memfd_create refused. */
+static void test_state_needs_no_segment(void **state) {
+    (void)state;
+    if (under_qemu_user("process_vm_readv and _writev of a child")) skip();
+    with_syscall_refused(SYS_memfd_create, EMFILE, 1, load_ranges);
+    with_syscall_refused(SYS_memfd_create, EMFILE, 1, set_and_read);
 }
 
 int main(void) {
@@ -285,7 +302,8 @@ int main(void) {
         cmocka_unit_test(test_load_many_ranges),
         cmocka_unit_test(test_load_refuses_bad_tables),
         cmocka_unit_test(test_load_without_cross_memory_writes),
-        cmocka_unit_test(test_load_writes_into_the_worker),
+        cmocka_unit_test(test_state_out_without_cross_memory_reads),
+        cmocka_unit_test(test_state_needs_no_segment),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
