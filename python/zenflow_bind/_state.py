@@ -134,7 +134,9 @@ def _flat(value, slot, key, where):
     if value.numel() != slot.numel:
         raise ValueError(f"{where}: {key} has {value.numel()} elements, its parameter "
                          f"{slot.numel} (here)")
-    return value.to(device="cpu", dtype=torch.float32).reshape(-1)
+    # contiguous: the worker is handed its memory as it is (a strided view would be refused there,
+    # after the checks)
+    return value.to(device="cpu", dtype=torch.float32).reshape(-1).contiguous()
 
 
 def _count(value, where):

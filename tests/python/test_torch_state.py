@@ -94,6 +94,27 @@ class StateDict(unittest.TestCase):
         del s, sd
         self.assertEqual(mapped(memory), 0)
 
+    def test_moments_of_any_layout_load(self):
+        # Saved moments that are strided views (a column of a stacked tensor) or fp64 go
+        # to the worker as their values, whatever the bucket they fall in.
+        data, model = batches(3), mlp()
+        opt = ours(groups_of(model), lr=1e-2, bucket_elements=300)
+        train(model, opt, data[:2])
+        sd = opt.state_dict()
+        want = {i: {k: s[k].clone() for k in ("exp_avg", "exp_avg_sq")}
+                for i, s in sd["state"].items()}
+        for i, s in sd["state"].items():
+            s["exp_avg"] = torch.stack([s["exp_avg"], -s["exp_avg"]], -1)[..., 0]
+            s["exp_avg_sq"] = s["exp_avg_sq"].double()
+            self.assertFalse(s["exp_avg"].is_contiguous())
+        opt.load_state_dict(sd)
+        del sd
+        got = opt.state_dict()["state"]
+        for i in want:
+            for k in want[i]:
+                self.assertTrue(torch.equal(got[i][k], want[i][k]), (i, k))
+        opt.close()
+
     def test_mismatched_state_dict_is_refused(self):
         a, _ = twins()
         with ours(groups_of(a)) as opt:
