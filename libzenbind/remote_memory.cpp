@@ -64,6 +64,7 @@ bool transfer(pid_t pid, const std::vector<Piece> &pieces, bool out) {
     std::vector<iovec> local, remote;
     size_t total = 0;
     for (const Piece &p : pieces) {
+        if (!out && !p.local) fail(ZB_EINTERNAL, "a read of the worker's memory into nothing");
         const size_t chunk = p.local ? kChunk : kZeros; // zeros: the same block read again
         for (size_t at = 0; at < p.bytes;) {
             const size_t n = std::min(chunk, p.bytes - at);

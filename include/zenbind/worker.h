@@ -229,7 +229,8 @@ zb_status zb_worker_wait_result(zb_worker_t *worker, int timeout_ms, zb_worker_r
  * bounded by control_timeout_ms (past it the worker is stopped: ZB_ETIMEDOUT, then ZB_EDEAD). */
 
 /* exp_avg and exp_avg_sq receive numel floats each (NULL: skip that one); *step (may be NULL) the
- * group's step count, the number of steps applied to it (0 for a fresh group). */
+ * group's step count, the number of steps applied to it (0 for a fresh group). A call that fails
+ * may have written the moments already: their contents are then unspecified. */
 zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *exp_avg,
                                     float *exp_avg_sq, int64_t *step);
 /* The same state without a copy into the caller's memory, for a caller that only reads it or

@@ -96,7 +96,7 @@ class Snapshot:
                 stepped = [s for s in bucket if steps.get(s.param, 0)]
                 if not stepped:
                     continue
-                # the worker writes the moments into memory that the entries then view
+                # the moments are copied once into memory that the entries then view
                 m, v, _ = group.take_state()
                 m, v = torch.from_numpy(m), torch.from_numpy(v)
                 for slot in stepped:
