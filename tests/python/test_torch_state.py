@@ -2,7 +2,10 @@
 checkpoints through torch.save/torch.load into a new optimizer (a new worker), the overflow skip
 that writes nothing, and clipping by the global norm."""
 
+import inspect
 import io
+import os
+import tempfile
 import unittest
 
 import torch
@@ -42,6 +45,15 @@ class StateDict(unittest.TestCase):
             assert_close(self, b.parameters(), ref.parameters())
 
     def test_checkpoint_resume_in_a_new_worker_is_bit_identical(self):
+        # Loaded from bytes, and from a file mapped by torch.load(mmap=True) (torch >= 2.1), whose
+        # pages the load reads as it writes them into the worker.
+        ways = ["bytes"] + (["mmap"] if "mmap" in inspect.signature(torch.load).parameters
+                            else [])
+        for way in ways:
+            with self.subTest(way), tempfile.TemporaryDirectory() as tmp:
+                self._resume(way, os.path.join(tmp, "ckpt.pt"))
+
+    def _resume(self, way, path):
         data = batches(20)
         straight, resumed = mlp(), mlp()
         with ours(groups_of(straight), lr=1e-2) as opt:
@@ -52,14 +64,17 @@ class StateDict(unittest.TestCase):
         opt = ours(groups_of(resumed), lr=1e-2)
         sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.9)
         train(resumed, opt, data[:10], sched)
-        blob = io.BytesIO()
+        blob = io.BytesIO() if way == "bytes" else path
         torch.save({"model": resumed.state_dict(), "opt": opt.state_dict(),
                     "sched": sched.state_dict()}, blob)
         first_pid = opt.worker.pid
         opt.close()
 
-        blob.seek(0)
-        ckpt = torch.load(blob)
+        if way == "bytes":
+            blob.seek(0)
+            ckpt = torch.load(blob)
+        else:
+            ckpt = torch.load(path, mmap=True)
         model = mlp(seed=7)  # other weights: all must come from the checkpoint
         model.load_state_dict(ckpt["model"])
         with ours(groups_of(model), lr=1.0) as opt:
