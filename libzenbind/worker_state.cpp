@@ -1,5 +1,6 @@
-// A group's optimizer state in and out of the worker, between steps: the moments through a
-// transfer segment or, where the system allows it, written straight into the worker's memory.
+// A group's optimizer state in and out of the worker, between steps: the moments read from and
+// written into the worker's own memory where the system allows it, else through a transfer
+// segment.
 #include "error.hpp"
 #include "remote_memory.hpp"
 #include "worker_handle.hpp"
