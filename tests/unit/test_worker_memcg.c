@@ -1,5 +1,6 @@
-/* The worker inside a real memory cgroup, as a Slurm job with ConstrainRAMSpace=yes runs: a group
- * the cgroup cannot hold is refused with ZB_ENOMEM naming the limit, before anything is reserved,
+/* The worker inside a real memory cgroup, as a Slurm job with ConstrainRAMSpace=yes runs: a group,
+ * or a snapshot of a group's state, the cgroup cannot hold is refused with ZB_ENOMEM naming the
+ * limit, before anything is reserved,
  * and the trainer and the worker stay alive (without the check the OOM killer ends the trainer).
  * Needs root and a writable memory controller (v1 memory hierarchy or cgroup v2); elsewhere it
  * exits 77 (skipped), which any non-empty CI turns into a failure unless ZB_ALLOW_SKIP=1. */
@@ -126,11 +127,51 @@ static void oversized_group_is_refused_and_both_processes_live(void **state) {
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 
+/* A state taken out (a checkpoint's snapshot, 8 bytes per parameter of the trainer's own memory)
+ * that the cgroup cannot hold is refused the same way, and a smaller one is then taken. */
+static void oversized_state_is_refused_and_both_processes_live(void **state) {
+    (void)state;
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = 1;
+    zb_worker_t *w = NULL;
+    assert_int_equal(zb_worker_spawn(&attr, 0, &w), ZB_OK);
+    /* 20M parameters: 240 MB shared and 160 MB of moments, of the cgroup's 512 MiB; a snapshot
+     * of their moments (160 MB more) does not fit. */
+    zb_group_attr g;
+    memset(&g, 0, sizeof g);
+    g.grad = ZB_DTYPE_FP32;
+    zb_adam_hyper_init(&g.hyper);
+    g.numel = 20000000;
+    unsigned big = 99, small = 99;
+    assert_int_equal(zb_worker_group_add(w, &g, &big), ZB_OK);
+    g.numel = 1000000;
+    assert_int_equal(zb_worker_group_add(w, &g, &small), ZB_OK);
+    zb_worker_state_t *taken = NULL;
+    float *m = NULL, *v = NULL;
+    int64_t step = -1;
+    assert_int_equal(zb_worker_group_take_state(w, big, &taken, &m, &v, &step), ZB_ENOMEM);
+    print_message("refused: %s\n", zb_last_error());
+    assert_non_null(strstr(zb_last_error(), limit_file));
+    assert_null(taken);
+    assert_int_equal(zb_worker_group_take_state(w, small, &taken, &m, &v, &step), ZB_OK);
+    assert_int_equal(step, 0);
+    assert_true(m[0] == 0.0f && v[999999] == 0.0f);
+    zb_worker_state_release(taken);
+    zb_worker_step s;
+    memset(&s, 0, sizeof s);
+    s.grad_scale = 1.0f;
+    assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
+    assert_int_equal(zb_worker_wait_result(w, 30000, NULL), ZB_OK);
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
 int main(void) {
     const char *why = setup();
     if (why) return zb_test_skip(why);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(oversized_group_is_refused_and_both_processes_live),
+        cmocka_unit_test(oversized_state_is_refused_and_both_processes_live),
     };
     const int failed = cmocka_run_group_tests(tests, NULL, NULL);
     teardown();
