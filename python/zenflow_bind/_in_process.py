@@ -269,28 +269,37 @@ class InProcessAdamW(AdamW):
                 state = self._state_of(p)
                 shard = local(p)
                 ready = self._ready.get(p)  # weak: a replaced tensor is not kept alive
-                if ready is None or any(r() is not state.get(key)
-                                        for r, key in zip(ready, _STATE_KEYS)):
+                if ready is None or ready[0]() is not state.get("exp_avg") or \
+                        ready[1]() is not state.get("exp_avg_sq") or \
+                        ready[2]() is not state.get("master_param"):
                     for key in _STATE_KEYS:  # tensors not seen before: checked once
                         if key in state:
                             state[key] = _kernel_ready(state[key], p, key, index)
                     self._ready[p] = tuple(_weak(state.get(key)) for key in _STATE_KEYS)
-                if p.dtype in _FLOAT16:
-                    self._refresh_master(p, local(state["master_param"]))
+                sixteen_bit = p.dtype in _FLOAT16
+                if sixteen_bit:
+                    master = local(state["master_param"])
+                    self._refresh_master(p, master)
                     sixteen.append(p)
-                master = local(state["master_param"]) if p.dtype in _FLOAT16 else shard
+                    copy = _contiguous(shard)
+                else:
+                    master, copy = shard, None
                 target = _contiguous(master)
-                copy = _contiguous(shard) if p.dtype in _FLOAT16 else None
-                grad = local(p.grad).to(p.dtype).contiguous()
+                if target is not master:
+                    write_back.append((target, master))
+                if sixteen_bit and copy is not shard:
+                    write_back.append((copy, shard))
+                grad = local(p.grad)
+                if grad.dtype != p.dtype:
+                    grad = grad.to(p.dtype)
+                if not grad.is_contiguous():
+                    grad = grad.contiguous()
                 grads[id(p)] = grad
-                count = int(state["step"]) + 1
-                key = (grad.dtype, copy.dtype if copy is not None else None)
+                key = (grad.dtype, copy.dtype if sixteen_bit else None)
                 buckets.setdefault(key, []).append(
                     (target, grad, local(state["exp_avg"]), local(state["exp_avg_sq"]), copy,
-                     hyper, count))
+                     hyper, int(state["step"]) + 1))
                 stepped.append(state)
-                write_back += [(t, s) for t, s in ((target, master), (copy, shard))
-                               if t is not None and t is not s]
 
     def _refresh_master(self, p, master):
         """A 16-bit parameter the user wrote since our last write (load_state_dict of the model,
