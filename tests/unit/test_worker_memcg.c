@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "skip.h"
+#include "worker_case.h"
 
 #define LIMIT (512ull << 20)
 
@@ -86,6 +87,16 @@ static void teardown(void) {
         usleep(100000); /* the worker's exit is reaped already; its cgroup entry may lag */
 }
 
+/* The worker still steps, then stops cleanly. */
+static void step_and_stop(zb_worker_t *w) {
+    zb_worker_step s;
+    memset(&s, 0, sizeof s);
+    s.grad_scale = 1.0f;
+    assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
+    assert_int_equal(zb_worker_wait_result(w, 30000, NULL), ZB_OK);
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
 static void oversized_group_is_refused_and_both_processes_live(void **state) {
     (void)state;
     uint64_t headroom = 0, limit = 0;
@@ -96,17 +107,9 @@ static void oversized_group_is_refused_and_both_processes_live(void **state) {
     assert_true(headroom <= LIMIT);
     assert_non_null(strstr(source, cgroup_dir));
 
-    zb_worker_attr attr;
-    zb_worker_attr_init(&attr);
-    attr.threads = 1;
-    zb_worker_t *w = NULL;
-    assert_int_equal(zb_worker_spawn(&attr, 0, &w), ZB_OK);
-    zb_group_attr g;
-    memset(&g, 0, sizeof g);
-    g.grad = ZB_DTYPE_FP32;
-    zb_adam_hyper_init(&g.hyper);
+    zb_worker_t *w = spawn_threads(1);
     /* 100M fp32 parameters: 1.2 GB shared (params, two gradient buffers) + 0.8 GB of moments. */
-    g.numel = 100000000;
+    zb_group_attr g = group_attr(100000000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
     unsigned id = 99;
     assert_int_equal(zb_worker_group_add(w, &g, &id), ZB_ENOMEM);
     const char *msg = zb_last_error();
@@ -119,30 +122,17 @@ static void oversized_group_is_refused_and_both_processes_live(void **state) {
     g.numel = 1000000;
     assert_int_equal(zb_worker_group_add(w, &g, &id), ZB_OK);
     assert_int_equal(id, 0);
-    zb_worker_step s;
-    memset(&s, 0, sizeof s);
-    s.grad_scale = 1.0f;
-    assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
-    assert_int_equal(zb_worker_wait_result(w, 30000, NULL), ZB_OK);
-    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+    step_and_stop(w);
 }
 
 /* A state taken out (a checkpoint's snapshot, 8 bytes per parameter of the trainer's own memory)
  * that the cgroup cannot hold is refused the same way, and a smaller one is then taken. */
 static void oversized_state_is_refused_and_both_processes_live(void **state) {
     (void)state;
-    zb_worker_attr attr;
-    zb_worker_attr_init(&attr);
-    attr.threads = 1;
-    zb_worker_t *w = NULL;
-    assert_int_equal(zb_worker_spawn(&attr, 0, &w), ZB_OK);
+    zb_worker_t *w = spawn_threads(1);
     /* 20M parameters: 240 MB shared and 160 MB of moments, of the cgroup's 512 MiB; a snapshot
      * of their moments (160 MB more) does not fit. */
-    zb_group_attr g;
-    memset(&g, 0, sizeof g);
-    g.grad = ZB_DTYPE_FP32;
-    zb_adam_hyper_init(&g.hyper);
-    g.numel = 20000000;
+    zb_group_attr g = group_attr(20000000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
     unsigned big = 99, small = 99;
     assert_int_equal(zb_worker_group_add(w, &g, &big), ZB_OK);
     g.numel = 1000000;
@@ -158,12 +148,7 @@ static void oversized_state_is_refused_and_both_processes_live(void **state) {
     assert_int_equal(step, 0);
     assert_true(m[0] == 0.0f && v[999999] == 0.0f);
     zb_worker_state_release(taken);
-    zb_worker_step s;
-    memset(&s, 0, sizeof s);
-    s.grad_scale = 1.0f;
-    assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
-    assert_int_equal(zb_worker_wait_result(w, 30000, NULL), ZB_OK);
-    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+    step_and_stop(w);
 }
 
 int main(void) {
