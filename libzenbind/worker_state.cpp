@@ -82,13 +82,23 @@ void moment_pieces(std::vector<zb::remote::Piece> &out, uint64_t base, size_t n,
     if (at < n) out.push_back({base + 4 * at, nullptr, 4 * (n - at)});
 }
 
+// Where a group's exp_avg and exp_avg_sq are in the worker (the layout of worker_team.cpp's
+// add_group: exp_avg_sq a page-rounded moment after exp_avg).
+struct MomentsAt {
+    uint64_t exp_avg, exp_avg_sq;
+};
+MomentsAt moments_at(const zb_worker &w, unsigned group) {
+    const uint64_t m = w.moments[group];
+    return {m, m + proto::page_round(4 * w.ctl->groups[group].numel)};
+}
+
 // The ranges written into the worker's copy of the moments; false if the system refuses.
 bool load_in_place(const zb_worker &w, unsigned group, size_t n, const zb_state_range *ranges,
                    size_t count) {
-    const uint64_t m = w.moments[group], stride = proto::page_round(4 * n);
+    const MomentsAt at = moments_at(w, group);
     std::vector<zb::remote::Piece> pieces;
-    moment_pieces(pieces, m, n, ranges, count, false);
-    moment_pieces(pieces, m + stride, n, ranges, count, true);
+    moment_pieces(pieces, at.exp_avg, n, ranges, count, false);
+    moment_pieces(pieces, at.exp_avg_sq, n, ranges, count, true);
     return zb::remote::write(w.pid, pieces);
 }
 
@@ -96,10 +106,10 @@ bool load_in_place(const zb_worker &w, unsigned group, size_t n, const zb_state_
 // each; null: not read); false if the system refuses.
 bool read_moments(const zb_worker &w, unsigned group, float *exp_avg, float *exp_avg_sq) {
     const size_t n = w.ctl->groups[group].numel;
-    const uint64_t m = w.moments[group], stride = proto::page_round(4 * n);
+    const MomentsAt at = moments_at(w, group);
     std::vector<zb::remote::Piece> pieces;
-    if (exp_avg) pieces.push_back({m, exp_avg, 4 * n});
-    if (exp_avg_sq) pieces.push_back({m + stride, exp_avg_sq, 4 * n});
+    if (exp_avg) pieces.push_back({at.exp_avg, exp_avg, 4 * n});
+    if (exp_avg_sq) pieces.push_back({at.exp_avg_sq, exp_avg_sq, 4 * n});
     return zb::remote::read(w.pid, pieces);
 }
 
