@@ -19,7 +19,7 @@ alignas(64) char zeros[kZeros];
 
 // Pieces go in iovecs of at most kChunk bytes, so that threads can share them out; a call takes
 // at most kBatch of them (IOV_MAX is 1024 on Linux).
-constexpr size_t kChunk = size_t(4) << 20, kBatch = 1024, kPerThread = size_t(16) << 20;
+constexpr size_t kChunk = size_t(4) << 20, kBatch = 1024;
 
 using Call = ssize_t (*)(pid_t, const iovec *, unsigned long, const iovec *, unsigned long,
                          unsigned long);
@@ -76,8 +76,7 @@ bool transfer(pid_t pid, const std::vector<Piece> &pieces, bool out) {
         total += p.bytes;
     }
     const Call call = out ? process_vm_writev : process_vm_readv;
-    const size_t threads = std::max<size_t>(
-        1, std::min({size_t(omp_get_max_threads()), total / kPerThread + 1, local.size()}));
+    const size_t threads = std::max<size_t>(1, std::min(copy_threads(total), local.size()));
     std::vector<Outcome> outcome(threads);
 #pragma omp parallel for num_threads(static_cast <int>(threads)) schedule(static, 1)
     for (size_t t = 0; t < threads; ++t)
@@ -101,6 +100,11 @@ bool transfer(pid_t pid, const std::vector<Piece> &pieces, bool out) {
 }
 
 } // namespace
+
+size_t copy_threads(size_t bytes) {
+    constexpr size_t kPerThread = size_t(16) << 20;
+    return std::min(size_t(omp_get_max_threads()), bytes / kPerThread + 1);
+}
 
 bool write(pid_t pid, const std::vector<Piece> &pieces) {
     return transfer(pid, pieces, true);

@@ -29,4 +29,8 @@ struct Piece {
 bool write(pid_t pid, const std::vector<Piece> &pieces);
 bool read(pid_t pid, const std::vector<Piece> &pieces);
 
+// The threads a copy of `bytes` of optimizer state runs on, here or through a segment: OpenMP's
+// default count (under srun --zenflow-bind, the training CPUs), a thread per 16 MiB at most.
+size_t copy_threads(size_t bytes);
+
 } // namespace zb::remote

@@ -18,8 +18,6 @@
 #include <utility>
 #include <vector>
 
-#include <omp.h>
-
 namespace {
 
 using zb::fail;
@@ -28,13 +26,12 @@ using zb::worker_client::state_handle;
 namespace proto = zb::proto;
 
 // A large copy between the caller's memory and a fresh transfer segment (the state of a group,
-// whose pages on one side or the other are faulted in by this copy): on OpenMP's default thread
-// count (the training CPUs), a thread per 16 MiB at most, in 2 MiB chunks.
+// whose pages on one side or the other are faulted in by this copy): on copy_threads, in 2 MiB
+// chunks.
 void parallel_copy(void *to, const void *from, size_t bytes) {
-    constexpr size_t kChunk = size_t(2) << 20, kPerThread = size_t(16) << 20;
+    constexpr size_t kChunk = size_t(2) << 20;
     const size_t chunks = (bytes + kChunk - 1) / kChunk;
-    const int threads =
-        static_cast<int>(std::min<size_t>(size_t(omp_get_max_threads()), bytes / kPerThread + 1));
+    const int threads = static_cast<int>(zb::remote::copy_threads(bytes));
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (size_t c = 0; c < chunks; ++c) {
         const size_t at = c * kChunk, size = std::min(kChunk, bytes - at);
