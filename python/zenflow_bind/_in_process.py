@@ -4,10 +4,12 @@ For an optimizer that runs where training runs (srun --zenflow-bind=mode=offload
 CPUOffloadPolicy): no worker, no shared memory. optimizer.state is torch's own dict, filled as
 torch.optim.AdamW fills it (step, exp_avg, exp_avg_sq, and master_param for a 16-bit parameter;
 DTensors for DTensor parameters), so torch's state_dict, hooks and distributed checkpoints work on
-it directly; each step is one zb_adam_step (functional.run) over every parameter with a gradient,
-on this process's threads. The format is the worker's, so a checkpoint moves between the modes."""
+it directly; each step is one zb_adam_step (functional.launch) over every parameter with a
+gradient, on this process's threads. The format is the worker's, so a checkpoint moves between
+the modes."""
 
 import contextlib
+import ctypes
 import math
 import numbers
 import threading
@@ -20,7 +22,7 @@ from ._amp import forget, forgotten_on_error, scaler_mismatch, scaler_step, skip
 from ._compile import eager, eager_context
 from ._global_stats import clip_scale, sharded, stats
 from ._layout import _identity, local
-from .functional import StepResult, _number, run
+from .functional import Rows, StepResult, _increment_version, _number, launch
 from ._signals import deferred_interrupts
 from ._state import _count
 from ._groups import (as_torch_groups, check_group, check_unique, load_post_hooks,
@@ -42,11 +44,8 @@ def _without_load_hooks(optimizer):
     finally:
         optimizer.__dict__.update(held)
 _STATE_KEYS = ("exp_avg", "exp_avg_sq", "master_param")
-
-
-def _contiguous(t):
-    """t itself when the kernel can write it in place, else a contiguous copy to write back."""
-    return t if t.is_contiguous() else t.contiguous()
+_CELLS = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double,
+          torch.int64: ctypes.c_int64}
 
 
 def _weak(t):
@@ -71,6 +70,26 @@ def _kernel_ready(value, p, key, index):
     ready = value.detach().to(device="cpu", dtype=torch.float32,
                               memory_format=torch.contiguous_format, copy=True)
     return ready if local(ready) is not ready else ready.reshape(local(p).shape)  # DTensor: as is
+
+
+def _count_steps(states):
+    """state["step"] += 1 in each. A plain one-element CPU tensor, as torch.optim.AdamW makes
+    them, is added to at its address and its version counted as torch's in-place add counts it:
+    torch's add costs a microsecond a tensor (foreach too), more than the kernel on a small
+    parameter."""
+    direct = []
+    for state in states:
+        count = state["step"]
+        if type(count) is torch.Tensor and count.is_cpu and count.dim() == 0 and \
+                not count.is_inference():
+            cell = _CELLS.get(count.dtype)
+            if cell is not None:
+                cell.from_address(count.data_ptr()).value += 1
+                direct.append(count)
+                continue
+        state["step"] += 1  # any other number or tensor: as it counts
+    if direct and _increment_version is not None:
+        _increment_version(direct)
 
 
 class InProcessAdamW(AdamW):
@@ -221,9 +240,9 @@ class InProcessAdamW(AdamW):
             skip, clip, norm = False, 0.0, False
         results = []
         if found is None or not found.skipped:
-            for (grad_dtype, copy_dtype), tensors in buckets.items():
-                results.append(run(tensors, grad_dtype, copy_dtype, tensors[0][5], 1, scale,
-                                   skip, clip, norm, threads))
+            for (grad_dtype, copy_dtype), rows in buckets.items():
+                results.append(launch(rows, grad_dtype, copy_dtype, rows.alive[0], 1, scale,
+                                      skip, clip, norm, threads))
         seconds = sum(r.seconds for r in results)
         if found is None:  # each bucket decided alone: there is one, or nothing global was asked
             found = StepResult(sum(r.nonfinite for r in results), results[0].grad_norm,
@@ -240,65 +259,78 @@ class InProcessAdamW(AdamW):
             original.copy_(target)
         for p in sixteen:
             self._seen[p] = _identity(p)
-        counts = [state["step"] for state in stepped]
-        plain = [c for c in counts if type(c) is torch.Tensor]  # one call, not one per parameter
-        if plain:
-            torch._foreach_add_(plain, 1.0)
-        for count, state in zip(counts, stepped):
-            if type(count) is not torch.Tensor:  # a subclass someone loaded: as it was counted
-                state["step"] += 1
+        _count_steps(stepped)
 
     def _gather(self, buckets, stepped, write_back, fresh, sixteen, grads):
-        """Each parameter with a gradient into its bucket (one per gradient and copy-out dtype),
-        its state made ready for the kernel; what to write back after the kernel."""
+        """Each parameter with a gradient into its bucket (functional.Rows, one per gradient and
+        copy-out dtype), its state made ready for the kernel; what to write back after the
+        kernel. One pass, few calls per parameter: with thousands of small parameters, this loop
+        is most of the step."""
         index = -1
+        states, ready_of = self.state, self._ready
         for group in self.param_groups:
             check_group(group)
             hyper = _native.hyper(float(group["lr"]), tuple(float(b) for b in group["betas"]),
                                   float(group["eps"]), float(group["weight_decay"]),
                                   group["adamw_mode"], group["bias_correction"])
+            address = ctypes.addressof(hyper)
             for p in group["params"]:
                 index += 1
-                if p.grad is None:
+                grad = p.grad
+                if grad is None:
                     continue
-                if p.grad.is_sparse:
+                if grad.is_sparse:
                     raise RuntimeError("zenflow_bind.optim.AdamW does not support sparse "
                                        "gradients")
-                if not self.state[p]:
+                state = states.get(p)
+                if not state:
                     fresh.append(p)
-                state = self._state_of(p)
-                shard = local(p)
-                ready = self._ready.get(p)  # weak: a replaced tensor is not kept alive
-                if ready is None or ready[0]() is not state.get("exp_avg") or \
-                        ready[1]() is not state.get("exp_avg_sq") or \
-                        ready[2]() is not state.get("master_param"):
+                    state = self._state_of(p)
+                m, v, master = state.get("exp_avg"), state.get("exp_avg_sq"), \
+                    state.get("master_param")
+                ready = ready_of.get(p)  # weak: a replaced tensor is not kept alive
+                if ready is None or ready[0]() is not m or ready[1]() is not v or \
+                        ready[2]() is not master:
                     for key in _STATE_KEYS:  # tensors not seen before: checked once
                         if key in state:
                             state[key] = _kernel_ready(state[key], p, key, index)
-                    self._ready[p] = tuple(_weak(state.get(key)) for key in _STATE_KEYS)
-                sixteen_bit = p.dtype in _FLOAT16
-                if sixteen_bit:
-                    master = local(state["master_param"])
+                    m, v, master = state["exp_avg"], state["exp_avg_sq"], \
+                        state.get("master_param")
+                    ready_of[p] = (_weak(m), _weak(v), _weak(master))
+                shard, m, v = local(p), local(m), local(v)
+                dtype, copy = p.dtype, None
+                if dtype is not torch.float32:
+                    if dtype not in _FLOAT16 or master is None:
+                        raise TypeError(f"parameter {index} is {dtype} now, its state was made "
+                                        f"for {'fp32' if master is None else 'a 16-bit dtype'}: "
+                                        "give the optimizer fp32, bf16 or fp16 parameters and "
+                                        "keep their dtype")
+                    master = local(master)
                     self._refresh_master(p, master)
                     sixteen.append(p)
-                    copy = _contiguous(shard)
+                    copy = shard if shard.is_contiguous() else shard.contiguous()
+                    if copy is not shard:
+                        write_back.append((copy, shard))
                 else:
-                    master, copy = shard, None
-                target = _contiguous(master)
+                    master = shard
+                target = master if master.is_contiguous() else master.contiguous()
                 if target is not master:
                     write_back.append((target, master))
-                if sixteen_bit and copy is not shard:
-                    write_back.append((copy, shard))
-                grad = local(p.grad)
-                if grad.dtype != p.dtype:
-                    grad = grad.to(p.dtype)
+                grad = local(grad)
+                if grad.dtype is not dtype:
+                    grad = grad.to(dtype)
                 if not grad.is_contiguous():
                     grad = grad.contiguous()
                 grads[id(p)] = grad
-                key = (grad.dtype, copy.dtype if sixteen_bit else None)
-                buckets.setdefault(key, []).append(
-                    (target, grad, local(state["exp_avg"]), local(state["exp_avg_sq"]), copy,
-                     hyper, int(state["step"]) + 1))
+                key = (dtype, None) if copy is None else (dtype, dtype)
+                rows = buckets.get(key)
+                if rows is None:
+                    rows = buckets[key] = Rows()
+                rows.words.extend((target.data_ptr(), grad.data_ptr(), m.data_ptr(), v.data_ptr(),
+                                   0 if copy is None else copy.data_ptr(), target.numel(),
+                                   address, int(state["step"]) + 1))  # as Rows.add, inline
+                rows.written.extend((target, m, v) if copy is None else (target, m, v, copy))
+                rows.alive.extend((hyper, grad))  # alive[0]: the call's own hyper
                 stepped.append(state)
 
     def _refresh_master(self, p, master):

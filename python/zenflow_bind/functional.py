@@ -115,12 +115,13 @@ def adamw_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr=1e-3, betas=(0.9, 0
         if copy_out is not None:
             _check("copy_out", i, copy_out[i], (torch.bfloat16, torch.float16), p.numel())
     hyper = _native.hyper(lr, (beta1, beta2), eps, weight_decay, adamw, bias_correction)
-    tensors = [(p, grads[i], exp_avgs[i], exp_avg_sqs[i],
-                copy_out[i] if copy_out is not None else None, None, steps[i] if steps else 0)
-               for i, p in enumerate(params)]
-    return run(tensors, grad_dtype, copy_dtype, hyper, base_step,
-               -float(grad_scale) if maximize else float(grad_scale), skip_nonfinite,
-               _number("max_grad_norm", max_grad_norm), bool(grad_norm), int(threads))
+    rows = Rows()
+    for i, p in enumerate(params):
+        rows.add(p, grads[i], exp_avgs[i], exp_avg_sqs[i],
+                 copy_out[i] if copy_out is not None else None, 0, steps[i] if steps else 0)
+    return launch(rows, grad_dtype, copy_dtype, hyper, base_step,
+                  -float(grad_scale) if maximize else float(grad_scale), skip_nonfinite,
+                  _number("max_grad_norm", max_grad_norm), bool(grad_norm), int(threads))
 
 
 def adam_args(grad_dtype, grad_scale, threads):
@@ -145,10 +146,34 @@ def tensor_array(rows):
     return (_native.AdamTensor * (len(flat) // _WORDS)).from_buffer(flat)
 
 
-def run(tensors, grad_dtype, copy_dtype, hyper, step, grad_scale, skip_nonfinite, max_grad_norm,
-        grad_norm, threads):
-    """zb_adam_step over checked CPU tensors: (param, grad, exp_avg, exp_avg_sq, copy_out or None,
-    its own _native.Hyper or None, its own step or 0) each; hyper and step for the others."""
+class Rows:
+    """The zb_adam_tensor rows of one zb_adam_step call, packed as words (_WORDS per tensor: a
+    ctypes struct made per tensor cost more than the kernel for small tensors), with the tensors
+    the kernel writes (their versions go up after it) and whatever else the rows point into (kept
+    alive until the call returns)."""
+
+    __slots__ = ("words", "written", "alive")
+
+    def __init__(self):
+        self.words, self.written, self.alive = array.array("Q"), [], []
+
+    def __len__(self):
+        return len(self.words) // _WORDS
+
+    def add(self, param, grad, exp_avg, exp_avg_sq, copy_out, hyper_address, step):
+        """One tensor: hyper_address 0 and step 0 take the call's own."""
+        self.words.extend((param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(),
+                           exp_avg_sq.data_ptr(), 0 if copy_out is None else copy_out.data_ptr(),
+                           param.numel(), hyper_address, step))
+        self.written += (param, exp_avg, exp_avg_sq) if copy_out is None else \
+            (param, exp_avg, exp_avg_sq, copy_out)
+        self.alive.append(grad)
+
+
+def launch(rows, grad_dtype, copy_dtype, hyper, step, grad_scale, skip_nonfinite, max_grad_norm,
+           grad_norm, threads):
+    """zb_adam_step over the Rows of checked CPU tensors; hyper and step for rows without their
+    own."""
     lib = _native.library()
     args = adam_args(grad_dtype, grad_scale, threads)
     args.copy_out = _native.DTYPES[DTYPE_NAMES[copy_dtype] if copy_dtype else None]
@@ -158,17 +183,14 @@ def run(tensors, grad_dtype, copy_dtype, hyper, step, grad_scale, skip_nonfinite
     args.flags = (STEP_SKIP_NONFINITE if skip_nonfinite else 0) | \
         (STEP_GRAD_NORM if want_norm else 0)
     args.max_grad_norm = max_grad_norm
-    native = tensor_array((p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(),
-                           c.data_ptr() if c is not None else 0, p.numel(),
-                           ctypes.addressof(h) if h is not None else 0, n)
-                          for p, g, m, v, c, h, n in tensors)  # the Hyper objects live in it
+    count = len(rows)
+    words = rows.words if count else array.array("Q", [0] * _WORDS)
+    native = (_native.AdamTensor * max(count, 1)).from_buffer(words)
     result = _native.Result()
-    _native.check(lib.zb_adam_step(native, len(tensors), ctypes.byref(args),
-                                   ctypes.byref(result)))
+    _native.check(lib.zb_adam_step(native, count, ctypes.byref(args), ctypes.byref(result)))
     if not result.skipped and _increment_version is not None:
         # written through their pointers: autograd and version checks see it, as after torch's
         # in-place step (torch < 2.1 has no call for it)
-        _increment_version([t for p, _, m, v, c, _, _ in tensors
-                            for t in (p, m, v, c) if t is not None])
+        _increment_version(rows.written)
     return StepResult(int(result.nonfinite), float(result.grad_norm) if want_norm else None,
                       bool(result.skipped), float(result.seconds))

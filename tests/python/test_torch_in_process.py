@@ -284,6 +284,41 @@ class InProcess(unittest.TestCase):
             self.assertEqual(opt.param_groups[0]["lr"], good["param_groups"][0]["lr"])
             self.assertEqual(float(opt.state[list(model.parameters())[1]]["step"]), 2.0)
 
+    def test_each_kind_of_step_count_counts_once(self):
+        # torch's own (fp32; fp64 under a float64 default dtype), loaded ones, numbers, a view:
+        # each one more after a step, a tensor's version counted as by torch's in-place add
+        model = mlp()
+        opt = local_opt(model.parameters())
+        train(model, opt, batches(1))
+        params = list(model.parameters())  # six
+        shared = torch.tensor([7.0, 7.0])
+        counts = [torch.tensor(1.0), torch.tensor(1.0, dtype=torch.float64),
+                  torch.tensor(1, dtype=torch.int64), 1, shared[1], torch.tensor([1.0])]
+        for p, c in zip(params, counts):
+            opt.state[p]["step"] = c
+        versions = [c._version if isinstance(c, torch.Tensor) else None for c in counts]
+        train(model, opt, batches(1))
+        for i, (p, before) in enumerate(zip(params, (1, 1, 1, 1, 7, 1))):
+            with self.subTest(i=i):
+                self.assertEqual(float(opt.state[p]["step"]), before + 1)
+                if versions[i] is not None and hasattr(torch.autograd.graph, "increment_version"):
+                    self.assertGreater(opt.state[p]["step"]._version, versions[i])
+        self.assertEqual(shared.tolist(), [7.0, 8.0])
+        self.assertEqual(opt.state[params[1]]["step"].dtype, torch.float64)
+
+    def test_a_parameter_whose_dtype_changed_is_refused(self):
+        model = mlp()
+        opt = local_opt(model.parameters())
+        train(model, opt, batches(1))
+        p = next(model.parameters())
+        p.data = p.data.double()
+        p.grad = torch.ones_like(p)
+        before = [t.clone() for t in model.parameters()]
+        with self.assertRaisesRegex(TypeError, "parameter 0 is torch.float64 now"):
+            opt.step()
+        for a, b in zip(before, model.parameters()):
+            self.assertTrue(torch.equal(a, b))
+
     def test_a_non_leaf_tensor_that_retains_its_gradient(self):
         # torch optimizes one; the worker has no hook for it and copies its gradient at step()
         for worker in (True, False):
