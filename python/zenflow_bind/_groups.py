@@ -11,9 +11,10 @@ _WHY_NOT = {
     "amsgrad": "amsgrad=True is not supported: its running maximum of the second moment would "
                "be a fourth state stream in the worker (4 more bytes per parameter to keep, 8 "
                "more to move at every memory-bound step)",
-    "capturable": "capturable=True is not supported: the step runs in another process, which a "
-                  "CUDA graph cannot capture",
-    "differentiable": "differentiable=True is not supported: the step runs in another process, "
+    "capturable": "capturable=True is not supported: the step is a CPU kernel (in the worker, or "
+                  "in this process with worker=False), which a CUDA graph cannot capture",
+    "differentiable": "differentiable=True is not supported: the step writes the tensors through "
+                      "their memory (in the worker, or in this process with worker=False), "
                       "outside autograd",
 }
 
