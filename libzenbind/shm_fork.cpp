@@ -16,6 +16,7 @@ struct Mapping {
     void *base;
     size_t size;
     int fd;
+    off_t offset;
 };
 
 // The live shared mappings of this process. A mapping is made and recorded, or unmapped and
@@ -44,10 +45,10 @@ void parent() noexcept {
 void child() noexcept {
     Registry &r = *registry_ptr;
     for (const Mapping &m : r.live) {
-        if (mmap(m.base, m.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, m.fd, 0) !=
+        if (mmap(m.base, m.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, m.fd, m.offset) !=
             MAP_FAILED)
             continue;
-        if (mmap(m.base, m.size, PROT_READ, MAP_PRIVATE | MAP_FIXED, m.fd, 0) != MAP_FAILED)
+        if (mmap(m.base, m.size, PROT_READ, MAP_PRIVATE | MAP_FIXED, m.fd, m.offset) != MAP_FAILED)
             continue;
         munmap(m.base, m.size);
     }
@@ -72,18 +73,18 @@ Registry &registry() {
 
 } // namespace
 
-void *map_shared(int fd, size_t size) {
+void *map_shared(int fd, size_t size, off_t offset) {
     Registry &r = registry();
     void *base;
     int err = 0;
     {
         const std::lock_guard hold(r.lock);
         r.live.reserve(r.live.size() + 1); // before mapping: recording it cannot fail after
-        base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, offset);
         if (base == MAP_FAILED)
             err = errno;
         else
-            r.live.push_back({base, size, fd});
+            r.live.push_back({base, size, fd, offset});
     }
     if (base != MAP_FAILED) return base;
     errno = err;

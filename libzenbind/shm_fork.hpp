@@ -7,12 +7,14 @@
 #pragma once
 
 #include <cstddef>
+#include <sys/types.h>
 
 namespace zb::shm {
 
-// mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), recorded for the fork handler;
-// nullptr with errno set on failure. Throws std::bad_alloc if it cannot be recorded.
-void *map_shared(int fd, size_t size);
+// mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, offset), recorded for the fork
+// handler (which needs fd open while the mapping lives); nullptr with errno set on failure. Throws
+// std::bad_alloc if it cannot be recorded.
+void *map_shared(int fd, size_t size, off_t offset = 0);
 // munmap of a mapping from map_shared, and forgets it.
 void unmap_shared(void *base, size_t size) noexcept;
 

@@ -5,6 +5,7 @@
 
 #include <zenbind/zenbind.h>
 
+#include <zbproto/layout.hpp>
 #include <zbproto/numa.hpp>
 
 #include <cerrno>
@@ -26,6 +27,14 @@ namespace {
     if (err == ENOSPC || err == ENOMEM || err == EFBIG || err == EDQUOT)
         fail(ZB_ENOMEM, head + " (a memory cgroup, tmpfs or RLIMIT_FSIZE limit refused it)");
     fail(ZB_ESYS, head);
+}
+
+// Past RLIMIT_FSIZE, ftruncate would raise SIGXFSZ, which kills the caller by default.
+void check_file_size(const char *what, uint64_t size) {
+    rlimit fsize{};
+    if (getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY &&
+        size > fsize.rlim_cur)
+        fail_reserve(what, size, EFBIG);
 }
 
 std::string mib(uint64_t bytes) {
@@ -55,11 +64,7 @@ Segment::Segment(const char *what, size_t size, const std::vector<int> &nodes, s
     fd_ = memfd_create(what, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd_ < 0) fail_errno(std::string("memfd_create for the ") + what);
     try {
-        // Past RLIMIT_FSIZE, ftruncate would raise SIGXFSZ, which kills the caller by default.
-        rlimit fsize{};
-        if (getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY &&
-            size > fsize.rlim_cur)
-            fail_reserve(what, size, EFBIG);
+        check_file_size(what, size);
         if (ftruncate(fd_, static_cast<off_t>(size)) != 0) fail_reserve(what, size, errno);
         base_ = map_shared(fd_, size);
         if (!base_) fail_errno(std::string("mmap of the ") + what);
@@ -99,10 +104,18 @@ Segment &Segment::operator=(Segment &&other) noexcept {
     return *this;
 }
 
-size_t Segment::allocated() const {
+namespace {
+
+size_t allocated_to(int fd) {
     struct stat st {};
-    if (fd_ < 0 || fstat(fd_, &st) != 0) return 0;
+    if (fd < 0 || fstat(fd, &st) != 0) return 0;
     return static_cast<size_t>(st.st_blocks) * 512;
+}
+
+} // namespace
+
+size_t Segment::allocated() const {
+    return allocated_to(fd_);
 }
 
 void Segment::release() noexcept {
@@ -110,6 +123,88 @@ void Segment::release() noexcept {
     if (fd_ >= 0) close(fd_);
     base_ = nullptr;
     fd_ = -1;
+}
+
+Region::~Region() {
+    unmap();
+}
+
+Region::Region(Region &&other) noexcept
+    : base_(other.base_), size_(other.size_), offset_(other.offset_) {
+    other.base_ = nullptr;
+    other.size_ = 0;
+}
+
+Region &Region::operator=(Region &&other) noexcept {
+    if (this != &other) {
+        unmap();
+        base_ = other.base_;
+        size_ = other.size_;
+        offset_ = other.offset_;
+        other.base_ = nullptr;
+        other.size_ = 0;
+    }
+    return *this;
+}
+
+void Region::unmap() noexcept {
+    if (base_) unmap_shared(base_, size_);
+    base_ = nullptr;
+}
+
+Arena::~Arena() {
+    if (fd_ >= 0) close(fd_);
+}
+
+Region Arena::add(size_t size, const std::vector<int> &nodes, size_t worker_bytes) {
+    size = proto::page_round(size);
+    check_memory_cgroup("shared memory", what_, size, worker_bytes);
+    if (fd_ < 0) {
+        const int fd = memfd_create(what_, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0) fail_errno(std::string("memfd_create for the ") + what_);
+        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+            const int err = errno;
+            close(fd);
+            errno = err;
+            fail_errno(std::string("sealing the ") + what_);
+        }
+        fd_ = fd;
+    }
+    const uint64_t end = end_ + size;
+    check_file_size(what_, end);
+    if (end > file_size_) {
+        if (ftruncate(fd_, static_cast<off_t>(end)) != 0) fail_reserve(what_, size, errno);
+        file_size_ = end;
+    }
+    Region r;
+    r.offset_ = end_;
+    r.base_ = map_shared(fd_, size, static_cast<off_t>(r.offset_));
+    if (!r.base_) fail_errno(std::string("mmap of the ") + what_);
+    r.size_ = size;
+    // The shared policy of the range's pages, set before fallocate allocates them.
+    proto::prefer_nodes(r.base_, size, nodes.data(), nodes.size());
+    if (const int err =
+            posix_fallocate(fd_, static_cast<off_t>(r.offset_), static_cast<off_t>(size))) {
+        end_ = end; // give_back frees what fallocate allocated before it failed
+        give_back(std::move(r));
+        fail_reserve(what_, size, err);
+    }
+    end_ = end;
+    return r;
+}
+
+void Arena::give_back(Region &&newest) noexcept {
+    const uint64_t offset = newest.offset_, size = newest.size_;
+    newest.unmap();
+    newest.size_ = 0;
+    if (fd_ < 0 || size == 0) return;
+    fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+              static_cast<off_t>(size));
+    if (offset + size == end_) end_ = offset;
+}
+
+size_t Arena::allocated() const {
+    return allocated_to(fd_);
 }
 
 } // namespace zb::shm

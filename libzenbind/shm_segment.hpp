@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace zb::shm {
@@ -41,6 +42,59 @@ class Segment {
     int fd_ = -1;
     void *base_ = nullptr;
     size_t size_ = 0;
+};
+
+// One range of an Arena, mapped here. Destroying it only unmaps it: its pages stay in the memfd
+// until the Arena is given it back, which only the process that owns the worker does (a forked
+// child's copy of a handle only unmaps what it inherited).
+class Region {
+  public:
+    Region() = default;
+    ~Region();
+    Region(Region &&other) noexcept;
+    Region &operator=(Region &&other) noexcept;
+    Region(const Region &) = delete;
+    Region &operator=(const Region &) = delete;
+
+    void *base() const { return base_; }
+    size_t size() const { return size_; }
+    uint64_t offset() const { return offset_; }
+
+  private:
+    friend class Arena;
+    void unmap() noexcept;
+    void *base_ = nullptr;
+    size_t size_ = 0;
+    uint64_t offset_ = 0;
+};
+
+// Shared memory for many groups in one memfd (a trainer holds one fd for all of them, not one
+// each): it grows by a page-aligned Region per group, each placed and reserved as a Segment is, and
+// is sealed against shrinking, so that no mapping of it can SIGBUS. The newest Region can be given
+// back: its pages are freed and its place is the next one's.
+class Arena {
+  public:
+    explicit Arena(const char *what) : what_(what) {}
+    ~Arena();
+    Arena(const Arena &) = delete;
+    Arena &operator=(const Arena &) = delete;
+
+    // A Region of `size` bytes (page-rounded) after the newest, on `nodes` (may be empty);
+    // `worker_bytes` as for a Segment.
+    Region add(size_t size, const std::vector<int> &nodes, size_t worker_bytes = 0);
+    // Unmaps the newest Region and frees its pages (the worker has unmapped its own mapping, or is
+    // gone; a page it still reads reads as zero, never SIGBUS).
+    void give_back(Region &&newest) noexcept;
+    // -1 until the first Region.
+    int fd() const { return fd_; }
+    // Bytes the kernel has allocated to the memfd (st_blocks), for the memory report.
+    size_t allocated() const;
+
+  private:
+    const char *what_;
+    int fd_ = -1;
+    uint64_t end_ = 0;       // where the next Region begins
+    uint64_t file_size_ = 0; // the memfd's size: the largest end_ so far (it never shrinks)
 };
 
 } // namespace zb::shm

@@ -128,16 +128,23 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
                                                   static_cast<proto::Dtype>(copy), stale, buffers);
         d.hyper = to_shm(attr->hyper);
         // The worker allocates the group's two moments, page-rounded, when it registers it.
-        zb::shm::Segment seg("zenflow parameter group", d.segment_size, w.mems,
-                             2 * proto::page_round(4 * n));
-        w.ctl->groups[g] = d;
-        send_segment(w.sock, seg.fd(), g, "group's shared memory");
-        w.ctl->command = proto::Command::add_group;
-        w.ctl->ngroups = g;
-        w.run_state_command("register group " + std::to_string(g) + " (" + std::to_string(n) +
-                            " parameters)");
-        w.moments.reserve(w.groups.size() + 1);
-        w.groups.push_back(std::move(seg));
+        zb::shm::Region region =
+            w.group_memory.add(d.segment_size, w.mems, 2 * proto::page_round(4 * n));
+        try {
+            d.segment_offset = region.offset();
+            w.ctl->groups[g] = d;
+            send_segment(w.sock, w.group_memory.fd(), g, "group's shared memory");
+            w.ctl->command = proto::Command::add_group;
+            w.ctl->ngroups = g;
+            w.run_state_command("register group " + std::to_string(g) + " (" + std::to_string(n) +
+                                " parameters)");
+            w.moments.reserve(w.groups.size() + 1);
+            w.groups.reserve(w.groups.size() + 1);
+        } catch (...) {
+            w.group_memory.give_back(std::move(region)); // the worker did not keep it
+            throw;
+        }
+        w.groups.push_back(std::move(region));
         w.moments.push_back(w.ctl->moments);
         *group = g;
     });
@@ -153,6 +160,7 @@ zb_status zb_worker_group_remove(zb_worker_t *worker, unsigned group) {
         w.ctl->command = proto::Command::remove_group;
         w.ctl->ngroups = group;
         w.run_state_command("remove group " + std::to_string(group));
+        w.group_memory.give_back(std::move(w.groups.back()));
         w.groups.pop_back();
         w.moments.pop_back();
     });
@@ -296,7 +304,7 @@ zb_status zb_worker_memory_usage(zb_worker_t *worker, zb_worker_memory *out) {
         if (!out) fail(ZB_EINVAL, "zb_worker_memory_usage: out is NULL");
         using zb::util::proc_status_bytes;
         zb_worker_memory m{};
-        m.shm_reserved = w.control.allocated();
+        m.shm_reserved = w.control.allocated() + w.group_memory.allocated();
         for (size_t g = 0; g < w.groups.size(); ++g) { // what each registered group's layout needs
             const proto::GroupDesc &d = w.ctl->groups[g];
             const size_t n = d.numel, buffers = d.off_grads[1] ? 2 : 1;
@@ -305,7 +313,6 @@ zb_status zb_worker_memory_usage(zb_worker_t *worker, zb_worker_memory *out) {
             m.grads += buffers * proto::dtype_size(d.grad) * n;
             m.copy_out += proto::dtype_size(d.copy) * n;
             m.stale += d.stale ? 4 * n : 0;
-            m.shm_reserved += w.groups[g].allocated();
         }
         m.moments = 8 * m.numel;
         m.bytes_per_param =

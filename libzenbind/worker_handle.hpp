@@ -16,7 +16,8 @@ struct zb_worker {
     zb::shm::Segment control;
     zb::proto::Header *header = nullptr;
     zb::proto::Control *ctl = nullptr;
-    std::vector<zb::shm::Segment> groups;
+    zb::shm::Arena group_memory{"zenflow parameter groups"}; // before groups: it outlives them
+    std::vector<zb::shm::Region> groups;
     std::vector<uint64_t> moments; // each group's moments' address in the worker
     std::vector<int> mems;
     pid_t owner = -1; // the process that spawned the worker; a forked child only reads its copy

@@ -106,8 +106,9 @@ CopyType copy_type(proto::Dtype copy) {
                                        : CopyType::none;
 }
 
-// Master only: receive and map the group's segment, reserve its moments. The team then zeroes
-// the moments, each thread its own slice, so that first touch places them next to their users.
+// Master only: receive the groups' memfd and map the group's range of it, reserve its moments. The
+// team then zeroes the moments, each thread its own slice, so that first touch places them next to
+// their users.
 Work add_group(Team &t) {
     uint32_t index = 0;
     const int fd = proto::receive_fd(t.sock, index);
@@ -129,7 +130,8 @@ Work add_group(Team &t) {
                      .c_str());
         return Work::answered;
     }
-    void *base = mmap(nullptr, d.segment_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *base = mmap(nullptr, d.segment_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                      static_cast<off_t>(d.segment_offset));
     const int map_err = errno;
     close(fd);
     if (base == MAP_FAILED) {

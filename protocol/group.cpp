@@ -41,14 +41,16 @@ GroupDesc lay_out_group(uint64_t numel, Dtype grad, Dtype copy, bool stale, unsi
     return d;
 }
 
-const char *group_fits(const GroupDesc &d, uint64_t segment_size) {
+const char *group_fits(const GroupDesc &d, uint64_t file_size) {
     const uint64_t n = d.numel, size = d.segment_size;
     if (d.grad != Dtype::f32 && d.grad != Dtype::bf16 && d.grad != Dtype::f16)
         return "unknown gradient type";
     if (d.copy != Dtype::none && d.copy != Dtype::bf16 && d.copy != Dtype::f16)
         return "unknown copy-out type";
     if (d.stale > 1) return "stale is neither 0 nor 1";
-    if (size != segment_size) return "the segment's size differs from the descriptor's";
+    if (d.segment_offset % kPage != 0 || d.segment_offset > file_size ||
+        size > file_size - d.segment_offset)
+        return "the group's range is misaligned or outside its shared memory";
     // Every buffer holds at least 2 bytes per element, so this bounds every product below.
     if (n == 0 || n > size / 4) return "numel does not fit the segment";
     Range r[5];

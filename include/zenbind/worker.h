@@ -35,8 +35,9 @@ typedef enum zb_dtype {
     ZB_DTYPE_FP16 = 3
 } zb_dtype;
 
-/* Upper bounds of the shared-memory layout. */
-#define ZB_WORKER_MAX_GROUPS 256
+/* Upper bounds of the shared-memory layout. ZB_WORKER_MAX_GROUPS was 256 up to zenflow-bind
+ * 0.6.0; zb_worker_group_add says when a worker has no room left. */
+#define ZB_WORKER_MAX_GROUPS 4096
 #define ZB_WORKER_MAX_THREADS 1024
 #define ZB_WORKER_MAX_NODES 64
 

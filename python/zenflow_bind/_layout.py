@@ -251,7 +251,7 @@ class Buckets:
 MAX_BUCKETS = 16
 # A worker holds MAX_GROUPS groups; param groups registered while fewer than RESERVED are free get
 # one bucket each, so that that many more param groups always fit, however large the first.
-RESERVED = 128
+RESERVED = MAX_GROUPS // 2
 
 
 def bucket_limit(used):

@@ -1,6 +1,7 @@
 // zb::proto::group_fits on arbitrary descriptors: the worker writes through every offset of a
-// group descriptor the trainer wrote, so whatever it accepts must lie inside the segment, aligned,
-// without two buffers sharing a byte, and sized as the dtypes say.
+// group descriptor the trainer wrote, so whatever it accepts must lie inside the group's range of
+// the memfd, the range inside the memfd, aligned, without two buffers sharing a byte, and sized as
+// the dtypes say.
 #include "check.hpp"
 
 #include <zbproto/group.hpp>
@@ -28,10 +29,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     const uint64_t n = d.numel;
     const uint64_t g = dtype_size(d.grad);
-    ZB_FUZZ_CHECK(d.segment_size == segment && n > 0 && (g == 2 || g == 4));
+    ZB_FUZZ_CHECK(d.segment_offset % kPage == 0 && d.segment_offset <= segment &&
+                  d.segment_size <= segment - d.segment_offset);
+    ZB_FUZZ_CHECK(n > 0 && (g == 2 || g == 4));
     ZB_FUZZ_CHECK(d.copy == Dtype::none || dtype_size(d.copy) == 2);
-    // No size below can wrap: the params alone (4 bytes each) fit in the segment.
-    ZB_FUZZ_CHECK(n <= segment / 4);
+    const uint64_t range = d.segment_size;
+    // No size below can wrap: the params alone (4 bytes each) fit in the range.
+    ZB_FUZZ_CHECK(n <= range / 4);
     Span spans[5];
     int count = 0;
     spans[count++] = {d.off_params, 4 * n};
@@ -47,7 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         ZB_FUZZ_CHECK(d.off_stale == 0);
     for (int i = 0; i < count; ++i) {
         ZB_FUZZ_CHECK(spans[i].off % 64 == 0);
-        ZB_FUZZ_CHECK(spans[i].off <= segment && spans[i].bytes <= segment - spans[i].off);
+        ZB_FUZZ_CHECK(spans[i].off <= range && spans[i].bytes <= range - spans[i].off);
         for (int j = 0; j < i; ++j)
             ZB_FUZZ_CHECK(spans[i].off + spans[i].bytes <= spans[j].off ||
                           spans[j].off + spans[j].bytes <= spans[i].off);

@@ -4,12 +4,14 @@ float operations differently (FMA), a few ulps per step; after 50 steps rtol = a
 
 import collections
 import contextlib
+import os
 import unittest
 from unittest import mock
 
 import torch
 
 from zenflow_bind import worker
+from zenflow_bind._native import MAX_GROUPS
 
 from torch_cases import assert_close, batches, groups_of, ours, train, twins
 
@@ -121,20 +123,29 @@ class Parity(unittest.TestCase):
         opt_a.close()
 
     def test_a_param_group_past_the_workers_groups_is_refused_clearly(self):
-        # one worker group each (layer-wise learning rates): the 257th does not fit, says so and
-        # what to do, and leaves the optimizer as it was; empty groups take no worker group
-        params = [torch.nn.Parameter(torch.randn(4)) for _ in range(257)]
-        groups = [{"params": [p], "lr": 1e-3 * (1 + i / 256)} for i, p in enumerate(params)]
-        with ours(groups[:256]) as opt:
+        # one worker group each (layer-wise learning rates, a param group per parameter): the
+        # last does not fit, says so and what to do, and leaves the optimizer as it was; empty
+        # groups take no worker group; the trainer holds one fd for all their memory
+        n = MAX_GROUPS
+        params = [torch.nn.Parameter(torch.randn(4)) for _ in range(n + 1)]
+        groups = [{"params": [p], "lr": 1e-3 * (1 + i / n)} for i, p in enumerate(params)]
+        fds = len(os.listdir("/proc/self/fd"))
+        with ours(groups[:n]) as opt:
+            self.assertLessEqual(len(os.listdir("/proc/self/fd")), fds + 4)  # socket, pidfd, 2
             opt.add_param_group({"params": [], "lr": 1e-3})
-            with self.assertRaisesRegex(ValueError, "param group 257 does not fit: the worker's "
-                                                    "256 groups are taken.*worker=False"):
-                opt.add_param_group(groups[256])
-            self.assertEqual(len(opt.param_groups), 257)
-            for p in params[:256]:
-                p.grad = torch.ones(4)
+            with self.assertRaisesRegex(ValueError, f"param group {n + 1} does not fit: the "
+                                                    f"worker's {n} groups are taken.*worker=False"):
+                opt.add_param_group(groups[n])
+            self.assertEqual(len(opt.param_groups), n + 1)
+            mirror = [torch.nn.Parameter(p.detach().clone()) for p in params[:n]]
+            ref = torch.optim.AdamW([{"params": [q], "lr": g["lr"]}
+                                     for q, g in zip(mirror, groups)])
+            for p, q in zip(params[:n], mirror):  # each group its own lr, as torch's
+                p.grad, q.grad = torch.ones(4), torch.ones(4)
             opt.step()
-            self.assertEqual(float(opt.state[params[255]]["step"]), 1.0)
+            ref.step()
+            assert_close(self, params[:n], mirror)
+            self.assertEqual(float(opt.state[params[n - 1]]["step"]), 1.0)
 
 
 def step_pairs(pairs, x, y, without=None):

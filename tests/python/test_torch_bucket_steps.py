@@ -15,7 +15,7 @@ import torch
 from zenflow_bind import worker
 
 from torch_cases import batches, mlp, ours
-from zenflow_bind._layout import MAX_BUCKETS, bucket_limit, cut_buckets
+from zenflow_bind._layout import MAX_BUCKETS, MAX_GROUPS, RESERVED, bucket_limit, cut_buckets
 
 HAS_HOOKS = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 SMALL = dict(bucket_elements=200)  # the mlp (2516 elements) in 3 buckets
@@ -70,15 +70,15 @@ class Cuts(unittest.TestCase):
         self.assertEqual(cut_buckets(sizes, 10**9), [(0, 100)])
 
     def test_many_large_param_groups_still_fit(self):
-        # the worker's 256 groups: the first param groups take up to 16 buckets, and at least
-        # 128 more param groups fit after any number of large ones
+        # the worker's groups: the first param groups take up to 16 buckets, and at least
+        # RESERVED more param groups fit after any number of large ones
         used, groups = 0, 0
-        while used < 256:
+        while used < MAX_GROUPS:
             used += len(cut_buckets([10**9], 1, bucket_limit(used)))
             groups += 1
         self.assertEqual(bucket_limit(0), MAX_BUCKETS)
-        self.assertGreaterEqual(groups, 128 + 1)
-        self.assertEqual(used, 256)
+        self.assertGreaterEqual(groups, RESERVED + 1)
+        self.assertEqual(used, MAX_GROUPS)
 
     def test_bad_bucket_size_and_group_ranges_are_refused(self):
         with self.assertRaisesRegex(ValueError, "bucket_elements"):

@@ -648,7 +648,7 @@ static void test_worker_refuses_other_version(void **state) {
     assert_non_null(strstr(msg, "layout 999"));
     uint32_t echoed = 0;
     assert_int_equal(pread(fd, &echoed, 4, 12), 4);
-    assert_int_equal(echoed, 7); /* the worker's own layout version (zbproto/layout.hpp) */
+    assert_int_equal(echoed, 8); /* the worker's own layout version (zbproto/layout.hpp) */
     close(fd);
 }
 
@@ -702,6 +702,59 @@ static void test_memory_accounting(void **state) {
     zb_worker_memory after;
     assert_int_equal(zb_worker_memory_usage(w, &after), ZB_OK);
     assert_true(after.worker_rss_anon <= m.worker_rss_anon + (256u << 10));
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+/* As many groups as a worker holds, in one memfd: neither the trainer's nor the worker's fd count
+ * grows with them, each group has memory of its own, the newest go back and come again in the
+ * same memory, and one more is refused with the limit. */
+static void test_every_group_in_one_fd(void **state) {
+    (void)state;
+    zb_worker_t *w = spawn_threads(1);
+    pid_t pid;
+    assert_int_equal(zb_worker_pid(w, &pid), ZB_OK);
+    add_group(w, 16, ZB_DTYPE_FP32, ZB_DTYPE_NONE, ZB_GROUP_ONE_GRAD_BUFFER);
+    const int fds = count_fds(getpid()), worker_fds = count_fds(pid);
+    for (unsigned g = 1; g < ZB_WORKER_MAX_GROUPS; ++g)
+        assert_int_equal(
+            add_group(w, 16 + g % 3, ZB_DTYPE_FP32, ZB_DTYPE_NONE, ZB_GROUP_ONE_GRAD_BUFFER), g);
+    assert_int_equal(count_fds(getpid()), fds);
+    assert_int_equal(count_fds(pid), worker_fds);
+    zb_group_attr more = group_attr(16, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+    unsigned id = 0;
+    char limit[64];
+    snprintf(limit, sizeof limit, "at most %d groups", ZB_WORKER_MAX_GROUPS);
+    expect_status(zb_worker_group_add(w, &more, &id), ZB_EINVAL, limit);
+
+    for (unsigned g = 0; g < ZB_WORKER_MAX_GROUPS; ++g) {
+        const zb_group_buffers b = buffers_of(w, g, 16 + g % 3);
+        for (size_t i = 0; i < b.numel; ++i) {
+            b.params[i] = (float)g;
+            ((float *)b.grads[0])[i] = 1.0f;
+        }
+    }
+    assert_int_equal(step(w, 1, 0), ZB_OK);
+    for (unsigned g = 0; g < ZB_WORKER_MAX_GROUPS; ++g) { /* its own, stepped once */
+        const zb_group_buffers b = buffers_of(w, g, 16 + g % 3);
+        for (size_t i = 0; i < b.numel; ++i)
+            if (!(b.params[i] < (float)g && b.params[i] > (float)g - 0.1f))
+                fail_msg("group %u element %zu: %g after one step from %u", g, i,
+                         (double)b.params[i], g);
+    }
+
+    zb_worker_memory all, fewer, again;
+    assert_int_equal(zb_worker_memory_usage(w, &all), ZB_OK);
+    for (unsigned g = ZB_WORKER_MAX_GROUPS; g-- > ZB_WORKER_MAX_GROUPS - 100;)
+        assert_int_equal(zb_worker_group_remove(w, g), ZB_OK);
+    assert_int_equal(zb_worker_memory_usage(w, &fewer), ZB_OK);
+    /* each took a page of parameters and one of gradients */
+    assert_true(fewer.shm_reserved + 100 * 2 * 4096 <= all.shm_reserved);
+    for (unsigned g = ZB_WORKER_MAX_GROUPS - 100; g < ZB_WORKER_MAX_GROUPS; ++g)
+        assert_int_equal(
+            add_group(w, 16 + g % 3, ZB_DTYPE_FP32, ZB_DTYPE_NONE, ZB_GROUP_ONE_GRAD_BUFFER), g);
+    assert_int_equal(zb_worker_memory_usage(w, &again), ZB_OK);
+    assert_int_equal(again.shm_reserved, all.shm_reserved);
+    assert_int_equal(count_fds(getpid()), fds);
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 
@@ -1141,6 +1194,7 @@ int main(void) {
         cmocka_unit_test(test_worker_refuses_other_version),
         cmocka_unit_test(test_trainer_refuses_other_version),
         cmocka_unit_test(test_memory_accounting),
+        cmocka_unit_test(test_every_group_in_one_fd),
         cmocka_unit_test(test_stop_keeps_buffers),
         cmocka_unit_test(test_one_gradient_buffer),
         cmocka_unit_test(test_environment_defaults),

@@ -64,9 +64,17 @@ void test_every_layout_fits(void **) {
                         const proto::TransferLayout t = proto::transfer_layout(n);
                         assert_true(t.exp_avg_sq >= 4 * n && t.exp_avg_sq % proto::kPage == 0);
                         assert_int_equal(t.size, t.exp_avg_sq + proto::page_round(4 * n));
-                        // The segment must be exactly the descriptor's size.
-                        assert_non_null(proto::group_fits(d, d.segment_size + proto::kPage));
+                        // The range lies inside the memfd, page-aligned, anywhere in it.
+                        assert_null(proto::group_fits(d, d.segment_size + proto::kPage));
                         assert_non_null(proto::group_fits(d, d.segment_size - 1));
+                        proto::GroupDesc at = d;
+                        at.segment_offset = proto::kPage;
+                        assert_null(proto::group_fits(at, d.segment_size + proto::kPage));
+                        assert_non_null(proto::group_fits(at, d.segment_size + proto::kPage - 1));
+                        at.segment_offset = 64;
+                        assert_non_null(proto::group_fits(at, d.segment_size + proto::kPage));
+                        at.segment_offset = UINT64_MAX - proto::kPage + 1; // the end wraps
+                        assert_non_null(proto::group_fits(at, UINT64_MAX));
                     }
 }
 

@@ -1,5 +1,5 @@
-// Where a parameter group's buffers lie in its segment: computed once by the trainer
-// (lay_out_group), checked once by the worker against the segment it received (group_fits),
+// Where a parameter group's buffers lie in its range of the groups' memfd: computed once by the
+// trainer (lay_out_group), checked once by the worker against the memfd it received (group_fits),
 // because the worker writes through every offset and takes nothing on trust.
 #pragma once
 
@@ -16,10 +16,11 @@ namespace zb::proto {
 GroupDesc lay_out_group(uint64_t numel, Dtype grad, Dtype copy, bool stale,
                         unsigned grad_buffers = 2);
 
-// Why `d` does not describe a segment of segment_size bytes, or nullptr if it does: known dtypes,
-// a segment of exactly that size, every present buffer inside it, 64-byte aligned, and no two
-// buffers overlapping; absent buffers have offset 0.
-const char *group_fits(const GroupDesc &d, uint64_t segment_size);
+// Why `d` does not describe a range of a memfd of file_size bytes, or nullptr if it does: known
+// dtypes, the range [segment_offset, segment_offset + segment_size) page-aligned and inside the
+// file, every present buffer inside the range, 64-byte aligned, and no two buffers overlapping;
+// absent buffers have offset 0.
+const char *group_fits(const GroupDesc &d, uint64_t file_size);
 
 // A transfer segment carries one group's Adam moments between the trainer and the worker (they
 // live only in the worker): exp_avg at offset 0, exp_avg_sq at exp_avg_sq, numel floats each.

@@ -3,9 +3,11 @@
 // a peer built from another version instead of corrupting memory. Any change to a struct below
 // must bump kVersion.
 //
-// Two kinds of memfd segments: one control segment (Header then Control) created at spawn, and
-// one segment per parameter group (params, grads[2], copy-out, stale; offsets in its GroupDesc)
-// created at registration and handed to the worker over a socket (SCM_RIGHTS).
+// Two memfds: the control segment (Header then Control) created at spawn, and the groups' memfd,
+// which grows by one page-aligned range per parameter group (params, grads[2], copy-out, stale;
+// offsets in its GroupDesc, the range at GroupDesc::segment_offset), handed to the worker over a
+// socket (SCM_RIGHTS) with each group it registers. One memfd for every group: a trainer with
+// thousands of groups holds two fds, not thousands.
 #pragma once
 
 #include <atomic>
@@ -15,8 +17,8 @@
 namespace zb::proto {
 
 inline constexpr uint64_t kMagic = 0x314d5357464e455aULL; // "ZENFWSM1" little-endian
-inline constexpr uint32_t kVersion = 7;
-inline constexpr uint32_t kMaxGroups = 256;
+inline constexpr uint32_t kVersion = 8;
+inline constexpr uint32_t kMaxGroups = 4096;
 inline constexpr uint32_t kMaxThreads = 1024;
 inline constexpr uint32_t kMaxNodes = 64;
 inline constexpr uint32_t kMessageSize = 512;
@@ -99,7 +101,8 @@ struct Hyper {
 
 struct GroupDesc {
     uint64_t numel;
-    uint64_t segment_size;
+    uint64_t segment_offset; // where the group's range begins in the groups' memfd (page-aligned)
+    uint64_t segment_size;   // the range's bytes; the off_* below are inside it
     uint64_t off_params, off_grads[2], off_copy, off_stale; // off_* 0 when absent (params is 0;
                                                             // grads[0] always there)
     Dtype grad, copy;
