@@ -76,20 +76,30 @@ def _count_steps(states):
     """state["step"] += 1 in each. A plain one-element CPU tensor, as torch.optim.AdamW makes
     them, is added to at its address and its version counted as torch's in-place add counts it:
     torch's add costs a microsecond a tensor (foreach too), more than the kernel on a small
-    parameter."""
-    direct = []
+    parameter. Every address is taken before any is written. Without increment_version (torch
+    < 2.1), and for any other count, torch's add as before."""
+    cells, direct, others = [], [], []
     for state in states:
         count = state["step"]
-        if type(count) is torch.Tensor and count.is_cpu and count.dim() == 0 and \
-                not count.is_inference():
+        if _increment_version is not None and type(count) is torch.Tensor and \
+                count.layout is torch.strided and count.is_cpu and count.dim() == 0 and \
+                not (count.is_inference() or count.is_neg() or count._is_zerotensor()):
             cell = _CELLS.get(count.dtype)
             if cell is not None:
-                cell.from_address(count.data_ptr()).value += 1
+                cells.append(cell.from_address(count.data_ptr()))
                 direct.append(count)
                 continue
-        state["step"] += 1  # any other number or tensor: as it counts
-    if direct and _increment_version is not None:
+        others.append(state)
+    for cell in cells:
+        cell.value += 1
+    if direct:
         _increment_version(direct)
+    plain = [state["step"] for state in others if type(state["step"]) is torch.Tensor]
+    if plain:  # one call, not one per parameter
+        torch._foreach_add_(plain, 1)
+    for state in others:
+        if type(state["step"]) is not torch.Tensor:  # a number, a subclass: as it counts
+            state["step"] += 1
 
 
 class InProcessAdamW(AdamW):
@@ -300,11 +310,13 @@ class InProcessAdamW(AdamW):
                 shard, m, v = local(p), local(m), local(v)
                 dtype, copy = p.dtype, None
                 if dtype is not torch.float32:
-                    if dtype not in _FLOAT16 or master is None:
-                        raise TypeError(f"parameter {index} is {dtype} now, its state was made "
-                                        f"for {'fp32' if master is None else 'a 16-bit dtype'}: "
-                                        "give the optimizer fp32, bf16 or fp16 parameters and "
-                                        "keep their dtype")
+                    if dtype not in _FLOAT16:
+                        raise TypeError(f"parameter {index} is {dtype} now: the optimizer "
+                                        "steps fp32, bf16 and fp16 parameters")
+                    if master is None:
+                        raise TypeError(f"parameter {index} is {dtype}, and its state has no "
+                                        "master_param (its fp32 master weights): was it fp32 "
+                                        "when its state was made?")
                     master = local(master)
                     self._refresh_master(p, master)
                     sixteen.append(p)

@@ -301,7 +301,7 @@ class InProcess(unittest.TestCase):
         for i, (p, before) in enumerate(zip(params, (1, 1, 1, 1, 7, 1))):
             with self.subTest(i=i):
                 self.assertEqual(float(opt.state[p]["step"]), before + 1)
-                if versions[i] is not None and hasattr(torch.autograd.graph, "increment_version"):
+                if versions[i] is not None:
                     self.assertGreater(opt.state[p]["step"]._version, versions[i])
         self.assertEqual(shared.tolist(), [7.0, 8.0])
         self.assertEqual(opt.state[params[1]]["step"].dtype, torch.float64)
@@ -318,6 +318,11 @@ class InProcess(unittest.TestCase):
             opt.step()
         for a, b in zip(before, model.parameters()):
             self.assertTrue(torch.equal(a, b))
+        p.data = p.data.bfloat16()
+        p.grad = torch.ones_like(p)
+        with self.assertRaisesRegex(TypeError, "parameter 0 is torch.bfloat16, and its state "
+                                               "has no master_param"):
+            opt.step()
 
     def test_a_non_leaf_tensor_that_retains_its_gradient(self):
         # torch optimizes one; the worker has no hook for it and copies its gradient at step()
