@@ -157,7 +157,11 @@ Arena::~Arena() {
 }
 
 Region Arena::add(size_t size, const std::vector<int> &nodes, size_t worker_bytes) {
-    size = proto::page_round(size);
+    // A range's offset must be a multiple of the system's page for mmap (64 KiB on some arm64
+    // kernels), and its buffers are laid out on proto::kPage.
+    const long system_page = sysconf(_SC_PAGESIZE);
+    const uint64_t page = system_page > long(proto::kPage) ? uint64_t(system_page) : proto::kPage;
+    size = (size + page - 1) / page * page;
     check_memory_cgroup("shared memory", what_, size, worker_bytes);
     if (fd_ < 0) {
         const int fd = memfd_create(what_, MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -171,7 +175,14 @@ Region Arena::add(size_t size, const std::vector<int> &nodes, size_t worker_byte
         fd_ = fd;
     }
     const uint64_t end = end_ + size;
-    check_file_size(what_, end);
+    rlimit fsize{}; // the memfd holds every group: the limit bounds them together
+    if (end > file_size_ && getrlimit(RLIMIT_FSIZE, &fsize) == 0 &&
+        fsize.rlim_cur != RLIM_INFINITY && end > fsize.rlim_cur)
+        fail(ZB_ENOMEM, "cannot reserve " + std::to_string(size) +
+                            " bytes of shared memory for the " + what_ +
+                            ": with the groups before it, " + std::to_string(end) +
+                            " bytes, past RLIMIT_FSIZE (" + std::to_string(fsize.rlim_cur) +
+                            " bytes: ulimit -f)");
     if (end > file_size_) {
         if (ftruncate(fd_, static_cast<off_t>(end)) != 0) fail_reserve(what_, size, errno);
         file_size_ = end;

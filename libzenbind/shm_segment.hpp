@@ -46,7 +46,8 @@ class Segment {
 
 // One range of an Arena, mapped here. Destroying it only unmaps it: its pages stay in the memfd
 // until the Arena is given it back, which only the process that owns the worker does (a forked
-// child's copy of a handle only unmaps what it inherited).
+// child's copy of a handle only unmaps what it inherited; what the child has not written of a
+// range given back reads as zeros there, then as the range added in its place).
 class Region {
   public:
     Region() = default;

@@ -131,6 +131,9 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
         zb::shm::Region region =
             w.group_memory.add(d.segment_size, w.mems, 2 * proto::page_round(4 * n));
         try {
+            // nothing may throw once the worker has the group
+            w.moments.reserve(w.groups.size() + 1);
+            w.groups.reserve(w.groups.size() + 1);
             d.segment_offset = region.offset();
             w.ctl->groups[g] = d;
             send_segment(w.sock, w.group_memory.fd(), g, "group's shared memory");
@@ -138,8 +141,6 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
             w.ctl->ngroups = g;
             w.run_state_command("register group " + std::to_string(g) + " (" + std::to_string(n) +
                                 " parameters)");
-            w.moments.reserve(w.groups.size() + 1);
-            w.groups.reserve(w.groups.size() + 1);
         } catch (...) {
             w.group_memory.give_back(std::move(region)); // the worker did not keep it
             throw;

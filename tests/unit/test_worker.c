@@ -605,6 +605,16 @@ static void test_reservation_failure(void **state) {
         if (st != ZB_ENOMEM || !strstr(zb_last_error(), "parameter group")) _exit(12);
         g.numel = 1000; /* the worker survives and later groups still work */
         if (zb_worker_group_add(w, &g, &id) != ZB_OK || id != 0) _exit(13);
+        /* the groups share one memfd: the limit bounds them together, and says so */
+        unsigned last = 0;
+        while ((st = zb_worker_group_add(w, &g, &id)) == ZB_OK && id < 1000)
+            last = id;
+        if (st != ZB_ENOMEM || !strstr(zb_last_error(), "with the groups before it") ||
+            !strstr(zb_last_error(), "RLIMIT_FSIZE"))
+            _exit(14);
+        /* the newest given back, its place is the next one's */
+        if (zb_worker_group_remove(w, last) != ZB_OK) _exit(15);
+        if (zb_worker_group_add(w, &g, &id) != ZB_OK || id != last) _exit(16);
         zb_worker_destroy(w);
         _exit(0);
     }
