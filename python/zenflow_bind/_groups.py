@@ -2,6 +2,8 @@
 group may hold (checked before anything changes), torch.optim.AdamW's keys for the saved groups,
 so that a checkpoint moves both ways, and torch's load_state_dict hooks."""
 
+import ctypes
+
 import torch
 
 from .functional import _number
@@ -30,7 +32,7 @@ def check_group(group):
     lr, eps, wd = (_number(k, group[k]) for k in ("lr", "eps", "weight_decay"))
     beta1, beta2 = (_number("betas", b) for b in betas)
     for i, beta in enumerate((beta1, beta2)):
-        if beta < 1.0 and float(torch.tensor(beta, dtype=torch.float32)) == 1.0:
+        if beta < 1.0 and ctypes.c_float(beta).value == 1.0:
             raise ValueError(f"invalid betas: betas[{i}] = {beta!r} is 1 in float32, which the "
                              f"kernel computes in (its largest below 1 is 0.99999994)")
     # the ranges are libzenbind's (zb_adam_hyper_check), on the float32 values the kernel uses

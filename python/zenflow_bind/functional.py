@@ -35,6 +35,8 @@ assert ctypes.sizeof(_native.AdamTensor) == 8 * _WORDS
 def _number(name, value):
     """A hyperparameter as a float: any real number (numpy's scalars too) or a one-element
     tensor, never a bool."""
+    if type(value) is float or type(value) is int:  # most of them, without the ABC check
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, torch.Tensor)):
         raise TypeError(f"{name} must be a number, not {type(value).__name__} ({value!r})")
     if isinstance(value, torch.Tensor) and value.numel() != 1:
