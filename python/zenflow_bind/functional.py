@@ -25,7 +25,23 @@ from .worker import StepResult
 
 __all__ = ["adamw_", "StepResult"]
 
-_increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+
+def _version_bumper(increment):
+    """torch.autograd.graph.increment_version as a call over a list of tensors: torch's own where
+    it takes a list (2.5 and later), one call per tensor where it takes a single one (2.1 to 2.4,
+    which raise on a list; an inference tensor has no version to count there), None before 2.1
+    (no such call)."""
+    if increment is None:
+        return None
+    try:
+        increment([])
+        return increment
+    except (TypeError, RuntimeError):
+        return lambda tensors: [increment(t) for t in tensors if not t.is_inference()]
+
+
+_increment_version = _version_bumper(
+    getattr(getattr(torch.autograd, "graph", None), "increment_version", None))
 
 # zb_adam_tensor as 64-bit words: 6 pointers and sizes, the hyper pointer, the step (>= 0)
 _WORDS = 8

@@ -11,6 +11,7 @@ import unittest
 import torch
 
 from zenflow_bind import ZenbindError
+from zenflow_bind import functional
 from zenflow_bind.functional import adamw_
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -91,6 +92,28 @@ class AgainstTorch(unittest.TestCase):
         self.assertTrue(found.skipped)
         self.assertEqual(found.nonfinite, 1)
         self.assertTrue(bool((p == 1).all() and (m == 0).all() and (v == 0).all()))
+
+
+class Versions(unittest.TestCase):
+    def test_counted_with_the_call_this_torch_has(self):
+        # torch 2.1 to 2.4 take one tensor a call and raise on a list; 2.5 and later a list
+        calls = []
+
+        def one_at_a_time(t):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError("increment_version expect a Tensor as input")
+            calls.append(t)
+
+        a, b = torch.zeros(1), torch.zeros(1)
+        with torch.inference_mode():
+            c = torch.zeros(1)
+        functional._version_bumper(one_at_a_time)([a, b, c])
+        self.assertEqual([id(t) for t in calls], [id(a), id(b)])  # none for an inference tensor
+
+        def a_list(ts):
+            calls.extend(ts)
+        self.assertIs(functional._version_bumper(a_list), a_list)
+        self.assertIsNone(functional._version_bumper(None))
 
 
 class BadInput(unittest.TestCase):
