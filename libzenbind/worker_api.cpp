@@ -134,13 +134,14 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
             // nothing may throw once the worker has the group
             w.moments.reserve(w.groups.size() + 1);
             w.groups.reserve(w.groups.size() + 1);
+            const std::string what =
+                "register group " + std::to_string(g) + " (" + std::to_string(n) + " parameters)";
             d.segment_offset = region.offset();
             w.ctl->groups[g] = d;
             send_segment(w.sock, w.group_memory.fd(), g, "group's shared memory");
             w.ctl->command = proto::Command::add_group;
             w.ctl->ngroups = g;
-            w.run_state_command("register group " + std::to_string(g) + " (" + std::to_string(n) +
-                                " parameters)");
+            w.run_state_command(what);
         } catch (...) {
             w.group_memory.give_back(std::move(region)); // the worker did not keep it
             throw;

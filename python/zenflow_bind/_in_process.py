@@ -76,8 +76,8 @@ def _count_steps(states):
     """state["step"] += 1 in each. A plain one-element CPU tensor, as torch.optim.AdamW makes
     them, is added to at its address and its version counted as torch's in-place add counts it:
     torch's add costs a microsecond a tensor (foreach too), more than the kernel on a small
-    parameter. Every address is taken before any is written. Without increment_version (torch
-    < 2.1), and for any other count, torch's add as before."""
+    parameter. Every address is taken, and torch's adds done, before any is written. Without
+    increment_version (torch < 2.1), and for any other count, torch's add as before."""
     cells, direct, others = [], [], []
     for state in states:
         count = state["step"]
@@ -90,16 +90,16 @@ def _count_steps(states):
                 direct.append(count)
                 continue
         others.append(state)
-    for cell in cells:
-        cell.value += 1
-    if direct:
-        _increment_version(direct)
     plain = [state["step"] for state in others if type(state["step"]) is torch.Tensor]
-    if plain:  # one call, not one per parameter
+    if plain:  # one call, not one per parameter; first, as it may raise
         torch._foreach_add_(plain, 1)
     for state in others:
         if type(state["step"]) is not torch.Tensor:  # a number, a subclass: as it counts
             state["step"] += 1
+    for cell in cells:
+        cell.value += 1
+    if direct:
+        _increment_version(direct)
 
 
 class InProcessAdamW(AdamW):
