@@ -251,7 +251,7 @@ class InProcessAdamW(AdamW):
         results = []
         if found is None or not found.skipped:
             for (grad_dtype, copy_dtype), rows in buckets.items():
-                results.append(launch(rows, grad_dtype, copy_dtype, rows.alive[0], 1, scale,
+                results.append(launch(rows, grad_dtype, copy_dtype, rows.hyper, 1, scale,
                                       skip, clip, norm, threads))
         seconds = sum(r.seconds for r in results)
         if found is None:  # each bucket decided alone: there is one, or nothing global was asked
@@ -337,12 +337,9 @@ class InProcessAdamW(AdamW):
                 key = (dtype, None) if copy is None else (dtype, dtype)
                 rows = buckets.get(key)
                 if rows is None:
-                    rows = buckets[key] = Rows()
-                rows.words.extend((target.data_ptr(), grad.data_ptr(), m.data_ptr(), v.data_ptr(),
-                                   0 if copy is None else copy.data_ptr(), target.numel(),
-                                   address, int(state["step"]) + 1))  # as Rows.add, inline
-                rows.written.extend((target, m, v) if copy is None else (target, m, v, copy))
-                rows.alive.extend((hyper, grad))  # alive[0]: the call's own hyper
+                    rows = buckets[key] = Rows(hyper)
+                rows.add(target, grad, m, v, copy, address, int(state["step"]) + 1)
+                rows.alive.append(hyper)  # the row points to it
                 stepped.append(state)
 
     def _refresh_master(self, p, master):

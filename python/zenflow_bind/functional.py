@@ -152,16 +152,22 @@ def adam_args(grad_dtype, grad_scale, threads):
     return args
 
 
+def _as_tensors(words):
+    """The zb_adam_tensor array over `words` (_WORDS a tensor, 0 for NULL; one row of zeros when
+    there are none), without a copy: the words must stay unchanged and alive through the call."""
+    if not words:
+        words = array.array("Q", [0] * _WORDS)
+    return (_native.AdamTensor * (len(words) // _WORDS)).from_buffer(words)
+
+
 def tensor_array(rows):
-    """A zb_adam_tensor array of rows of _WORDS integers each (0 for NULL), packed as words: a
-    ctypes struct made per tensor cost more than the kernel for small tensors. Whatever a row
-    points to must outlive the call it is passed to."""
+    """A zb_adam_tensor array of rows of _WORDS integers each, packed as words: a ctypes struct
+    made per tensor cost more than the kernel for small tensors. Whatever a row points to must
+    outlive the call it is passed to."""
     flat = array.array("Q")
     for row in rows:
         flat.extend(row)
-    if not flat:
-        flat.extend([0] * _WORDS)
-    return (_native.AdamTensor * (len(flat) // _WORDS)).from_buffer(flat)
+    return _as_tensors(flat)
 
 
 class Rows:
@@ -170,10 +176,11 @@ class Rows:
     the kernel writes (their versions go up after it) and whatever else the rows point into (kept
     alive until the call returns)."""
 
-    __slots__ = ("words", "written", "alive")
+    __slots__ = ("words", "written", "alive", "hyper")
 
-    def __init__(self):
+    def __init__(self, hyper=None):
         self.words, self.written, self.alive = array.array("Q"), [], []
+        self.hyper = hyper  # a _native.Hyper for rows without their own, if the caller keeps one
 
     def __len__(self):
         return len(self.words) // _WORDS
@@ -201,11 +208,9 @@ def launch(rows, grad_dtype, copy_dtype, hyper, step, grad_scale, skip_nonfinite
     args.flags = (STEP_SKIP_NONFINITE if skip_nonfinite else 0) | \
         (STEP_GRAD_NORM if want_norm else 0)
     args.max_grad_norm = max_grad_norm
-    count = len(rows)
-    words = rows.words if count else array.array("Q", [0] * _WORDS)
-    native = (_native.AdamTensor * max(count, 1)).from_buffer(words)
     result = _native.Result()
-    _native.check(lib.zb_adam_step(native, count, ctypes.byref(args), ctypes.byref(result)))
+    _native.check(lib.zb_adam_step(_as_tensors(rows.words), len(rows), ctypes.byref(args),
+                                   ctypes.byref(result)))
     if not result.skipped and _increment_version is not None:
         # written through their pointers: autograd and version checks see it, as after torch's
         # in-place step (torch < 2.1 has no call for it)
