@@ -29,12 +29,19 @@ namespace {
     fail(ZB_ESYS, head);
 }
 
-// Past RLIMIT_FSIZE, ftruncate would raise SIGXFSZ, which kills the caller by default.
-void check_file_size(const char *what, uint64_t size) {
+// Past RLIMIT_FSIZE, ftruncate would raise SIGXFSZ, which kills the caller by default. `size`
+// bytes are asked for a file that would then end at `end` (the groups' Arena shares one file, so
+// the limit bounds them together, and the refusal says so).
+void check_file_size(const char *what, uint64_t size, uint64_t end) {
     rlimit fsize{};
-    if (getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY &&
-        size > fsize.rlim_cur)
-        fail_reserve(what, size, EFBIG);
+    if (getrlimit(RLIMIT_FSIZE, &fsize) != 0 || fsize.rlim_cur == RLIM_INFINITY ||
+        end <= fsize.rlim_cur)
+        return;
+    if (end == size) fail_reserve(what, size, EFBIG);
+    fail(ZB_ENOMEM, "cannot reserve " + std::to_string(size) + " bytes of shared memory for the " +
+                        what + ": with the groups before it, " + std::to_string(end) +
+                        " bytes, past RLIMIT_FSIZE (" + std::to_string(fsize.rlim_cur) +
+                        " bytes: ulimit -f)");
 }
 
 std::string mib(uint64_t bytes) {
@@ -64,7 +71,7 @@ Segment::Segment(const char *what, size_t size, const std::vector<int> &nodes, s
     fd_ = memfd_create(what, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd_ < 0) fail_errno(std::string("memfd_create for the ") + what);
     try {
-        check_file_size(what, size);
+        check_file_size(what, size, size);
         if (ftruncate(fd_, static_cast<off_t>(size)) != 0) fail_reserve(what, size, errno);
         base_ = map_shared(fd_, size);
         if (!base_) fail_errno(std::string("mmap of the ") + what);
@@ -175,15 +182,8 @@ Region Arena::add(size_t size, const std::vector<int> &nodes, size_t worker_byte
         fd_ = fd;
     }
     const uint64_t end = end_ + size;
-    rlimit fsize{}; // the memfd holds every group: the limit bounds them together
-    if (end > file_size_ && getrlimit(RLIMIT_FSIZE, &fsize) == 0 &&
-        fsize.rlim_cur != RLIM_INFINITY && end > fsize.rlim_cur)
-        fail(ZB_ENOMEM, "cannot reserve " + std::to_string(size) +
-                            " bytes of shared memory for the " + what_ +
-                            ": with the groups before it, " + std::to_string(end) +
-                            " bytes, past RLIMIT_FSIZE (" + std::to_string(fsize.rlim_cur) +
-                            " bytes: ulimit -f)");
     if (end > file_size_) {
+        check_file_size(what_, size, end);
         if (ftruncate(fd_, static_cast<off_t>(end)) != 0) fail_reserve(what_, size, errno);
         file_size_ = end;
     }
