@@ -44,10 +44,12 @@ def flat(args, dtype):
     return params
 
 
-def sharded_model(dtype):
+def sharded_model(args, dtype):
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
     torch.manual_seed(0)
-    layers = [torch.nn.Linear(4096, 4096) for _ in range(6)]  # about 100M parameters
+    count = max(1, args.params // 2) if args.params > 1 else 6  # a weight and a bias each
+    width = max(1, round((args.elements / count) ** 0.5))
+    layers = [torch.nn.Linear(width, width) for _ in range(count)]
     model = torch.nn.Sequential(*layers).to(dtype)
     policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for layer in layers:
@@ -125,11 +127,11 @@ def main():
         if args.fsdp2 and dtype != torch.float32:
             print(f"fsdp2 offload {name}: skipped (gloo, the CPU backend, cannot send {name})")
             continue
-        make = (lambda: sharded_model(dtype)) if args.fsdp2 else (lambda: flat(args, dtype))
+        make = (lambda: sharded_model(args, dtype)) if args.fsdp2 else (lambda: flat(args, dtype))
         opts, params = optimizers(args, make)
         numel = sum(p.numel() for p in params)
         label = ("fsdp2 offload " if args.fsdp2 else "flat ") + name + \
-            (f" x{args.params}" if args.params > 1 and not args.fsdp2 else "")
+            (f" x{len(params)}" if len(params) > 1 else "")
         report(label + (f" clip {args.clip:g}" if args.clip else ""), numel, measure(args, opts))
         del opts, params
     if args.fsdp2:
