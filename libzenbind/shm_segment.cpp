@@ -29,6 +29,17 @@ namespace {
     fail(ZB_ESYS, head);
 }
 
+// Allocates [offset, offset + size) of the file, 0 or an errno. tmpfs gives up with EINTR on a
+// pending signal (one that a handler catches: Python's SIGINT, a trainer's SIGUSR1); the pages
+// it allocated stay, so asking again goes on where it stopped.
+int reserve(int fd, uint64_t offset, uint64_t size) {
+    int err;
+    do
+        err = posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(size));
+    while (err == EINTR);
+    return err;
+}
+
 // Past RLIMIT_FSIZE, ftruncate would raise SIGXFSZ, which kills the caller by default. `size`
 // bytes are asked for a file that would then end at `end` (the groups' Arena shares one file, so
 // the limit bounds them together, and the refusal says so).
@@ -77,8 +88,7 @@ Segment::Segment(const char *what, size_t size, const std::vector<int> &nodes, s
         if (!base_) fail_errno(std::string("mmap of the ") + what);
         // The shared policy of the memfd's pages, set before fallocate allocates them.
         proto::prefer_nodes(base_, size, nodes.data(), nodes.size());
-        const int err = posix_fallocate(fd_, 0, static_cast<off_t>(size));
-        if (err != 0) fail_reserve(what, size, err);
+        if (const int err = reserve(fd_, 0, size)) fail_reserve(what, size, err);
         if (fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
             fail_errno(std::string("sealing the ") + what);
     } catch (...) {
@@ -194,8 +204,7 @@ Region Arena::add(size_t size, const std::vector<int> &nodes, size_t worker_byte
     r.size_ = size;
     // The shared policy of the range's pages, set before fallocate allocates them.
     proto::prefer_nodes(r.base_, size, nodes.data(), nodes.size());
-    if (const int err =
-            posix_fallocate(fd_, static_cast<off_t>(r.offset_), static_cast<off_t>(size))) {
+    if (const int err = reserve(fd_, r.offset_, size)) {
         end_ = end; // give_back frees what fallocate allocated before it failed
         give_back(std::move(r));
         fail_reserve(what_, size, err);

@@ -79,8 +79,14 @@ zb_worker &state_handle(zb_worker *worker, unsigned group, const char *fn) {
     return w;
 }
 
-void send_segment(int sock, int fd, uint32_t tag, const char *what) {
-    if (const int err = proto::send_fd(sock, fd, tag)) {
+void send_segment(zb_worker &w, int fd, uint32_t tag, const char *what) {
+    if (const int err = proto::send_fd(w.sock, fd, tag)) {
+        if (err == EPIPE || err == ECONNRESET || err == ECONNREFUSED) {
+            // The worker's end of the socket closed: it died (the OOM killer, choosing it while
+            // this call reserved memory). Its pidfd turns readable a moment after; say how it died.
+            w.await_exit(1'000'000'000);
+            w.check_alive();
+        }
         errno = err;
         zb::fail_errno(std::string("sending the ") + what + " to the worker");
     }
@@ -138,7 +144,7 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
                 "register group " + std::to_string(g) + " (" + std::to_string(n) + " parameters)";
             d.segment_offset = region.offset();
             w.ctl->groups[g] = d;
-            send_segment(w.sock, w.group_memory.fd(), g, "group's shared memory");
+            send_segment(w, w.group_memory.fd(), g, "group's shared memory");
             w.ctl->command = proto::Command::add_group;
             w.ctl->ngroups = g;
             w.run_state_command(what);
@@ -290,7 +296,7 @@ zb_status zb_worker_group_set_ranges(zb_worker_t *worker, unsigned group,
         if (count) {
             seg.emplace("zenflow step ranges", count * sizeof(zb_step_range), w.mems);
             std::memcpy(seg->base(), ranges, count * sizeof(zb_step_range));
-            send_segment(w.sock, seg->fd(), group, "step ranges' shared memory");
+            send_segment(w, seg->fd(), group, "step ranges' shared memory");
         }
         w.ctl->command = proto::Command::set_ranges;
         w.ctl->ngroups = group;

@@ -52,6 +52,9 @@ struct zb_worker {
     // worker may still complete it after the trainer gave up, and both sides would disagree from
     // then on, so the worker is stopped (ZB_ETIMEDOUT naming `what`, later calls ZB_EDEAD).
     void run_state_command(const std::string &what);
+    // Waits until the worker process has exited (its pidfd readable), at most timeout_ns; a
+    // signal handler's interruption (Python's, without SA_RESTART) waits on for the time left.
+    void await_exit(int64_t timeout_ns) const;
     // SIGKILLs the worker through its pidfd and reaps it; later calls give ZB_EDEAD with `why`.
     void stop(const std::string &why);
 };
@@ -66,6 +69,6 @@ std::string describe_exit(int code, int status);
 // naming `fn`.
 zb_worker &state_handle(zb_worker *worker, unsigned group, const char *fn);
 // Queues a segment's fd for the worker; the caller publishes the command that takes it next.
-void send_segment(int sock, int fd, uint32_t tag, const char *what);
+void send_segment(zb_worker &w, int fd, uint32_t tag, const char *what);
 
 } // namespace zb::worker_client

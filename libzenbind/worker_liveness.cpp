@@ -96,11 +96,22 @@ void zb_worker::run_state_command(const std::string &what) {
     }
 }
 
+void zb_worker::await_exit(int64_t timeout_ns) const {
+    const zb::WaitDeadline deadline(timeout_ns);
+    pollfd p{pidfd, POLLIN, 0};
+    for (int64_t left; (left = deadline.left()) > 0;)
+        if (poll(&p, 1, static_cast<int>((left + 999'999) / 1'000'000)) >= 0 || errno != EINTR)
+            return;
+}
+
 void zb_worker::stop(const std::string &why) {
     if (!reaped) {
         zb::proto::pidfd_send_signal(pidfd, SIGKILL);
         siginfo_t info{};
-        waitid(P_PIDFD, static_cast<id_t>(pidfd), &info, WEXITED); // ECHILD if reaped elsewhere
+        // ECHILD if reaped elsewhere; a signal handler (Python's, without SA_RESTART) must not
+        // leave it a zombie.
+        while (waitid(P_PIDFD, static_cast<id_t>(pidfd), &info, WEXITED) != 0 && errno == EINTR) {
+        }
     }
     reaped = true;
     in_flight = false;

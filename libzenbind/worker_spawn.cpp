@@ -21,7 +21,6 @@
 #include <fcntl.h>
 #include <memory>
 #include <numa.h>
-#include <poll.h>
 #include <sched.h>
 #include <spawn.h>
 #include <string>
@@ -73,6 +72,11 @@ std::vector<int> resolve_cpus(const zb_worker_attr &a) {
     std::vector<int> cpus;
     for (int c = hwloc_bitmap_first(set); c >= 0 && c < CPU_SETSIZE; c = hwloc_bitmap_next(set, c))
         cpus.push_back(c);
+    if (cpus.empty())
+        fail(ZB_EINVAL, "zb_worker_spawn: no CPU of this process's affinity is below " +
+                            std::to_string(CPU_SETSIZE) +
+                            "; name the optimizer CPUs in attr.cpus "
+                            "or " ZB_ENV_OPT_CPUS);
     return cpus;
 }
 
@@ -244,8 +248,7 @@ void end_worker(zb_worker &w, const std::string &why) {
         if (w.in_flight) w.wait_response(int64_t(w.control_timeout_ms) * 1'000'000);
         w.ctl->command = proto::Command::exit;
         w.publish_request();
-        pollfd p{w.pidfd, POLLIN, 0};
-        poll(&p, 1, static_cast<int>(std::min(w.control_timeout_ms, 10000u)));
+        w.await_exit(int64_t(std::min(w.control_timeout_ms, 10000u)) * 1'000'000);
     } catch (const zb::Error &) {
         // Dead or stuck: stop() kills and reaps it.
     }

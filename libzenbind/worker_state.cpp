@@ -41,7 +41,7 @@ void parallel_copy(void *to, const void *from, size_t bytes) {
 
 // Asks the worker for a group's state: its moments into `seg` (null: the step count alone).
 void state_out(zb_worker &w, unsigned group, const zb::shm::Segment *seg) {
-    if (seg) send_segment(w.sock, seg->fd(), group, "optimizer state's shared memory");
+    if (seg) send_segment(w, seg->fd(), group, "optimizer state's shared memory");
     w.ctl->command = proto::Command::get_state;
     w.ctl->ngroups = group;
     w.ctl->transfer = seg ? proto::Transfer::segment : proto::Transfer::none;
@@ -174,7 +174,7 @@ void load_state(zb_worker_t *worker, unsigned group, const zb_state_range *range
         how = proto::Transfer::in_place;
     } else if (count) {
         seg.emplace(load_segment(w, n, ranges, count));
-        send_segment(w.sock, seg->fd(), group, "optimizer state's shared memory");
+        send_segment(w, seg->fd(), group, "optimizer state's shared memory");
         how = proto::Transfer::segment;
     }
     w.ctl->command = proto::Command::set_state;

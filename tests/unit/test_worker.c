@@ -6,6 +6,7 @@
 #include <zenbind/worker.h>
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -21,6 +22,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -986,6 +988,78 @@ static void test_destroy_a_hung_worker(void **state) {
     }
 }
 
+/* The worker to kill while the library reserves shared memory, 0 for none: this program's
+ * posix_fallocate, which the library's call reaches first, kills it and waits (without reaping)
+ * until it is gone before reserving. */
+static pid_t kill_in_fallocate;
+
+int posix_fallocate(int fd, off_t offset, off_t len) {
+    static int (*real)(int, off_t, off_t);
+    if (!real) *(void **)&real = dlsym(RTLD_NEXT, "posix_fallocate");
+    if (kill_in_fallocate > 0) {
+        siginfo_t info;
+        kill(kill_in_fallocate, SIGKILL);
+        waitid(P_PID, (id_t)kill_in_fallocate, &info, WEXITED | WNOWAIT);
+        kill_in_fallocate = 0;
+    }
+    return real(fd, offset, len);
+}
+
+/* A worker that dies while a call reserves memory for it (the OOM killer, choosing it because of
+ * that reservation) is ZB_EDEAD saying how it died, as at any other time, not a broken pipe. */
+static void test_death_during_reservation(void **state) {
+    (void)state;
+    zb_worker_t *w = spawn_threads(1);
+    pid_t pid;
+    zb_worker_pid(w, &pid);
+    kill_in_fallocate = pid;
+    zb_group_attr g = group_attr(1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+    unsigned id;
+    expect_status(zb_worker_group_add(w, &g, &id), ZB_EDEAD, "signal 9");
+    assert_int_equal(kill_in_fallocate, 0); /* the reservation did happen after the death */
+    expect_status(zb_worker_group_add(w, &g, &id), ZB_EDEAD, "signal 9");
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+}
+
+static void on_alarm(int sig) {
+    (void)sig;
+}
+
+/* Signals caught by a handler installed without SA_RESTART (as CPython installs its own) arrive
+ * every 100 us while workers are spawned, given a group and destroyed, some of them stopped so
+ * that destroy must kill them: every call succeeds and every worker is reaped, none left a
+ * zombie. */
+static void test_calls_under_signals(void **state) {
+    (void)state;
+    struct sigaction sa = {0}, old;
+    sa.sa_handler = on_alarm;
+    assert_int_equal(sigaction(SIGALRM, &sa, &old), 0);
+    const struct itimerval storm = {{0, 100}, {0, 100}}, off = {{0, 0}, {0, 0}};
+    assert_int_equal(setitimer(ITIMER_REAL, &storm, NULL), 0);
+    for (int i = 0; i < 16; ++i) {
+        zb_worker_attr attr;
+        zb_worker_attr_init(&attr);
+        attr.threads = 1;
+        attr.control_timeout_ms = 100;
+        zb_worker_t *w = spawn_attr(&attr);
+        add_group(w, 1 << 20, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
+        pid_t pid;
+        zb_worker_pid(w, &pid);
+        if (i % 2) assert_int_equal(kill(pid, SIGSTOP), 0);
+        assert_int_equal(zb_worker_destroy(w), ZB_OK);
+        errno = 0;
+        if (kill(pid, 0) == 0 || errno != ESRCH) {
+            setitimer(ITIMER_REAL, &off, NULL);
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            fail_msg("worker %d (%s) was not reaped by zb_worker_destroy", (int)pid,
+                     i % 2 ? "stopped" : "running");
+        }
+    }
+    assert_int_equal(setitimer(ITIMER_REAL, &off, NULL), 0);
+    assert_int_equal(sigaction(SIGALRM, &old, NULL), 0);
+}
+
 /* libzenbind(3): without $ZENFLOW_OPTIMIZER or attr.path the worker is libexecdir's. */
 static void test_default_worker_path(void **state) {
     (void)state;
@@ -1212,6 +1286,8 @@ int main(void) {
         cmocka_unit_test(test_worker_environment_and_job_signals),
         cmocka_unit_test(test_a_stopped_job_resumes_past_its_timeouts),
         cmocka_unit_test(test_destroy_a_hung_worker),
+        cmocka_unit_test(test_calls_under_signals),
+        cmocka_unit_test(test_death_during_reservation),
         cmocka_unit_test(test_default_worker_path),
         cmocka_unit_test(test_mems_take_effect),
         cmocka_unit_test(test_ten_thousand_steps_flat),
