@@ -279,8 +279,9 @@ zb_status zb_worker_group_load_state(zb_worker_t *worker, unsigned group,
  *    S - lag, so its bias correction is that of its own count; nothing else differs.
  *  - idle 1 (else 0): steps leave the range alone, its weights, moments, copy-out and snapshot
  *    (a parameter without a gradient now); the group's count goes on, so the range falls behind
- *    it. Its lag (>= 0) does not matter while it is idle; its gradients still enter the global
- *    norm and the non-finite count, so leave them zero. */
+ *    it. Its lag (>= 0) does not matter while it is idle. A step that reads every gradient first
+ *    (ZB_STEP_SKIP_NONFINITE, ZB_STEP_GRAD_NORM, max_grad_norm) counts its gradients in the norm
+ *    and the non-finite count, so leave them zero; a plain step counts only what it updates. */
 typedef struct zb_step_range {
     uint64_t offset;
     uint64_t numel;
