@@ -363,11 +363,15 @@ class AdamW(torch.optim.Optimizer):
                 if max_norm > 0:
                     scale *= clip_scale(max_norm, sum_squares)
                 flags, max_norm = 0, 0.0
+            # With overlap, _finish() above applied the step before, whose copies to the GPU
+            # still read the masters and copy-outs that this step rewrites: done first (they
+            # ran while the gradients were staged).
+            self._gpu.settle()
             # submitted and recorded as in flight, or neither; with overlap, backward fills the
             # other buffer from then on (a Ctrl-C before the switch would let it write the one
             # the worker reads)
             with deferred_interrupts():
-                try:  # (_finish() settled the copies to the GPU)
+                try:
                     self._leave_idle(pending)
                     self._worker.submit(0, grad_buffer=k, grad_scale=scale, flags=flags,
                                         max_grad_norm=max_norm)
@@ -436,11 +440,16 @@ class AdamW(torch.optim.Optimizer):
         if not math.isfinite(grad_scale):
             raise ValueError(f"invalid grad_scale {grad_scale}: must be finite")
         with self._exclusive("step_during_backward"):
-            self._finish()  # and the copies to the GPU are done: the buckets may write
-            self._push_state_edits()
-            for layout in self._layouts:
-                for slot in layout.slots if layout else ():
-                    slot.refresh_if_changed()  # before any bucket takes its master
+            if not self.overlap:
+                # (overlap: the step in flight reads the other buffer and stays there until
+                # step(); applied here, between forward and backward, it would rewrite weights
+                # that backward reads)
+                self._finish()
+                self._gpu.settle()  # its copies to the GPU are done: the buckets may write
+                self._push_state_edits()
+                for layout in self._layouts:
+                    for slot in layout.slots if layout else ():
+                        slot.refresh_if_changed()  # before any bucket takes its master
             stream = None
             params = self._all_params()
             if not (self.overlap or self.skip_nonfinite or self.max_grad_norm > 0 or
@@ -605,8 +614,9 @@ class AdamW(torch.optim.Optimizer):
     def _finish(self):
         """Wait for the step in flight and bring it into the model. The wait goes in slices so
         that Ctrl-C is seen within a slice; an interrupted wait leaves the step in flight (the
-        next call finishes it), and a finished one is always recorded whole. The last step's
-        copies to the GPU are done when it returns: the caller may write the shared buffers."""
+        next call finishes it), and a finished one is always recorded whole. The copies to the
+        GPU of the steps before are done when it returns; those of the step it applies are
+        queued: settle() before the worker or this process writes the shared buffers again."""
         self._gpu.settle()
         if self._in_flight is None:
             return

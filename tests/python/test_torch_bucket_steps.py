@@ -141,6 +141,19 @@ class BucketSteps(unittest.TestCase):
                     equal_states(self, oa, ob)
                     self.assertAlmostEqual(oa.last_grad_norm, ob.last_grad_norm, places=5)
 
+    def test_overlap_steps_as_without_the_block(self):
+        # the step in flight stays there until step(): applied when the block began, between
+        # forward and backward, it rewrote weights that backward needed (an autograd error)
+        a, b, oa, ob = self.twins(overlap=True)
+        data = batches(5)
+        with oa, ob:
+            run(a, oa, data, streamed=True)
+            run(b, ob, data, streamed=False)
+            oa.synchronize()
+            ob.synchronize()
+            equal_params(self, a, b)
+            equal_states(self, oa, ob)
+
     def test_accumulation_frozen_and_gradless_parameters(self):
         a, b, oa, ob = self.twins()
         for m in (a, b):

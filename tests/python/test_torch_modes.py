@@ -201,6 +201,32 @@ class Overlap(unittest.TestCase):
             opt.synchronize()
             assert_equal(self, overlapped.parameters(), history[-1])
 
+    def test_copies_to_the_gpu_are_done_before_the_next_step_goes(self):
+        # On a GPU the copies of an applied update into the model (_cuda.Gpu: queued, then
+        # publish()) read the masters and copy-outs asynchronously; with overlap, step() applies
+        # the step before and submits the next, which rewrites them: settle() between the two.
+        model = mlp()
+        calls = []
+        with ours(model.parameters(), overlap=True) as opt:
+            def recorded(name, call):
+                def wrapper(*args, **kwargs):
+                    calls.append(name)
+                    return call(*args, **kwargs)
+                return wrapper
+            opt._gpu.publish = recorded("publish", opt._gpu.publish)
+            opt._gpu.settle = recorded("settle", opt._gpu.settle)
+            opt._worker.submit = recorded("submit", opt._worker.submit)
+            for x, y in batches(4):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            opt.synchronize()
+        self.assertEqual(calls.count("submit"), 4)
+        for i, call in enumerate(calls):
+            if call == "submit" and "publish" in calls[:i]:
+                since = calls[:i][::-1]
+                self.assertLess(since.index("settle"), since.index("publish"), calls)
+
     def test_training_with_overlap_lowers_the_loss(self):
         model = mlp()
         target = mlp(seed=4)
