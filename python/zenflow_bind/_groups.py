@@ -36,8 +36,7 @@ def check_group(group):
             raise ValueError(f"invalid betas: betas[{i}] = {beta!r} is 1 in float32, which the "
                              f"kernel computes in (its largest below 1 is 0.99999994)")
     # the ranges are libzenbind's (zb_adam_hyper_check), on the float32 values the kernel uses
-    check_hyper(hyper(lr, (beta1, beta2), eps, wd, group.get("adamw_mode", True),
-                      group.get("bias_correction", True)))
+    check_hyper(hyper(lr, (beta1, beta2), eps, wd, adamw_of(group), corrected(group)))
 
 
 def check_unique(group):
@@ -61,30 +60,73 @@ def _torch_group_keys():
     return _TORCH_GROUP_KEYS[0]
 
 
+# A group says AdamW or Adam with L2, and whether to correct the bias, in torch.optim.AdamW's
+# keys: decoupled_weight_decay where this torch's AdamW has it (2.14 does, 2.6 does not), and the
+# DeepSpeed-style adamw_mode and bias_correction only when they differ from torch's math (False).
+# Live groups hold exactly the keys their state dicts save, which DCP needs: its load looks up
+# every key of the optimizer's groups in the checkpoint (flatten_optimizer_state_dict=True).
+MATH_KEYS = ("adamw_mode", "decoupled_weight_decay", "bias_correction")
+
+
+def adamw_of(group, default=True):
+    """AdamW (True) or Adam with L2: adamw_mode where a user set it, else
+    decoupled_weight_decay, else default."""
+    for key in ("adamw_mode", "decoupled_weight_decay"):
+        if key in group:
+            return bool(group[key])
+    return default
+
+
+def corrected(group, default=True):
+    return bool(group.get("bias_correction", default))
+
+
+def set_math(group, adamw, correct):
+    """Put adamw and correct into group in the keys its state dict saves (in place)."""
+    for key in MATH_KEYS:
+        group.pop(key, None)
+    if "decoupled_weight_decay" in _torch_group_keys():
+        group["decoupled_weight_decay"] = bool(adamw)
+    elif not adamw:
+        group["adamw_mode"] = False
+    if not correct:
+        group["bias_correction"] = False
+    return group
+
+
+def group_math(group, defaults):
+    """(adamw, correct) of a group; what it does not say comes from defaults (an optimizer's:
+    read before torch's add_param_group fills the group from them)."""
+    if not isinstance(group, dict):  # torch's add_param_group says what it must be
+        group = {}
+    return adamw_of(group, adamw_of(defaults)), corrected(group, corrected(defaults))
+
+
+def in_torch_keys(group):
+    """group with its math in the keys its state dict saves (in place); what it does not say is
+    torch's math."""
+    return set_math(group, adamw_of(group), corrected(group))
+
+
 def as_torch_groups(groups):
     """A state dict's param groups in torch.optim.AdamW's keys, so that a checkpoint moves both
-    ways under DCP's strict key match: adamw_mode is torch's decoupled_weight_decay where this
-    torch's AdamW has it (2.14 does, 2.6 does not), and the DeepSpeed-style keys appear only
-    when they differ from torch's math (adamw_mode False without it, bias_correction False)."""
+    ways under DCP's strict key match (a user may have set adamw_mode in a live group)."""
     for g in groups:
-        adamw, correct = g.pop("adamw_mode", True), g.pop("bias_correction", True)
-        if "decoupled_weight_decay" in _torch_group_keys():
-            g["decoupled_weight_decay"] = bool(adamw)
-        elif not adamw:
-            g["adamw_mode"] = False
-        if not correct:
-            g["bias_correction"] = False
+        in_torch_keys(g)
     return groups
 
 
 def _from_saved(saved):
-    """A saved param group's settings in this optimizer's keys (see as_torch_groups); what a
-    group saved by torch.optim.AdamW lacks is torch's math."""
-    update = {k: v for k, v in saved.items() if k != "params"}
-    decoupled = update.pop("decoupled_weight_decay", True)
-    update.setdefault("adamw_mode", bool(decoupled))
-    update.setdefault("bias_correction", True)
-    return update
+    """A saved param group's settings in this optimizer's keys; what a group saved by
+    torch.optim.AdamW lacks is torch's math."""
+    return in_torch_keys({k: v for k, v in saved.items() if k != "params"})
+
+
+def apply_saved(group, update):
+    """A live group takes a saved one's settings (read_saved): its math only as saved."""
+    for key in MATH_KEYS:
+        group.pop(key, None)
+    group.update(update)
 
 
 def read_saved(param_groups, state_dict):

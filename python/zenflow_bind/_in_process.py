@@ -25,8 +25,9 @@ from ._layout import _identity, local
 from .functional import Rows, StepResult, _increment_version, _number, launch
 from ._signals import deferred_interrupts
 from ._state import _count
-from ._groups import (as_torch_groups, check_group, check_unique, load_post_hooks,
-                      load_pre_hooks, read_saved)
+from ._groups import (MATH_KEYS, adamw_of, apply_saved, as_torch_groups, check_group,
+                      check_unique, corrected, group_math, load_post_hooks, load_pre_hooks,
+                      read_saved, set_math)
 from .optim import AdamW
 
 _FLOAT16 = (torch.bfloat16, torch.float16)
@@ -160,7 +161,9 @@ class InProcessAdamW(AdamW):
                 self._pending_scale = None
 
     def add_param_group(self, param_group):
+        math = group_math(param_group, self.defaults)
         torch.optim.Optimizer.add_param_group(self, param_group)
+        set_math(self.param_groups[-1], *math)
         try:
             check_group(self.param_groups[-1])
             check_unique(self.param_groups[-1])
@@ -282,7 +285,7 @@ class InProcessAdamW(AdamW):
             check_group(group)
             hyper = _native.hyper(float(group["lr"]), tuple(float(b) for b in group["betas"]),
                                   float(group["eps"]), float(group["weight_decay"]),
-                                  group["adamw_mode"], group["bias_correction"])
+                                  adamw_of(group), corrected(group))
             address = ctypes.addressof(hyper)
             for p in group["params"]:
                 index += 1
@@ -376,12 +379,12 @@ class InProcessAdamW(AdamW):
             with _without_load_hooks(self):  # run here, before the checks and after the state
                 torch.optim.Optimizer.load_state_dict(self, state_dict)
             # torch replaces each group with the saved one: its settings in this optimizer's
-            # keys (adamw_mode for decoupled_weight_decay), and what it lacks as it was here
+            # keys, and what it lacks (but its math) as it was here
             for group, old, update in zip(self.param_groups, before, updates):
-                group.pop("decoupled_weight_decay", None)
-                group.update(update)
+                apply_saved(group, update)
                 for key, value in old.items():
-                    group.setdefault(key, value)
+                    if key not in MATH_KEYS:
+                        group.setdefault(key, value)
             self._seen = {}  # the masters below are compared with the model at the next step
             self._ready = {}
             for p, entry in zip(params, saved):

@@ -25,8 +25,9 @@ from ._amp import (SUPPORTED as _AMP_SCALING, forget, forgotten_on_error, scaler
 from ._compile import eager, eager_context
 from ._cuda import Gpu
 from ._global_stats import clip_scale, sharded, stats
-from ._groups import (as_torch_groups, check_group, check_unique, load_post_hooks,
-                      load_pre_hooks, read_saved)
+from ._groups import (adamw_of, apply_saved, as_torch_groups, check_group, check_unique,
+                      corrected, group_math, load_post_hooks, load_pre_hooks, read_saved,
+                      set_math)
 from ._layout import Layout, local
 from .functional import _number
 from ._native import MAX_GROUPS, STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
@@ -40,8 +41,7 @@ __all__ = ["AdamW"]
 def _hyper(group):
     return dict(lr=float(group["lr"]), betas=tuple(float(b) for b in group["betas"]),
                 eps=float(group["eps"]), weight_decay=float(group["weight_decay"]),
-                adamw=group["adamw_mode"],
-                bias_correction=group["bias_correction"])
+                adamw=adamw_of(group), bias_correction=corrected(group))
 
 
 class AdamW(torch.optim.Optimizer):
@@ -88,10 +88,10 @@ class AdamW(torch.optim.Optimizer):
                  overlap=False, skip_nonfinite=False, max_grad_norm=0.0, grad_norm=False,
                  cpus=None, threads=None, mems=None, timeout_ms=600_000, worker=True,
                  bucket_elements=1 << 24):
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                        maximize=maximize, foreach=foreach, capturable=capturable,
-                        differentiable=differentiable, fused=fused, adamw_mode=adamw_mode,
-                        bias_correction=bias_correction)
+        defaults = set_math(dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                 amsgrad=amsgrad, maximize=maximize, foreach=foreach,
+                                 capturable=capturable, differentiable=differentiable,
+                                 fused=fused), adamw_mode, bias_correction)
         check_group(defaults)
         max_grad_norm = _number("max_grad_norm", max_grad_norm)
         if not (max_grad_norm >= 0.0 and math.isfinite(max_grad_norm)):
@@ -217,8 +217,9 @@ class AdamW(torch.optim.Optimizer):
         self._not_mid_step("add a param group")
         self._finish()  # the worker takes no new group while a step is in flight
         self._push_state_edits()
+        math = group_math(param_group, self.defaults)
         super().add_param_group(param_group)
-        group = self.param_groups[-1]
+        group = set_math(self.param_groups[-1], *math)
         first = sum(len(g["params"]) for g in self.param_groups[:-1])
         layout = None
         try:
@@ -739,7 +740,7 @@ class AdamW(torch.optim.Optimizer):
             updates, prepared = self._check_state_dict(state_dict)
             self._snapshot = None  # stale from here, even if applying fails midway
             for group, update in zip(self.param_groups, updates):
-                group.update(update)
+                apply_saved(group, update)
             for group, layout, ready in zip(self.param_groups, self._layouts, prepared):
                 if layout is not None:
                     self._apply_group_state(layout, ready)

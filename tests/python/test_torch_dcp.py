@@ -15,12 +15,19 @@ from torch_cases import assert_close, assert_equal, batches, groups_of, mlp, our
 
 try:
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                         get_model_state_dict,
                                                          get_optimizer_state_dict,
                                                          set_model_state_dict,
                                                          set_optimizer_state_dict)
 except (ImportError, ValueError):  # ValueError: torch 1.13's _shard under Python 3.11
     dcp = None
+
+# DCP's options: its default, and the flattened optimizer state torchtitan saves and loads, which
+# looks up every key of the optimizer's live param groups in the checkpoint
+OPTIONS = [None]
+if dcp is not None and "flatten_optimizer_state_dict" in StateDictOptions.__dataclass_fields__:
+    OPTIONS.append(StateDictOptions(flatten_optimizer_state_dict=True))
 
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 
@@ -129,9 +136,22 @@ class OptimizerState(unittest.TestCase):
             sd = opt.state_dict()
             with ours(mlp().parameters()) as other:
                 other.load_state_dict(sd)
-                self.assertEqual((other.param_groups[0]["adamw_mode"],
-                                  other.param_groups[0]["bias_correction"]), (False, False))
-        self.assertNotIn("decoupled_weight_decay", opt.param_groups[0])
+                # the live groups hold the keys their state dicts save (DCP looks them up)
+                self.assertEqual(other.param_groups[0].keys() - {"params"},
+                                 sd["param_groups"][0].keys() - {"params"})
+                self.assertEqual(other.state_dict()["param_groups"], sd["param_groups"])
+        torch_keys = torch.optim.AdamW(mlp().parameters()).param_groups[0].keys()
+        if "decoupled_weight_decay" in torch_keys:
+            self.assertIs(sd["param_groups"][0]["decoupled_weight_decay"], False)
+            self.assertNotIn("adamw_mode", sd["param_groups"][0])
+        else:
+            self.assertIs(sd["param_groups"][0]["adamw_mode"], False)
+        self.assertIs(sd["param_groups"][0]["bias_correction"], False)
+        with ours(mlp().parameters()) as plain:  # torch's math: in torch's keys alone
+            keys = plain.param_groups[0].keys()
+            self.assertFalse(keys & {"adamw_mode", "bias_correction"})
+            self.assertEqual("decoupled_weight_decay" in keys,
+                             "decoupled_weight_decay" in torch_keys)
 
 
 class Hooks(unittest.TestCase):
@@ -225,7 +245,7 @@ class DistributedCheckpoint(unittest.TestCase):
 
     def test_save_and_load_resume_bit_identical(self):
         # bf16 too: the fp32 master comes back from the checkpoint with its extra bits
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype, options in ((d, o) for d in (torch.float32, torch.bfloat16) for o in OPTIONS):
             data = [(x.to(dtype), y.to(dtype)) for x, y in batches(10)]
             straight, first = mlp(dtype=dtype), mlp(dtype=dtype)
             with ours(groups_of(straight), lr=1e-2) as opt:
@@ -234,15 +254,15 @@ class DistributedCheckpoint(unittest.TestCase):
                 with ours(groups_of(first), lr=1e-2) as opt:
                     train(first, opt, data[:5])
                     dcp.save({"model": get_model_state_dict(first),
-                              "optim": get_optimizer_state_dict(first, opt)},
+                              "optim": get_optimizer_state_dict(first, opt, options=options)},
                              checkpoint_id=where)
                 resumed = mlp(seed=9, dtype=dtype)  # everything must come from the checkpoint
                 with ours(groups_of(resumed), lr=0.5) as opt:
                     sd = {"model": get_model_state_dict(resumed),
-                          "optim": get_optimizer_state_dict(resumed, opt)}
+                          "optim": get_optimizer_state_dict(resumed, opt, options=options)}
                     dcp.load(sd, checkpoint_id=where)
                     set_model_state_dict(resumed, sd["model"])
-                    set_optimizer_state_dict(resumed, opt, sd["optim"])
+                    set_optimizer_state_dict(resumed, opt, sd["optim"], options=options)
                     self.assertEqual(opt.param_groups[0]["lr"], 1e-2)
                     self.assertEqual(float(opt.state[resumed[0].weight]["step"]), 5.0)
                     train(resumed, opt, data[5:])
@@ -257,9 +277,11 @@ class DistributedCheckpoint(unittest.TestCase):
             return ours(groups_of(model), lr=1e-2, worker=kind == "worker")
 
         data = batches(6)
-        for src, dst in (("torch", "worker"), ("torch", "in process"), ("worker", "torch"),
-                         ("in process", "torch")):
-            with self.subTest(f"{src} to {dst}"), tempfile.TemporaryDirectory() as where:
+        for src, dst, options in ((s, d, o) for s, d in (
+                ("torch", "worker"), ("torch", "in process"), ("worker", "torch"),
+                ("in process", "torch")) for o in OPTIONS):
+            with self.subTest(f"{src} to {dst}, {options}"), \
+                    tempfile.TemporaryDirectory() as where:
                 a, b, c = mlp(), mlp(), mlp(seed=9)
                 opt_a, opt_b = make(src, a), make(dst, b)
                 train(a, opt_a, data[:3])
@@ -267,13 +289,14 @@ class DistributedCheckpoint(unittest.TestCase):
                 self.assertEqual(set(opt_a.state_dict()["param_groups"][0]),
                                  set(opt_b.state_dict()["param_groups"][0]))
                 dcp.save({"model": get_model_state_dict(a),
-                          "optim": get_optimizer_state_dict(a, opt_a)}, checkpoint_id=where)
+                          "optim": get_optimizer_state_dict(a, opt_a, options=options)},
+                         checkpoint_id=where)
                 opt_c = make(dst, c)
                 sd = {"model": get_model_state_dict(c),
-                      "optim": get_optimizer_state_dict(c, opt_c)}
+                      "optim": get_optimizer_state_dict(c, opt_c, options=options)}
                 dcp.load(sd, checkpoint_id=where)
                 set_model_state_dict(c, sd["model"])
-                set_optimizer_state_dict(c, opt_c, sd["optim"])
+                set_optimizer_state_dict(c, opt_c, sd["optim"], options=options)
                 train(b, opt_b, data[3:])
                 train(c, opt_c, data[3:])
                 assert_close(self, c.parameters(), b.parameters())
