@@ -124,6 +124,8 @@ class AdamW(torch.optim.Optimizer):
     def _begin(self, cpus, threads, mems):
         """What this class steps with: a worker on cpus/threads/mems."""
         self._layouts = []      # one per param_group (None for one without local elements)
+        self._held = []         # per param_group: its params list as the layout took it, and
+        # its length (torch's Optimizer follows param_groups edited in place; the worker cannot)
         self._steps = {}        # param -> steps it took with a gradient: torch's state["step"]
         self._snapshot = None   # optimizer.state as last brought out of the worker
         self._in_flight = None  # what to do once the submitted step is done
@@ -265,6 +267,7 @@ class AdamW(torch.optim.Optimizer):
                 self.param_groups.pop()
             raise
         self._layouts.append(layout)
+        self._held.append((group["params"], len(group["params"])))
         for p in group["params"]:
             _OWNERS[id(p)] = me  # the optimizer holds p: its id is not reused meanwhile
 
@@ -824,6 +827,16 @@ class AdamW(torch.optim.Optimizer):
             raise ZenbindError(-1, "this zenflow_bind.optim.AdamW was closed: its worker, and "
                                    "the optimizer state with it, are gone")
         self._worker._live()  # refuses a forked child before anything is copied
+        groups = self.param_groups
+        if len(groups) != len(self._held) or any(
+                g["params"] is not params or len(params) != n
+                for g, (params, n) in zip(groups, self._held)):
+            raise ValueError(
+                "param_groups was edited in place (a group removed or replaced, or a parameter "
+                "added to or removed from a group's params): the worker holds each group's "
+                "parameters as add_param_group() gave them. Add a group with add_param_group(); "
+                "for anything else make a new optimizer (load_state_dict(state_dict()) carries "
+                "the state over)")
 
     def __enter__(self):
         return self

@@ -122,6 +122,32 @@ class Parity(unittest.TestCase):
         self.assertEqual(float(opt_a.state_dict()["state"][4]["step"]), 6.0)
         opt_a.close()
 
+    def test_param_groups_edited_in_place_are_refused(self):
+        # torch's optimizers follow param_groups edited in place; the worker holds each group's
+        # parameters as add_param_group() gave them, paired with the groups by position (a
+        # removed group's lr went to the next one, an appended parameter never stepped)
+        a = twins()[0]
+        data = batches(3)
+        edits = {"a group removed": lambda gs: gs.pop(0),
+                 "a parameter appended": lambda gs: gs[1]["params"].append(a[4].weight),
+                 "a parameter removed": lambda gs: gs[0]["params"].pop()}
+        with ours(groups_of(a), lr=1e-2) as opt:
+            train(a, opt, data[:1])
+            for what, edit in edits.items():
+                with self.subTest(what):
+                    saved = [(g, list(g["params"])) for g in opt.param_groups]
+                    before = [p.detach().clone() for p in a.parameters()]
+                    edit(opt.param_groups)
+                    for call in (lambda: train(a, opt, data[1:2]), opt.state_dict):
+                        with self.assertRaisesRegex(ValueError, "edited in place"):
+                            call()
+                    self.assertTrue(all(torch.equal(p.detach(), q)
+                                        for p, q in zip(a.parameters(), before)))
+                    opt.param_groups[:] = [g for g, _ in saved]  # as they were: steps again
+                    for g, params in saved:
+                        g["params"][:] = params
+                    train(a, opt, data[1:2])
+
     def test_a_param_group_past_the_workers_groups_is_refused_clearly(self):
         # one worker group each (layer-wise learning rates, a param group per parameter): the
         # last does not fit, says so and what to do, and leaves the optimizer as it was; empty
