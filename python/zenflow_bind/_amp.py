@@ -1,4 +1,4 @@
-"""torch's GradScaler and our step (torch >= 2.3, torch.amp.GradScaler).
+"""torch's GradScaler and our step (torch >= 2.0: torch.cuda.amp.GradScaler, torch.amp's from 2.3).
 
 GradScaler.step(opt), for an optimizer whose _step_supports_amp_scaling is true, sets two
 attributes on it around opt.step() instead of unscaling the gradients itself: grad_scale, the
@@ -12,12 +12,24 @@ alone, so a gradient the backward hook had already copied into the worker's buff
 or one converted in a group of mixed dtypes) was stepped still scaled."""
 
 import functools
+import inspect
 from collections import namedtuple
 
 import torch
 
-# Before torch.amp.GradScaler (2.3), torch.cuda.amp's passed itself as a grad_scaler argument.
-SUPPORTED = hasattr(getattr(torch, "amp", None), "GradScaler")
+
+def hands_attributes(scaler_class):
+    """Whether this GradScaler's step() sets grad_scale and found_inf on an optimizer whose
+    _step_supports_amp_scaling is true (torch 2.0 on); torch 1.13's passes itself as a
+    grad_scaler argument instead, which our step() does not take. Read from its code: a scaler
+    without CUDA (before torch.amp's, 2.3) is disabled and never calls step() that way."""
+    try:
+        return "optimizer.found_inf" in inspect.getsource(scaler_class.step)
+    except (OSError, TypeError):  # no source to read: torch.amp's is sure to
+        return hasattr(getattr(torch, "amp", None), "GradScaler")
+
+
+SUPPORTED = hands_attributes(torch.cuda.amp.GradScaler)
 
 ScalerStep = namedtuple("ScalerStep", "multiplier skip")
 

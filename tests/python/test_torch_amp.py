@@ -41,6 +41,29 @@ def state_of(opt):
     return {i: {k: v.clone() for k, v in s.items()} for i, s in opt.state_dict()["state"].items()}
 
 
+class Protocol(unittest.TestCase):
+    def test_which_scalers_hand_their_scale_as_attributes(self):
+        # torch 2.0 to 2.2 have torch.cuda.amp.GradScaler alone, which sets the attributes: a
+        # check for torch.amp.GradScaler took them for 1.13's, which passes grad_scaler=, and the
+        # gradients the hooks had copied were stepped still scaled
+        from zenflow_bind._amp import SUPPORTED, hands_attributes
+
+        class Passes:  # torch 1.13's
+            def step(self, optimizer, *args, **kwargs):
+                return optimizer.step(*args, **dict(kwargs, grad_scaler=self))
+
+        class Sets:  # torch 2.0's on
+            def step(self, optimizer, *args, **kwargs):
+                optimizer.grad_scale, optimizer.found_inf = 1.0, 0.0
+                return optimizer.step(*args, **kwargs)
+
+        self.assertFalse(hands_attributes(Passes))
+        self.assertTrue(hands_attributes(Sets))
+        self.assertEqual(SUPPORTED, hands_attributes(torch.cuda.amp.GradScaler))
+        self.assertEqual(zt.AdamW._step_supports_amp_scaling, SUPPORTED)
+        self.assertEqual(SUPPORTED, torch.__version__ >= "2")  # 1.13, 2.6 and 2.14 in CI
+
+
 @unittest.skipUnless(SCALER, f"torch {torch.__version__} has no torch.amp.GradScaler")
 class Scaled(unittest.TestCase):
     def plain(self, worker, steps=4):
