@@ -49,6 +49,7 @@ class Slot:
         self.group, self.at = group, at  # its bucket's worker group, and its offset there
         shard = local(param)
         self.sharded = shard is not param
+        self.device, self.dtype = shard.device, shard.dtype  # the buffers and hook are for these
         self.numel = shard.numel()
         shape = shard.shape
         cut = slice(at, at + self.numel)
@@ -74,12 +75,14 @@ class Slot:
         self.seen = _identity(p)
 
     def check_shape(self):
-        """The parameter's local tensor, unless it was given another shape (.data =)."""
+        """The parameter's local tensor, unless it was given another shape, device or dtype
+        (.data =, as Module.to() re-seats it)."""
         shard = local(self.param)
         if shard.shape != self.master.shape:
             raise ValueError(f"parameter {self.index} was {list(self.master.shape)} and is now "
                              f"{list(shard.shape)}: an optimizer's parameters keep their "
                              "shape (make a new optimizer for a resized model)")
+        check_place(self, shard)
         return shard
 
     def refresh_if_changed(self):
@@ -185,6 +188,18 @@ class Slot:
             p.grad = g.clone()  # (a sparse gradient has no data pointer: never one of ours)
 
 
+def check_place(slot, shard):
+    """The gradient buffers, the copy-out and the hook were made for the device and dtype the
+    parameter had when its group was added: one moved since (model.cuda(), model.half(),
+    accelerate's prepare() after the optimizer was made) is refused, saying so."""
+    if shard.device != slot.device or shard.dtype != slot.dtype:
+        raise ValueError(f"parameter {slot.index} was {slot.dtype} on {slot.device} when its "
+                         f"param group was added and is now {shard.dtype} on {shard.device}: "
+                         "make the optimizer after moving or casting the model (model.to(), "
+                         "accelerate's prepare() of a model made on the CPU), or make a new "
+                         "one and load this one's state dict into it")
+
+
 @eager  # dynamo would trace it under torch.compile
 def _landed_hook(slot, buffer_now, landed, gpu, device, p):
     """Slot.watch's post-accumulate-grad hook: p's gradient into the buffer being filled."""
@@ -192,6 +207,7 @@ def _landed_hook(slot, buffer_now, landed, gpu, device, p):
     g = p.grad
     if k is None or g is None or g.is_sparse:
         return
+    check_place(slot, local(p))  # raised from backward: before a CUDA one gets a CPU grad
     dst, event = slot.grads[k], None
     if device == "cuda":
         # None once its bucket went back (landing again is an error step() raises, and the
