@@ -311,6 +311,10 @@ class InProcessAdamW(AdamW):
                         state.get("master_param")
                     ready_of[p] = (_weak(m), _weak(v), _weak(master))
                 shard, m, v = local(p), local(m), local(v)
+                if not shard.is_cpu:  # the kernel reads host memory: a CUDA address would crash
+                    raise ValueError(f"parameter {index} is on {shard.device} now: with "
+                                     "worker=False every parameter is on the CPU; make the "
+                                     "optimizer after moving the model")
                 dtype, copy = p.dtype, None
                 if dtype is not torch.float32:
                     if dtype not in _FLOAT16:

@@ -2,8 +2,9 @@
 steps, a bit-identical resume from a state dict, steps during backward equal to one step to the
 bit with buckets gone back to the GPU during backward, the model untouched when the worker dies
 after some had, overlap's update one step later, the worker's buffers pinned and the model's
-parameters never staged through a GPU tensor, GradScaler unscaling the copied gradients.
-Skips without a CUDA device (CI has none); bench/gpu_run.sh runs it on a GPU machine."""
+parameters never staged through a GPU tensor, GradScaler unscaling the copied gradients, a model
+moved to the GPU after the optimizer was made refused. Skips without a CUDA device (CI has none);
+bench/gpu_run.sh runs it on a GPU machine."""
 
 import copy
 import os
@@ -194,6 +195,17 @@ class Gpu(unittest.TestCase):
             opt.synchronize()
             for p, q in zip(overlapped.parameters(), history[-1]):
                 self.assertTrue(torch.equal(p, q))
+
+    def test_a_model_moved_to_the_gpu_after_the_optimizer_is_refused(self):
+        # Module.cuda() keeps the Parameter objects: both modes refuse clearly (the worker's
+        # hook was made for a CPU parameter; the in-process kernel reads host memory)
+        for worker in (True, False):
+            with self.subTest(worker=worker):
+                model = gpt().cpu()
+                with ours(model.parameters(), lr=1e-3, worker=worker) as opt:
+                    model.cuda()
+                    with self.assertRaisesRegex(ValueError, "after moving"):
+                        train(model, opt, data(1))
 
     def test_copy_back_needs_no_gpu_staging(self):
         # bf16 model, bf16 copy-out: each parameter's copy goes straight into its storage, so
