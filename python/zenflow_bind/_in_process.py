@@ -366,7 +366,7 @@ class InProcessAdamW(AdamW):
 
     def state_dict(self):
         """torch's state dict of torch's optimizer.state: the worker's format."""
-        with self._exclusive("state_dict"):
+        with self._reading_state():
             out = torch.optim.Optimizer.state_dict(self)
             as_torch_groups(out["param_groups"])
             return out

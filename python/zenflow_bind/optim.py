@@ -603,6 +603,14 @@ class AdamW(torch.optim.Optimizer):
             self._busy_by = (None, None)
             self._busy.release()
 
+    def _reading_state(self):
+        """_exclusive("state_dict"), except in load_state_dict()'s hooks on its thread, which may
+        read the state as torch's allow (a pre-hook filling what a partial checkpoint lacks
+        from the current state): the load has changed nothing before them, and all after."""
+        if self._inside("load_state_dict"):
+            return contextlib.nullcontext()
+        return self._exclusive("state_dict")
+
     def _inside(self, *calls):
         """Whether this thread is in one of these calls of this optimizer (under _exclusive)."""
         return self._busy_by[0] == threading.get_ident() and self._busy_by[1] in calls
@@ -720,7 +728,7 @@ class AdamW(torch.optim.Optimizer):
         for each parameter that took a step, plus "master_param" (its fp32 master) for a
         bf16/fp16 parameter; param_groups in torch.optim.AdamW's keys (param_names included;
         see as_torch_groups), so that DCP moves a checkpoint to and from torch's."""
-        with self._exclusive("state_dict"):
+        with self._reading_state():
             self._live()
             self._not_mid_step("take a state dict", reads_state=True)
             self._finish()

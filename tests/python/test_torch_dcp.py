@@ -207,6 +207,35 @@ class Hooks(unittest.TestCase):
                              (1e-3, 1e-8))  # the caller's dict untouched
             self.assertEqual(calls, ["pre", "post", "load pre", "load post"])
 
+    def test_load_hooks_may_read_the_state_dict(self):
+        # torch's allow it: a pre-hook filling what a partial checkpoint lacks from the current
+        # state, a post-hook looking at what was loaded
+        need(hasattr(torch.optim.Optimizer, "register_load_state_dict_pre_hook"), "load hooks")
+        for worker in (True, False):
+            with self.subTest(worker=worker):
+                a = mlp()
+                with ours(a.parameters(), worker=worker) as opt:
+                    train(a, opt, batches(2))
+                    full = opt.state_dict()
+                    current = {k: {n: t.clone() for n, t in e.items()}
+                               for k, e in full["state"].items()}
+
+                    def fill_missing(o, sd):
+                        sd["state"] = {**o.state_dict()["state"], **sd["state"]}
+                        return sd
+                    seen = []
+                    opt.register_load_state_dict_pre_hook(fill_missing)
+                    opt.register_load_state_dict_post_hook(
+                        lambda o: seen.append(sorted(o.state_dict()["state"])))
+                    partial = copy.deepcopy(full)
+                    del partial["state"][0]
+                    partial["state"][1]["exp_avg"].fill_(0.5)
+                    opt.load_state_dict(partial)
+                    self.assertEqual(seen, [sorted(current)])
+                    after = opt.state_dict()["state"]
+                    self.assertTrue(torch.equal(after[0]["exp_avg"], current[0]["exp_avg"]))
+                    self.assertTrue(torch.all(after[1]["exp_avg"] == 0.5))
+
     def test_param_names(self):
         probe = mlp()
         try:
