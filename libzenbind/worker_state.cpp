@@ -110,9 +110,7 @@ bool read_moments(const zb_worker &w, unsigned group, float *exp_avg, float *exp
     return zb::remote::read(w.pid, pieces);
 }
 
-// Anonymous memory of the caller's, unmapped unless released. Asked for in huge pages where the
-// system has transparent ones (its "madvise" setting, Debian's; "always" gives them anyway): the
-// state is written whole once, and faulting and freeing it by 4 KiB pages took most of a save.
+// Anonymous memory of the caller's, unmapped unless released.
 struct Anonymous {
     void *base = nullptr;
     size_t size = 0;
@@ -124,7 +122,6 @@ struct Anonymous {
                  "cannot map " + std::to_string(size) +
                      " bytes of memory for the optimizer state: " + std::strerror(errno));
         }
-        madvise(base, size, MADV_HUGEPAGE); // a hint: EINVAL without THP changes nothing
     }
     ~Anonymous() {
         if (base) munmap(base, size);

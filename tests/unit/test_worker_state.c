@@ -635,40 +635,6 @@ static void test_state_arguments(void **state) {
 
 /* A group whose moments the trainer copies in chunks on several threads (over 16 MiB each, not a
  * multiple of the 2 MiB chunk): set, and got back whole. */
-/* Whether the system gives transparent huge pages to memory that asks (madvise(2)). */
-static int thp_on_madvise(void) {
-    char line[128] = "";
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    if (!f) return 0;
-    const int ok = fgets(line, sizeof line, f) && !strstr(line, "[never]");
-    fclose(f);
-    return ok;
-}
-
-/* AnonHugePages (KiB) of the mapping of this process that holds p, -1 if none; *anonymous says
- * whether that mapping is anonymous memory (no file, not a memfd). */
-static long huge_kib_at(const void *p, int *anonymous) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    assert_non_null(f);
-    char line[512];
-    int here = 0;
-    long kib = -1;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        char path[256] = "";
-        if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %255s", &lo, &hi, path) >= 2 &&
-            strchr(line, '-') < strchr(line, ' ')) {
-            if (here) break;
-            here = (uintptr_t)p >= lo && (uintptr_t)p < hi;
-            if (here) *anonymous = path[0] == '\0';
-        } else if (here && sscanf(line, "AnonHugePages: %ld kB", &kib) == 1) {
-            break;
-        }
-    }
-    fclose(f);
-    return kib;
-}
-
 static void test_state_of_a_large_group(void **state) {
     (void)state;
     enum { N = 5000003 };
@@ -694,23 +660,6 @@ static void test_state_of_a_large_group(void **state) {
     assert_int_equal(n, 5);
     assert_memory_equal(m, m2, 4 * (size_t)N);
     assert_memory_equal(v, v2, 4 * (size_t)N);
-
-    /* Taken into memory of its own: in huge pages where the system gives them on madvise. */
-    zb_worker_state_t *taken = NULL;
-    float *tm = NULL, *tv = NULL;
-    assert_int_equal(zb_worker_group_take_state(w, id, &taken, &tm, &tv, &n), ZB_OK);
-    assert_memory_equal(tm, m, 4 * (size_t)N);
-    assert_memory_equal(tv, v, 4 * (size_t)N);
-    int anonymous = 0;
-    const long huge = huge_kib_at(tm, &anonymous);
-    if (huge >= 0 && anonymous && thp_on_madvise())
-        assert_true(huge >= 2048);
-    else
-        printf("# huge pages not checked: %s\n",
-               huge < 0     ? "no AnonHugePages for it in /proc/self/smaps (an emulator)"
-               : !anonymous ? "taken through a segment"
-                            : "no transparent huge pages on madvise");
-    zb_worker_state_release(taken);
     free(m);
     free(v);
     free(m2);
