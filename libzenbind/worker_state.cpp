@@ -89,25 +89,38 @@ MomentsAt moments_at(const zb_worker &w, unsigned group) {
     return {m, m + proto::page_round(4 * w.ctl->groups[group].numel)};
 }
 
+// A read or write of the worker's memory (zb::remote); a worker that died during it is ZB_EDEAD
+// saying how it died, as anywhere else, once its pidfd says so.
+template <class Transfer> bool reaching(zb_worker &w, Transfer &&transfer) {
+    try {
+        return transfer();
+    } catch (const zb::Error &e) {
+        if (e.status() != ZB_EDEAD) throw;
+        w.await_exit(1'000'000'000);
+        w.check_alive();
+        throw;
+    }
+}
+
 // The ranges written into the worker's copy of the moments; false if the system refuses.
-bool load_in_place(const zb_worker &w, unsigned group, size_t n, const zb_state_range *ranges,
+bool load_in_place(zb_worker &w, unsigned group, size_t n, const zb_state_range *ranges,
                    size_t count) {
     const MomentsAt at = moments_at(w, group);
     std::vector<zb::remote::Piece> pieces;
     moment_pieces(pieces, at.exp_avg, n, ranges, count, false);
     moment_pieces(pieces, at.exp_avg_sq, n, ranges, count, true);
-    return zb::remote::write(w.pid, pieces);
+    return reaching(w, [&] { return zb::remote::write(w.pid, pieces); });
 }
 
 // The group's moments read straight from the worker into exp_avg and exp_avg_sq (numel floats
 // each; null: not read); false if the system refuses.
-bool read_moments(const zb_worker &w, unsigned group, float *exp_avg, float *exp_avg_sq) {
+bool read_moments(zb_worker &w, unsigned group, float *exp_avg, float *exp_avg_sq) {
     const size_t n = w.ctl->groups[group].numel;
     const MomentsAt at = moments_at(w, group);
     std::vector<zb::remote::Piece> pieces;
     if (exp_avg) pieces.push_back({at.exp_avg, exp_avg, 4 * n});
     if (exp_avg_sq) pieces.push_back({at.exp_avg_sq, exp_avg_sq, 4 * n});
-    return zb::remote::read(w.pid, pieces);
+    return reaching(w, [&] { return zb::remote::read(w.pid, pieces); });
 }
 
 // Anonymous memory of the caller's, unmapped unless released.

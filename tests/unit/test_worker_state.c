@@ -5,13 +5,16 @@
 #define _GNU_SOURCE
 #include <zenbind/worker.h>
 
+#include <dlfcn.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -667,6 +670,58 @@ static void test_state_of_a_large_group(void **state) {
     zb_worker_destroy(w);
 }
 
+/* The worker to kill as the library reads or writes its memory straight, 0 for none: this
+ * program's process_vm_readv and _writev, which the library's calls reach first, kill it and
+ * wait (without reaping) until it is gone, then call the real ones. */
+static pid_t kill_in_transfer;
+
+static ssize_t transfer_after_kill(const char *name, pid_t pid, const struct iovec *local,
+                                   unsigned long nlocal, const struct iovec *remote,
+                                   unsigned long nremote, unsigned long flags) {
+    ssize_t (*real)(pid_t, const struct iovec *, unsigned long, const struct iovec *, unsigned long,
+                    unsigned long);
+    *(void **)&real = dlsym(RTLD_NEXT, name);
+    if (kill_in_transfer > 0) {
+        siginfo_t info;
+        kill(kill_in_transfer, SIGKILL);
+        waitid(P_PID, (id_t)kill_in_transfer, &info, WEXITED | WNOWAIT);
+        kill_in_transfer = 0;
+    }
+    return real(pid, local, nlocal, remote, nremote, flags);
+}
+
+ssize_t process_vm_readv(pid_t pid, const struct iovec *local, unsigned long nlocal,
+                         const struct iovec *remote, unsigned long nremote, unsigned long flags) {
+    return transfer_after_kill("process_vm_readv", pid, local, nlocal, remote, nremote, flags);
+}
+
+ssize_t process_vm_writev(pid_t pid, const struct iovec *local, unsigned long nlocal,
+                          const struct iovec *remote, unsigned long nremote, unsigned long flags) {
+    return transfer_after_kill("process_vm_writev", pid, local, nlocal, remote, nremote, flags);
+}
+
+/* A worker that dies while its moments are read or written is ZB_EDEAD saying how it died, as a
+ * death found at any other time is. */
+static void test_death_during_a_state_transfer(void **state) {
+    (void)state;
+    enum { N = 1000 };
+    const spec s = {N, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0};
+    static float m[N], v[N];
+    for (int write = 0; write <= 1; ++write) {
+        zb_group_buffers b;
+        zb_worker_t *w = spawn_threads(1);
+        unsigned id = add(w, &s, &b);
+        pid_t pid;
+        zb_worker_pid(w, &pid);
+        kill_in_transfer = pid;
+        expect_status(write ? zb_worker_group_set_state(w, id, m, v, 3)
+                            : zb_worker_group_get_state(w, id, m, v, NULL),
+                      ZB_EDEAD, "signal 9");
+        assert_int_equal(kill_in_transfer, 0); /* the transfer came after the death */
+        assert_int_equal(zb_worker_destroy(w), ZB_OK);
+    }
+}
+
 /* The state taken without a copy into the caller's memory: what get_state returns, private to the
  * caller (its writes reach neither the worker nor a forked child's view, nor the child's the
  * parent's), unchanged by later steps, readable after the worker is gone. */
@@ -755,12 +810,18 @@ static void test_taken_state(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_checkpoint_resume), cmocka_unit_test(test_per_group_counts),
-        cmocka_unit_test(test_explicit_step),     cmocka_unit_test(test_skip_nonfinite),
-        cmocka_unit_test(test_grad_norm),         cmocka_unit_test(test_clipping),
-        cmocka_unit_test(test_state_arguments),   cmocka_unit_test(test_step_ranges),
-        cmocka_unit_test(test_remove_group),      cmocka_unit_test(test_state_of_a_large_group),
+        cmocka_unit_test(test_checkpoint_resume),
+        cmocka_unit_test(test_per_group_counts),
+        cmocka_unit_test(test_explicit_step),
+        cmocka_unit_test(test_skip_nonfinite),
+        cmocka_unit_test(test_grad_norm),
+        cmocka_unit_test(test_clipping),
+        cmocka_unit_test(test_state_arguments),
+        cmocka_unit_test(test_step_ranges),
+        cmocka_unit_test(test_remove_group),
+        cmocka_unit_test(test_state_of_a_large_group),
         cmocka_unit_test(test_taken_state),
+        cmocka_unit_test(test_death_during_a_state_transfer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
