@@ -214,7 +214,7 @@ zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *
         std::optional<zb::shm::Segment> seg;
         if ((exp_avg || exp_avg_sq) && !read_moments(w, group, exp_avg, exp_avg_sq))
             seg.emplace("zenflow optimizer state", t.size, w.mems);
-        state_out(w, group, seg ? &*seg : nullptr); // the step count, and the moments if seg
+        if (step || seg) state_out(w, group, seg ? &*seg : nullptr); // the count; moments if seg
         if (seg) {
             const char *base = static_cast<const char *>(seg->base());
             if (exp_avg) parallel_copy(exp_avg, base, 4 * n);
@@ -240,7 +240,7 @@ zb_status zb_worker_group_take_state(zb_worker_t *worker, unsigned group, zb_wor
             char *base = static_cast<char *>(mine.base);
             if (read_moments(w, group, reinterpret_cast<float *>(base),
                              reinterpret_cast<float *>(base + t.exp_avg_sq))) {
-                state_out(w, group, nullptr); // the step count
+                if (step) state_out(w, group, nullptr); // the step count: a round trip
                 view = mine.release();
             }
         }

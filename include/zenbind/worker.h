@@ -230,8 +230,9 @@ zb_status zb_worker_wait_result(zb_worker_t *worker, int timeout_ms, zb_worker_r
  * bounded by control_timeout_ms (past it the worker is stopped: ZB_ETIMEDOUT, then ZB_EDEAD). */
 
 /* exp_avg and exp_avg_sq receive numel floats each (NULL: skip that one); *step (may be NULL) the
- * group's step count, the number of steps applied to it (0 for a fresh group). A call that fails
- * may have written the moments already: their contents are then unspecified. */
+ * group's step count, the number of steps applied to it (0 for a fresh group): only it asks the
+ * worker (a round trip) where the moments are read straight. A call that fails may have written
+ * the moments already: their contents are then unspecified. */
 zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *exp_avg,
                                     float *exp_avg_sq, int64_t *step);
 /* The same state without a copy into the caller's memory, for a caller that only reads it or
@@ -241,8 +242,8 @@ zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *
  * is the caller's alone: writes to it stay there (zb_worker_group_set_state gives the worker new
  * state) and a forked child gets a copy-on-write view. 8 bytes per parameter (anonymous memory
  * faulted in by the reading threads; where the moments come through a segment, a private view of
- * it, placed like the worker's memory, zb_worker_attr.mems). All three pointers are required; *step
- * may be NULL. Added in ABI 2.1 (ZENBIND_2.1). */
+ * it, placed like the worker's memory, zb_worker_attr.mems). All three pointers are required; step
+ * may be NULL (no round trip, as for get_state). Added in ABI 2.1 (ZENBIND_2.1). */
 typedef struct zb_worker_state zb_worker_state_t;
 zb_status zb_worker_group_take_state(zb_worker_t *worker, unsigned group, zb_worker_state_t **state,
                                      float **exp_avg, float **exp_avg_sq, int64_t *step);

@@ -97,7 +97,7 @@ class Snapshot:
                 if not stepped:
                     continue
                 # the moments are copied once into memory that the entries then view
-                m, v, _ = group.take_state()
+                m, v, _ = group.take_state(count=False)  # the counts are the optimizer's
                 m, v = torch.from_numpy(m), torch.from_numpy(v)
                 for slot in stepped:
                     cut = slice(slot.at, slot.at + slot.numel)

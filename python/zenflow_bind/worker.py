@@ -74,20 +74,22 @@ class Group:
             _address(exp_avg_sq, self.numel), ctypes.byref(step)))
         return step.value
 
-    def take_state(self):
+    def take_state(self, count=True):
         """(exp_avg, exp_avg_sq, step): the Adam moments as float32 arrays in memory of their own,
         copied once out of the worker (nothing is copied into the caller's), kept while any view
         of them lives; writes to them stay here (set_state gives the worker new ones), a
-        later step leaves them as they are. Between steps only."""
+        later step leaves them as they are. Between steps only. count=False: step is None, and
+        no round trip to the worker is made for it where its memory is read straight."""
         lib, handle = library(), ctypes.c_void_p()
         m, v, step = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int64()
         with deferred_interrupts():  # an interrupt between the two would leak the memory
             check(lib.zb_worker_group_take_state(self.worker._live(), self.index,
                                                  ctypes.byref(handle), ctypes.byref(m),
-                                                 ctypes.byref(v), ctypes.byref(step)))
+                                                 ctypes.byref(v),
+                                                 ctypes.byref(step) if count else None))
             owner = _native.Owner(lib.zb_worker_state_release, handle.value)
         return (_native.array(m.value, "fp32", self.numel, owner),
-                _native.array(v.value, "fp32", self.numel, owner), step.value)
+                _native.array(v.value, "fp32", self.numel, owner), step.value if count else None)
 
     def set_state(self, exp_avg, exp_avg_sq, step):
         """Replace the moments (None: zeros) and the step count (>= 0). Between steps only."""

@@ -330,6 +330,47 @@ static void test_state_needs_no_segment(void **state) {
     with_syscall_refused(SYS_memfd_create, EMFILE, 1, set_and_read);
 }
 
+/* Where it may, reading the moments without the step count asks nothing of the worker (a
+ * round trip a group, which a state dict of many groups paid): it works with the worker
+ * stopped, where asking for the count waits for it until control_timeout_ms. */
+static void test_moments_read_without_asking_the_worker(void **state) {
+    (void)state;
+    if (!reads_its_children()) {
+        fprintf(stderr, "this process may not read its children's memory: not checked\n");
+        skip();
+    }
+    enum { N = 5000 };
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = 1;
+    attr.control_timeout_ms = 300;
+    zb_worker_t *w = spawn_attr(&attr);
+    zb_group_buffers b;
+    const unsigned id = add_group(w, N, &b);
+    float *m = floats(N, 0.5f, 1e-3f), *v = floats(N, 1e-4f, 1e-6f), *m2 = floats(N, 0, 0),
+          *v2 = floats(N, 0, 0);
+    assert_int_equal(zb_worker_group_set_state(w, id, m, v, 7), ZB_OK);
+    pid_t pid;
+    zb_worker_pid(w, &pid);
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    assert_int_equal(zb_worker_group_get_state(w, id, m2, v2, NULL), ZB_OK);
+    assert_memory_equal(m2, m, 4 * (size_t)N);
+    assert_memory_equal(v2, v, 4 * (size_t)N);
+    zb_worker_state_t *taken = NULL;
+    float *tm = NULL, *tv = NULL;
+    assert_int_equal(zb_worker_group_take_state(w, id, &taken, &tm, &tv, NULL), ZB_OK);
+    assert_memory_equal(tm, m, 4 * (size_t)N);
+    assert_memory_equal(tv, v, 4 * (size_t)N);
+    zb_worker_state_release(taken);
+    int64_t step = -1;
+    expect_status(zb_worker_group_get_state(w, id, NULL, NULL, &step), ZB_ETIMEDOUT, NULL);
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+    free(m);
+    free(v);
+    free(m2);
+    free(v2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load_ranges),
@@ -338,6 +379,7 @@ int main(void) {
         cmocka_unit_test(test_load_without_cross_memory_writes),
         cmocka_unit_test(test_state_out_without_cross_memory_reads),
         cmocka_unit_test(test_state_needs_no_segment),
+        cmocka_unit_test(test_moments_read_without_asking_the_worker),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
