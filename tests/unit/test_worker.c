@@ -478,11 +478,7 @@ static void test_death_noticed_within_a_slice(void **state) {
  * that the two sides never disagree on the groups; every later call says why. */
 static void test_registration_timeout_stops_worker(void **state) {
     (void)state;
-    zb_worker_attr attr;
-    zb_worker_attr_init(&attr);
-    attr.threads = 1;
-    attr.control_timeout_ms = 1500;
-    zb_worker_t *w = spawn_attr(&attr);
+    zb_worker_t *w = spawn_timeout(1500);
     pid_t pid;
     zb_worker_pid(w, &pid);
     assert_int_equal(kill(pid, SIGSTOP), 0);
@@ -965,11 +961,7 @@ static void test_worker_environment_and_job_signals(void **state) {
 static void test_destroy_a_hung_worker(void **state) {
     (void)state;
     for (int in_flight = 0; in_flight <= 1; ++in_flight) {
-        zb_worker_attr attr;
-        zb_worker_attr_init(&attr);
-        attr.threads = 1;
-        attr.control_timeout_ms = 300;
-        zb_worker_t *w = spawn_attr(&attr);
+        zb_worker_t *w = spawn_timeout(300);
         add_group(w, 1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
         pid_t pid;
         zb_worker_pid(w, &pid);
@@ -1037,11 +1029,7 @@ static void test_calls_under_signals(void **state) {
     const struct itimerval storm = {{0, 100}, {0, 100}}, off = {{0, 0}, {0, 0}};
     assert_int_equal(setitimer(ITIMER_REAL, &storm, NULL), 0);
     for (int i = 0; i < 16; ++i) {
-        zb_worker_attr attr;
-        zb_worker_attr_init(&attr);
-        attr.threads = 1;
-        attr.control_timeout_ms = 100;
-        zb_worker_t *w = spawn_attr(&attr);
+        zb_worker_t *w = spawn_timeout(100);
         add_group(w, 1 << 20, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
         pid_t pid;
         zb_worker_pid(w, &pid);

@@ -340,11 +340,7 @@ static void test_moments_read_without_asking_the_worker(void **state) {
         skip();
     }
     enum { N = 5000 };
-    zb_worker_attr attr;
-    zb_worker_attr_init(&attr);
-    attr.threads = 1;
-    attr.control_timeout_ms = 300;
-    zb_worker_t *w = spawn_attr(&attr);
+    zb_worker_t *w = spawn_timeout(300);
     zb_group_buffers b;
     const unsigned id = add_group(w, N, &b);
     float *m = floats(N, 0.5f, 1e-3f), *v = floats(N, 1e-4f, 1e-6f), *m2 = floats(N, 0, 0),

@@ -39,6 +39,15 @@ static inline zb_worker_t *spawn_threads(unsigned threads) {
     return spawn_attr(&attr);
 }
 
+/* A one-thread worker whose control waits are bounded by control_timeout_ms, which must spawn. */
+static inline zb_worker_t *spawn_timeout(unsigned control_timeout_ms) {
+    zb_worker_attr attr;
+    zb_worker_attr_init(&attr);
+    attr.threads = 1;
+    attr.control_timeout_ms = control_timeout_ms;
+    return spawn_attr(&attr);
+}
+
 static inline zb_group_attr group_attr(size_t numel, zb_dtype grad, zb_dtype copy, unsigned flags) {
     zb_group_attr g;
     memset(&g, 0, sizeof g);
