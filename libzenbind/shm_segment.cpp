@@ -9,8 +9,10 @@
 #include <zbproto/numa.hpp>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <fcntl.h>
+#include <pthread.h>
 #include <string>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -29,14 +31,17 @@ namespace {
     fail(ZB_ESYS, head);
 }
 
-// Allocates [offset, offset + size) of the file, 0 or an errno. tmpfs gives up with EINTR on a
-// pending signal (one that a handler catches: Python's SIGINT, a trainer's SIGUSR1); the pages
-// it allocated stay, so asking again goes on where it stopped.
+// Allocates [offset, offset + size) of the file, 0 or an errno, with this thread's catchable
+// signals held back meanwhile: tmpfs before Linux 6.12 gave up with EINTR on any pending signal
+// (a profiler's timer, Python's SIGINT, a trainer's SIGUSR1) and freed what it had allocated, so
+// that neither failing nor asking again would do under a signal that comes often. Held back, a
+// signal is handled once the reservation is done; SIGKILL still ends it.
 int reserve(int fd, uint64_t offset, uint64_t size) {
-    int err;
-    do
-        err = posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(size));
-    while (err == EINTR);
+    sigset_t all, before;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &before);
+    const int err = posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(size));
+    pthread_sigmask(SIG_SETMASK, &before, nullptr);
     return err;
 }
 
