@@ -2,7 +2,9 @@
 group may hold (checked before anything changes), torch.optim.AdamW's keys for the saved groups,
 so that a checkpoint moves both ways, and torch's load_state_dict hooks."""
 
+import contextlib
 import ctypes
+import numbers
 
 import torch
 
@@ -68,21 +70,31 @@ def _torch_group_keys():
 MATH_KEYS = ("adamw_mode", "decoupled_weight_decay", "bias_correction")
 
 
+def _flag(key, value):
+    """A group's True or False (1 or 0): None or a string is refused, not taken for one."""
+    if isinstance(value, numbers.Integral) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{key} must be True or False, not {value!r}")
+
+
 def adamw_of(group, default=True):
     """AdamW (True) or Adam with L2: adamw_mode where a user set it, else
     decoupled_weight_decay, else default."""
     for key in ("adamw_mode", "decoupled_weight_decay"):
         if key in group:
-            return bool(group[key])
+            return _flag(key, group[key])
     return default
 
 
 def corrected(group, default=True):
-    return bool(group.get("bias_correction", default))
+    if "bias_correction" in group:
+        return _flag("bias_correction", group["bias_correction"])
+    return default
 
 
 def set_math(group, adamw, correct):
     """Put adamw and correct into group in the keys its state dict saves (in place)."""
+    adamw, correct = _flag("adamw_mode", adamw), _flag("bias_correction", correct)
     for key in MATH_KEYS:
         group.pop(key, None)
     if "decoupled_weight_decay" in _torch_group_keys():
@@ -109,8 +121,9 @@ def in_torch_keys(group):
 
 
 def as_torch_groups(groups):
-    """A state dict's param groups in torch.optim.AdamW's keys, so that a checkpoint moves both
-    ways under DCP's strict key match (a user may have set adamw_mode in a live group)."""
+    """Param groups in torch.optim.AdamW's keys (in place), so that a checkpoint moves both
+    ways under DCP's strict key match: the optimizer's own before its state dict is taken (a
+    user may have set adamw_mode in one since), and so the state dict's copies of them."""
     for g in groups:
         in_torch_keys(g)
     return groups
@@ -150,17 +163,30 @@ def read_saved(param_groups, state_dict):
     return saved_groups, saved_state, updates
 
 
+@contextlib.contextmanager
+def _in_load_hooks(optimizer):
+    """While they run, the hooks may call optimizer.state_dict() (AdamW._reading_state): before
+    the load has changed anything, or after all of it."""
+    optimizer._in_load_hooks = True
+    try:
+        yield
+    finally:
+        optimizer._in_load_hooks = False
+
+
 def load_pre_hooks(optimizer, state_dict):
     """The state dict torch's load_state_dict pre-hooks (torch >= 2.1) make of state_dict: each
     may return a new one, or change the shallow copy they get, as torch's do."""
     state_dict = state_dict.copy()
-    for hook in getattr(optimizer, "_optimizer_load_state_dict_pre_hooks", {}).values():
-        out = hook(optimizer, state_dict)
-        if out is not None:
-            state_dict = out
+    with _in_load_hooks(optimizer):
+        for hook in getattr(optimizer, "_optimizer_load_state_dict_pre_hooks", {}).values():
+            out = hook(optimizer, state_dict)
+            if out is not None:
+                state_dict = out
     return state_dict
 
 
 def load_post_hooks(optimizer):
-    for hook in getattr(optimizer, "_optimizer_load_state_dict_post_hooks", {}).values():
-        hook(optimizer)
+    with _in_load_hooks(optimizer):
+        for hook in getattr(optimizer, "_optimizer_load_state_dict_post_hooks", {}).values():
+            hook(optimizer)

@@ -26,8 +26,8 @@ from .functional import Rows, StepResult, _increment_version, _number, launch
 from ._signals import deferred_interrupts
 from ._state import _count
 from ._groups import (MATH_KEYS, adamw_of, apply_saved, as_torch_groups, check_group,
-                      check_unique, corrected, group_math, load_post_hooks, load_pre_hooks,
-                      read_saved, set_math)
+                      check_unique, corrected, group_math, load_post_hooks,
+                      load_pre_hooks, read_saved, set_math)
 from .optim import AdamW
 
 _FLOAT16 = (torch.bfloat16, torch.float16)
@@ -367,8 +367,8 @@ class InProcessAdamW(AdamW):
     def state_dict(self):
         """torch's state dict of torch's optimizer.state: the worker's format."""
         with self._reading_state():
+            as_torch_groups(self.param_groups)  # a math key a user set since, as it is saved
             out = torch.optim.Optimizer.state_dict(self)
-            as_torch_groups(out["param_groups"])
             return out
 
     def load_state_dict(self, state_dict):

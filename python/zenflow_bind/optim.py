@@ -26,8 +26,8 @@ from ._compile import eager, eager_context
 from ._cuda import Gpu
 from ._global_stats import clip_scale, sharded, stats
 from ._groups import (adamw_of, apply_saved, as_torch_groups, check_group, check_unique,
-                      corrected, group_math, load_post_hooks, load_pre_hooks, read_saved,
-                      set_math)
+                      corrected, group_math, load_post_hooks, load_pre_hooks,
+                      read_saved, set_math)
 from ._layout import Layout, local
 from .functional import _number
 from ._native import MAX_GROUPS, STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
@@ -267,7 +267,7 @@ class AdamW(torch.optim.Optimizer):
                 self.param_groups.pop()
             raise
         self._layouts.append(layout)
-        self._held.append((group["params"], len(group["params"])))
+        self._held.append((group["params"], tuple(map(id, group["params"]))))
         for p in group["params"]:
             _OWNERS[id(p)] = me  # the optimizer holds p: its id is not reused meanwhile
 
@@ -606,8 +606,9 @@ class AdamW(torch.optim.Optimizer):
     def _reading_state(self):
         """_exclusive("state_dict"), except in load_state_dict()'s hooks on its thread, which may
         read the state as torch's allow (a pre-hook filling what a partial checkpoint lacks
-        from the current state): the load has changed nothing before them, and all after."""
-        if self._inside("load_state_dict"):
+        from the current state): the load has changed nothing before them, and all after. (A
+        signal handler's call in the middle of the load is refused, as any second call.)"""
+        if self._inside("load_state_dict") and getattr(self, "_in_load_hooks", False):
             return contextlib.nullcontext()
         return self._exclusive("state_dict")
 
@@ -730,11 +731,11 @@ class AdamW(torch.optim.Optimizer):
         see as_torch_groups), so that DCP moves a checkpoint to and from torch's."""
         with self._reading_state():
             self._live()
+            as_torch_groups(self.param_groups)  # a math key a user set since, as it is saved
             self._not_mid_step("take a state dict", reads_state=True)
             self._finish()
             self._push_state_edits(keep=True)
             out = super().state_dict()  # reads self.state: the worker's, brought out once
-            as_torch_groups(out["param_groups"])  # copies: the optimizer's groups keep theirs
             return out
 
     def load_state_dict(self, state_dict):
@@ -837,14 +838,13 @@ class AdamW(torch.optim.Optimizer):
         self._worker._live()  # refuses a forked child before anything is copied
         groups = self.param_groups
         if len(groups) != len(self._held) or any(
-                g["params"] is not params or len(params) != n
-                for g, (params, n) in zip(groups, self._held)):
+                g["params"] is not params or tuple(map(id, params)) != ids
+                for g, (params, ids) in zip(groups, self._held)):
             raise ValueError(
                 "param_groups was edited in place (a group removed or replaced, or a parameter "
-                "added to or removed from a group's params): the worker holds each group's "
-                "parameters as add_param_group() gave them. Add a group with add_param_group(); "
-                "for anything else make a new optimizer (load_state_dict(state_dict()) carries "
-                "the state over)")
+                "added to, removed from or replaced in a group's params): the worker holds each "
+                "group's parameters as add_param_group() gave them. Put them back as they were; "
+                "add a group with add_param_group(), and for other groups make a new optimizer")
 
     def __enter__(self):
         return self

@@ -130,7 +130,9 @@ class Parity(unittest.TestCase):
         data = batches(3)
         edits = {"a group removed": lambda gs: gs.pop(0),
                  "a parameter appended": lambda gs: gs[1]["params"].append(a[4].weight),
-                 "a parameter removed": lambda gs: gs[0]["params"].pop()}
+                 "a parameter removed": lambda gs: gs[0]["params"].pop(),
+                 "a parameter replaced":
+                     lambda gs: gs[1]["params"].__setitem__(0, a[0].weight)}
         with ours(groups_of(a), lr=1e-2) as opt:
             train(a, opt, data[:1])
             for what, edit in edits.items():

@@ -207,6 +207,27 @@ class Hooks(unittest.TestCase):
                              (1e-3, 1e-8))  # the caller's dict untouched
             self.assertEqual(calls, ["pre", "post", "load pre", "load post"])
 
+    def test_a_state_dict_in_the_middle_of_a_load_is_refused(self):
+        # what a signal handler's checkpoint would call: the hooks' exemption is theirs alone
+        for worker in (True, False):
+            with self.subTest(worker=worker):
+                a = mlp()
+                with ours(a.parameters(), worker=worker) as opt:
+                    train(a, opt, batches(2))
+                    sd = copy.deepcopy(opt.state_dict())
+                    inner = "_apply_group_state" if worker else "_check_saved"
+                    call, seen = getattr(opt, inner), []
+
+                    def midway(*args):
+                        try:
+                            opt.state_dict()
+                        except RuntimeError as e:
+                            seen.append(str(e))
+                        return call(*args)
+                    setattr(opt, inner, midway)
+                    opt.load_state_dict(sd)
+                    self.assertTrue(seen and all("load_state_dict" in s for s in seen), seen)
+
     def test_load_hooks_may_read_the_state_dict(self):
         # torch's allow it: a pre-hook filling what a partial checkpoint lacks from the current
         # state, a post-hook looking at what was loaded
@@ -296,6 +317,28 @@ class DistributedCheckpoint(unittest.TestCase):
                     self.assertEqual(float(opt.state[resumed[0].weight]["step"]), 5.0)
                     train(resumed, opt, data[5:])
             assert_equal(self, resumed.parameters(), straight.parameters())
+
+    def test_a_group_made_adam_later_resumes_flattened(self):
+        # adamw_mode set on a live group: state_dict() saves it in torch's key, and the group
+        # holds that key from then on, which a flattened load into it looks up
+        need(len(OPTIONS) > 1, "flatten_optimizer_state_dict")
+        data = batches(6)
+        for worker in (True, False):
+            with self.subTest(worker=worker), tempfile.TemporaryDirectory() as where:
+                a, straight = mlp(), mlp()
+                with ours(a.parameters(), lr=1e-2, worker=worker) as opt, \
+                        ours(straight.parameters(), lr=1e-2, adamw_mode=False,
+                             worker=worker) as ref:
+                    opt.param_groups[0]["adamw_mode"] = False
+                    train(a, opt, data[:3])
+                    train(straight, ref, data)
+                    dcp.save({"optim": get_optimizer_state_dict(a, opt, options=OPTIONS[1])},
+                             checkpoint_id=where)
+                    sd = {"optim": get_optimizer_state_dict(a, opt, options=OPTIONS[1])}
+                    dcp.load(sd, checkpoint_id=where)
+                    set_optimizer_state_dict(a, opt, sd["optim"], options=OPTIONS[1])
+                    train(a, opt, data[3:])
+                assert_equal(self, a.parameters(), straight.parameters())
 
     def test_checkpoints_move_to_and_from_torch_adamw(self):
         # DCP loads the keys the optimizer's own state dict has, strictly: both kinds must have

@@ -309,6 +309,14 @@ class Errors(unittest.TestCase):
                 ours(params(), **kw)
         with self.assertRaisesRegex(TypeError, "torch.float64"):
             ours([torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))])
+        for kw in ({"adamw_mode": None}, {"adamw_mode": "False"}, {"bias_correction": None}):
+            with self.assertRaisesRegex(TypeError, "must be True or False"):  # not taken for one
+                ours(params(), **kw)
+        with ours(params()) as opt:
+            with self.assertRaisesRegex(TypeError, "bias_correction must be True or False"):
+                opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))],
+                                     "bias_correction": "yes"})
+            self.assertEqual(len(opt.param_groups), 1)
         with self.assertRaisesRegex(ValueError, "amsgrad"):
             opt = ours(params())
             opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))],
