@@ -55,9 +55,17 @@ def _empty_entry(p, step):
     return entry
 
 
+def _version(tensor):
+    """A tensor's version counters: a DTensor's own and its local shard's. An in-place op on the
+    DTensor (opt.state[p]["exp_avg"].zero_() under FSDP2) counts on the first, a write through
+    the shard (DCP's load) on the second."""
+    shard = local(tensor)
+    return (tensor._version, shard._version) if shard is not tensor else tensor._version
+
+
 def _versions(entry):
-    """{key: (value, version)}: what an entry holds, and each tensor's version counter."""
-    return {k: (v, local(v)._version) if isinstance(v, torch.Tensor) else (v, None)
+    """{key: (value, version)}: what an entry holds, and each tensor's version counters."""
+    return {k: (v, _version(v)) if isinstance(v, torch.Tensor) else (v, None)
             for k, v in entry.items()}
 
 
@@ -70,7 +78,7 @@ def _unchanged(entry, versions):
         old, version = versions[key]
         if value is not old:
             return False
-        if isinstance(value, torch.Tensor) and local(value)._version != version:
+        if isinstance(value, torch.Tensor) and _version(value) != version:
             return False
     return True
 

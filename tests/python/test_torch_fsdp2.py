@@ -103,7 +103,8 @@ def checkpoint(rank, world, where, steps, load, worker=True):
 
 def writes(rank, world, where, worker):
     """Writes into the sharded parameters between steps (model.load_state_dict) become the
-    master: the DTensor's own version changes, its local shard's does not."""
+    master, and in-place writes into optimizer.state's DTensors reach the moments: the DTensor's
+    own version changes, its local shard's does not."""
     data = batches(4, seed=11 + rank)
     a, b, source = sharded(), sharded(), sharded(seed=3)
     with ours(a, worker) as opt:
@@ -112,6 +113,10 @@ def writes(rank, world, where, worker):
         train(b, ref, data[:2])
         a.load_state_dict(source.state_dict())
         b.load_state_dict(source.state_dict())
+        for o, model in ((opt, a), (ref, b)):  # moments reset after a loss spike, say
+            state = o.state[next(model.parameters())]
+            state["exp_avg"].zero_()
+            state["exp_avg_sq"].mul_(0.25)
         train(a, opt, data[2:])
         train(b, ref, data[2:])
     got = {"ours": full(a), "torch": full(b)}
