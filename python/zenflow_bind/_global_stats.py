@@ -23,6 +23,20 @@ def sharded(params):
     return any(local(p) is not p for p in params)
 
 
+def complete_grads(params):
+    """Tensor parallelism without FSDP2 leaves a DTensor gradient placed otherwise than its
+    parameter (Partial(sum) for a Replicate norm weight under SequenceParallel): each rank holds
+    its share of a sum. torch's optimizers step what it sums to, and so does the step, once it is
+    redistributed to its parameter's placements here. A collective: every rank calls this first
+    in step(), over the same parameters in the same order. (FSDP2 reduces them itself.)"""
+    for p in params:
+        if local(p) is p:
+            continue
+        g = p.grad
+        if g is not None and local(g) is not g and g.placements != p.placements:
+            p.grad = g.redistribute(p.device_mesh, p.placements)
+
+
 def _shard_dims(p):
     """(mesh, the mesh dimensions p is sharded on), or None for a plain tensor."""
     if local(p) is p:

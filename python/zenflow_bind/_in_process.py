@@ -20,7 +20,7 @@ import torch
 from . import _native
 from ._amp import forget, forgotten_on_error, scaler_mismatch, scaler_step, skipped
 from ._compile import eager, eager_context
-from ._global_stats import clip_scale, sharded, stats
+from ._global_stats import clip_scale, complete_grads, sharded, stats
 from ._layout import _identity, local
 from .functional import Rows, StepResult, _increment_version, _number, launch
 from ._signals import deferred_interrupts
@@ -207,6 +207,7 @@ class InProcessAdamW(AdamW):
                              f"grad_scale={given}): give it once")
         scale = given if given is not None else 1.0 if grad_scale is None else grad_scale
         scale = _number("grad_scale", scale)
+        complete_grads(self._all_params())  # (tensor parallelism's partial sums)
         amp = scaler_step(self)  # inside GradScaler.step(): its scale and inf check
         if amp is not None and amp.skip:  # nothing happens, as with torch's AdamW
             skipped(self)

@@ -24,7 +24,7 @@ from ._amp import (SUPPORTED as _AMP_SCALING, forget, forgotten_on_error, scaler
                    scaler_step, skipped)
 from ._compile import eager, eager_context
 from ._cuda import Gpu
-from ._global_stats import clip_scale, sharded, stats
+from ._global_stats import clip_scale, complete_grads, sharded, stats
 from ._groups import (adamw_of, apply_saved, as_torch_groups, check_group, check_unique,
                       corrected, group_math, load_post_hooks, load_pre_hooks,
                       read_saved, set_math)
@@ -301,6 +301,7 @@ class AdamW(torch.optim.Optimizer):
             if stream is not None and stream.error is not None:
                 self._fail_stream(stream)
             twice = None
+            complete_grads(self._all_params())  # (tensor parallelism's partial sums)
             amp = scaler_step(self)  # inside GradScaler.step(): its scale and inf check
             if amp is not None and amp.skip:
                 return self._skip_for_scaler(stream, loss)

@@ -215,13 +215,48 @@ def empty_shard(rank, world, where, worker):
     torch.save(got, os.path.join(where, f"empty-{rank}.pt"))
 
 
+def tensor_parallel(rank, world, where, worker):
+    """Tensor parallelism without FSDP2: a SequenceParallel LayerNorm's Replicate weight gets a
+    Partial(sum) gradient, each rank its share; the step completes it as torch's AdamW does."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    mesh = init_device_mesh("cpu", (world,))
+
+    def block():
+        torch.manual_seed(0)
+        b = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 32),
+                                torch.nn.ReLU(), torch.nn.Linear(32, 16))
+        with torch.no_grad():
+            b[0].weight.uniform_(0.5, 1.5)
+        return parallelize_module(b, mesh, {"0": SequenceParallel(),
+                                            "1": ColwiseParallel(input_layouts=Shard(1)),
+                                            "3": RowwiseParallel()})
+    a, b = block(), block()
+    g = torch.Generator().manual_seed(3)
+    with ours(a, worker) as opt:
+        ref = reference(b)
+        for _ in range(4):
+            x = torch.randn(2, 8 * world, 16, generator=g).chunk(world, dim=1)[rank]
+            for model, o in ((a, opt), (b, ref)):
+                o.zero_grad()
+                model(x).square().mean().backward()
+                o.step()
+    got = {"ours": a[0].weight.to_local().detach().clone(),
+           "torch": b[0].weight.to_local().detach().clone(),
+           "placements": str(b[0].weight.grad.placements)}
+    torch.save(got, os.path.join(where, f"tp-{rank}.pt"))
+
+
 def rank_main(rank, world, where, store, job, args):
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank,
                             world_size=world)
     try:
         {"parity": parity, "checkpoint": checkpoint, "writes": writes,
          "decisions": decisions, "empty_shard": empty_shard,
-         "shard_norm": shard_norm}[job](rank, world, where, *args)
+         "shard_norm": shard_norm, "tensor_parallel": tensor_parallel}[job](rank, world, where,
+                                                                             *args)
     finally:
         dist.destroy_process_group()
 
@@ -272,6 +307,17 @@ class FullyShard(unittest.TestCase):
             for a, b in zip(got["ours"], got["torch"]):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6,
                                            msg=f"{world} ranks, offload {offload}")
+
+    def test_tensor_parallel_partial_gradients_are_summed(self):
+        for worker in (True, False):
+            with tempfile.TemporaryDirectory() as where:
+                spawn(2, where, "tensor_parallel", worker)
+                got = [torch.load(os.path.join(where, f"tp-{r}.pt")) for r in (0, 1)]
+            self.assertIn("Partial", got[0]["placements"])  # what the case is about
+            for r in (0, 1):
+                torch.testing.assert_close(got[r]["ours"], got[r]["torch"], rtol=1e-5,
+                                           atol=1e-6, msg=f"worker={worker}, rank {r}")
+            self.assertTrue(torch.equal(got[0]["ours"], got[1]["ours"]))  # one replica
 
     def test_writes_to_sharded_parameters_become_the_master(self):
         for worker in (True, False):
