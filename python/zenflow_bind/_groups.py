@@ -4,7 +4,6 @@ so that a checkpoint moves both ways, and torch's load_state_dict hooks."""
 
 import contextlib
 import ctypes
-import numbers
 
 import torch
 
@@ -71,10 +70,16 @@ MATH_KEYS = ("adamw_mode", "decoupled_weight_decay", "bias_correction")
 
 
 def _flag(key, value):
-    """A group's True or False (1 or 0): None or a string is refused, not taken for one."""
-    if isinstance(value, numbers.Integral) and value in (0, 1):
-        return bool(value)
-    raise TypeError(f"{key} must be True or False, not {value!r}")
+    """A group's True or False: anything equal to one of them (1, numpy's or a one-element
+    tensor's bool); None or a string is refused, not taken for one."""
+    if value is not None and not isinstance(value, (str, bytes)):
+        try:
+            flag = bool(value)
+            if value == flag:
+                return flag
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    raise TypeError(f"{key} must be True or False, not {value!r} ({type(value).__name__})")
 
 
 def adamw_of(group, default=True):

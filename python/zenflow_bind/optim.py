@@ -171,8 +171,10 @@ class AdamW(torch.optim.Optimizer):
         after a step. Writes to it (in place or by assignment) reach the worker at the next
         step() or state_dict()."""
         if self._snapshot is None:
-            # state_dict() and load_state_dict() (and their hooks) read it as their own part
-            inside = self._inside("state_dict", "load_state_dict")
+            # state_dict() reads it as its own part, and so may load_state_dict()'s hooks (not a
+            # signal handler in the middle of the load)
+            inside = self._inside("state_dict") or (self._inside("load_state_dict") and
+                                                    getattr(self, "_in_load_hooks", False))
             with contextlib.nullcontext() if inside else self._exclusive("optimizer.state"):
                 self._live()
                 self._not_mid_step("read optimizer.state", reads_state=True)

@@ -219,14 +219,17 @@ class Hooks(unittest.TestCase):
                     call, seen = getattr(opt, inner), []
 
                     def midway(*args):
-                        try:
-                            opt.state_dict()
-                        except RuntimeError as e:
-                            seen.append(str(e))
+                        reads = [opt.state_dict] + ([lambda: opt.state] if worker else [])
+                        for read in reads:  # (worker=False's state is torch's own dict)
+                            try:
+                                read()
+                            except RuntimeError as e:
+                                seen.append(str(e))
                         return call(*args)
                     setattr(opt, inner, midway)
                     opt.load_state_dict(sd)
-                    self.assertTrue(seen and all("load_state_dict" in s for s in seen), seen)
+                    self.assertTrue(len(seen) >= 1 + worker and
+                                    all("load_state_dict" in s for s in seen), seen)
 
     def test_load_hooks_may_read_the_state_dict(self):
         # torch's allow it: a pre-hook filling what a partial checkpoint lacks from the current

@@ -309,9 +309,14 @@ class Errors(unittest.TestCase):
                 ours(params(), **kw)
         with self.assertRaisesRegex(TypeError, "torch.float64"):
             ours([torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))])
-        for kw in ({"adamw_mode": None}, {"adamw_mode": "False"}, {"bias_correction": None}):
+        for kw in ({"adamw_mode": None}, {"adamw_mode": "False"}, {"bias_correction": None},
+                   {"bias_correction": 2}):
             with self.assertRaisesRegex(TypeError, "must be True or False"):  # not taken for one
                 ours(params(), **kw)
+        import numpy
+        for false in (numpy.False_, torch.tensor(False), 0):  # what equals False is False
+            with ours(params(), bias_correction=false) as opt:
+                self.assertIs(opt.param_groups[0]["bias_correction"], False)
         with ours(params()) as opt:
             with self.assertRaisesRegex(TypeError, "bias_correction must be True or False"):
                 opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))],
