@@ -83,9 +83,8 @@ void send_segment(zb_worker &w, int fd, uint32_t tag, const char *what) {
     if (const int err = proto::send_fd(w.sock, fd, tag)) {
         if (err == EPIPE || err == ECONNRESET || err == ECONNREFUSED) {
             // The worker's end of the socket closed: it died (the OOM killer, choosing it while
-            // this call reserved memory). Its pidfd turns readable a moment after; say how it died.
-            w.await_exit(1'000'000'000);
-            w.check_alive();
+            // this call reserved memory); its pidfd turns readable a moment after.
+            w.check_gone();
         }
         errno = err;
         zb::fail_errno(std::string("sending the ") + what + " to the worker");

@@ -55,6 +55,9 @@ struct zb_worker {
     // Waits until the worker process has exited (its pidfd readable), at most timeout_ns; a
     // signal handler's interruption (Python's, without SA_RESTART) waits on for the time left.
     void await_exit(int64_t timeout_ns) const;
+    // A call found the worker's end gone (its socket closed, its memory unreachable): throws
+    // ZB_EDEAD saying how it died once its pidfd says so (1 s at most); returns if it lives.
+    void check_gone();
     // SIGKILLs the worker through its pidfd and reaps it; later calls give ZB_EDEAD with `why`.
     void stop(const std::string &why);
 };

@@ -104,6 +104,11 @@ void zb_worker::await_exit(int64_t timeout_ns) const {
             return;
 }
 
+void zb_worker::check_gone() {
+    await_exit(1'000'000'000);
+    check_alive();
+}
+
 void zb_worker::stop(const std::string &why) {
     if (!reaped) {
         zb::proto::pidfd_send_signal(pidfd, SIGKILL);
