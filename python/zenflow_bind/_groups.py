@@ -103,7 +103,7 @@ def set_math(group, adamw, correct):
     for key in MATH_KEYS:
         group.pop(key, None)
     if "decoupled_weight_decay" in _torch_group_keys():
-        group["decoupled_weight_decay"] = bool(adamw)
+        group["decoupled_weight_decay"] = adamw
     elif not adamw:
         group["adamw_mode"] = False
     if not correct:
@@ -122,7 +122,7 @@ def group_math(group, defaults):
 def in_torch_keys(group):
     """group with its math in the keys its state dict saves (in place); what it does not say is
     torch's math."""
-    return set_math(group, adamw_of(group), corrected(group))
+    return set_math(group, *group_math(group, {}))
 
 
 def as_torch_groups(groups):

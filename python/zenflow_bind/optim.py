@@ -125,7 +125,7 @@ class AdamW(torch.optim.Optimizer):
         """What this class steps with: a worker on cpus/threads/mems."""
         self._layouts = []      # one per param_group (None for one without local elements)
         self._held = []         # per param_group: its params list as the layout took it, and
-        # its length (torch's Optimizer follows param_groups edited in place; the worker cannot)
+        # their ids (torch's Optimizer follows param_groups edited in place; the worker cannot)
         self._steps = {}        # param -> steps it took with a gradient: torch's state["step"]
         self._snapshot = None   # optimizer.state as last brought out of the worker
         self._in_flight = None  # what to do once the submitted step is done
@@ -173,8 +173,7 @@ class AdamW(torch.optim.Optimizer):
         if self._snapshot is None:
             # state_dict() reads it as its own part, and so may load_state_dict()'s hooks (not a
             # signal handler in the middle of the load)
-            inside = self._inside("state_dict") or (self._inside("load_state_dict") and
-                                                    getattr(self, "_in_load_hooks", False))
+            inside = self._inside("state_dict") or self._in_load_hooks_here()
             with contextlib.nullcontext() if inside else self._exclusive("optimizer.state"):
                 self._live()
                 self._not_mid_step("read optimizer.state", reads_state=True)
@@ -611,9 +610,13 @@ class AdamW(torch.optim.Optimizer):
         read the state as torch's allow (a pre-hook filling what a partial checkpoint lacks
         from the current state): the load has changed nothing before them, and all after. (A
         signal handler's call in the middle of the load is refused, as any second call.)"""
-        if self._inside("load_state_dict") and getattr(self, "_in_load_hooks", False):
+        if self._in_load_hooks_here():
             return contextlib.nullcontext()
         return self._exclusive("state_dict")
+
+    def _in_load_hooks_here(self):
+        """Whether this thread runs load_state_dict()'s hooks (_groups.load_pre_hooks)."""
+        return self._inside("load_state_dict") and getattr(self, "_in_load_hooks", False)
 
     def _inside(self, *calls):
         """Whether this thread is in one of these calls of this optimizer (under _exclusive)."""
