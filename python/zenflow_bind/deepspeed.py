@@ -10,7 +10,8 @@ those again and leave ZENFLOW_OPT_CPUS idle. One call before deepspeed.initializ
     zenflow_bind.deepspeed.use_plan()          # then deepspeed.initialize(...) as usual
 
 ZenFlow's optimizer process then runs on ZENFLOW_OPT_CPUS (one thread per CPU listed, which is
-ZENFLOW_OPT_THREADS) and PyTorch on ZENFLOW_TRAIN_CPUS with torch.set_num_threads to match. The
+ZENFLOW_OPT_THREADS) and PyTorch on ZENFLOW_TRAIN_CPUS with torch.set_num_threads to the
+plugin's OMP_NUM_THREADS (one thread per training core). The
 decision depends only on the environment and on DeepSpeed's code, so every rank of a step makes
 the same one, and no collective is left for some ranks and not others. The DeepSpeed config is
 checked where deepspeed.initialize receives it (or at once, given to use_plan): one in which no
@@ -25,6 +26,7 @@ OMP_NUM_THREADS to match.
 import inspect
 import json
 import os
+import socket
 import warnings
 
 __all__ = ["Plan", "PlanUnavailable", "plan_from_environ", "use_plan"]
@@ -37,18 +39,17 @@ class PlanUnavailable(Exception):
 class Plan:
     """The CPUs srun --zenflow-bind gave this task."""
 
-    def __init__(self, train_cpus, opt_cpus, opt_threads):
+    def __init__(self, train_cpus, opt_cpus, opt_threads, train_threads=None):
         self.train_cpus = train_cpus
         self.opt_cpus = opt_cpus
         self.opt_threads = opt_threads
-
-    @property
-    def train_threads(self):
-        return len(self.train_cpus)
+        # the plugin's OMP_NUM_THREADS: one thread per training core, so fewer than
+        # train_cpus where they hold SMT siblings
+        self.train_threads = len(train_cpus) if train_threads is None else train_threads
 
     def __repr__(self):
         return (f"Plan(train_cpus={self.train_cpus}, opt_cpus={self.opt_cpus}, "
-                f"opt_threads={self.opt_threads})")
+                f"opt_threads={self.opt_threads}, train_threads={self.train_threads})")
 
 
 def _cpulist(name, text):
@@ -65,6 +66,17 @@ def _cpulist(name, text):
     return sorted(cpus)
 
 
+def _omp_threads(value):
+    """The training thread count of OMP_NUM_THREADS (its first level where it lists several),
+    None where it is unset; PlanUnavailable where it is no count."""
+    if value is None:
+        return None
+    first = value.split(",")[0].strip()
+    if not first.isdigit() or int(first) < 1:
+        raise PlanUnavailable(f"OMP_NUM_THREADS={value!r} is not a thread count")
+    return int(first)
+
+
 def plan_from_environ(environ=None):
     """The plan the plugin exported into this task, or PlanUnavailable saying what is missing."""
     env = os.environ if environ is None else environ
@@ -76,7 +88,8 @@ def plan_from_environ(environ=None):
         raise PlanUnavailable("ZENFLOW_OPT_CPUS is not set: the step runs --zenflow-bind="
                               "mode=offload (the optimizer runs in-process; nothing to split)")
     opt_cpus = _cpulist("ZENFLOW_OPT_CPUS", opt)
-    plan = Plan(_cpulist("ZENFLOW_TRAIN_CPUS", train), opt_cpus, len(opt_cpus))
+    plan = Plan(_cpulist("ZENFLOW_TRAIN_CPUS", train), opt_cpus, len(opt_cpus),
+                _omp_threads(env.get("OMP_NUM_THREADS")))
     threads = env.get("ZENFLOW_OPT_THREADS")
     if threads is not None:
         if not threads.isdigit() or int(threads) < 1:
@@ -114,6 +127,20 @@ def _zenflow_utils():
     return zu, None
 
 
+def _section(config, key):
+    """config[key] as a dict: {} where it is absent or not a JSON object."""
+    value = config.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _flag(value):
+    """A config switch as DeepSpeed's pydantic models read it: "false", "0", "off" and "no" are
+    false, as are false, 0 and null."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "0", "false", "f", "no", "n", "off")
+    return bool(value)
+
+
 def _config_problems(config):
     """(why the plan cannot serve this DeepSpeed config, or None; notes on settings it
     overrides). config: the dict or JSON path deepspeed.initialize gets, or None (unknown)."""
@@ -129,18 +156,18 @@ def _config_problems(config):
                           f"({type(e).__name__}), so it was not checked"]
     if not isinstance(config, dict):
         return None, ["the DeepSpeed config is not a JSON object, so it was not checked"]
-    zero = config.get("zero_optimization") or {}
-    offload = zero.get("offload_optimizer") or {}
-    if offload.get("super_offload"):
+    zero = _section(config, "zero_optimization")  # true (ZeRO stage 1, DeepSpeed's old form): {}
+    offload = _section(zero, "offload_optimizer")
+    if _flag(offload.get("super_offload")):
         return ("SuperOffload splits the CPUs itself (cpuadam_cores_perc) and this adapter does "
                 "not drive it: run srun --zenflow-bind=mode=offload, which gives each task its "
                 "whole share"), []
-    zenflow = zero.get("zenflow")
-    if not zenflow:
+    if zero.get("zenflow") is None:
         return ("the config has no zero_optimization.zenflow section, so no ZenFlow optimizer "
                 "process runs: for DeepSpeedCPUAdam in the training process run "
                 "srun --zenflow-bind=mode=offload"), []
-    if not zenflow.get("overlap_step"):
+    zenflow = _section(zero, "zenflow")
+    if not _flag(zenflow.get("overlap_step")):
         return ("zero_optimization.zenflow.overlap_step is false (DeepSpeed's default): ZenFlow "
                 "then steps in the training process and starts no optimizer process, so "
                 "ZENFLOW_OPT_CPUS would stay idle; set overlap_step to true, or run "
@@ -194,25 +221,36 @@ def _watch_initialize(plan):
     return True
 
 
-def _agree(zu, has_plan):
-    """Every rank learns whether all, none or only some ranks have a plan, in one collective that
-    all of them make: a mixed job then fails on every rank instead of leaving the unplanned ones
-    in DeepSpeed's all_gather, waiting for ranks that never come."""
-    import torch
+def _agree(plan):
+    """Every rank learns every rank's plan, in one collective that all of them make, and fails
+    with the others where the plans cannot serve: only some ranks have one (the unplanned ones
+    would wait in DeepSpeed's all_gather for ranks that never come), or two ranks on one host
+    hold the same CPUs: one srun task's plan inherited by several ranks (torchrun or the
+    deepspeed launcher started inside it), which DeepSpeed's own split would have told apart."""
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):
         return
-    accelerator = getattr(zu, "get_accelerator", None)
-    device = accelerator().current_device_name() if accelerator else "cpu"
-    counts = torch.tensor([int(has_plan), int(not has_plan)], dtype=torch.int64, device=device)
-    dist.all_reduce(counts)
-    planned, unplanned = (int(c) for c in counts.tolist())
-    if planned and unplanned:
+    mine = None if plan is None else sorted(set(plan.train_cpus) | set(plan.opt_cpus))
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (socket.gethostname(), mine))
+    planned = sum(cpus is not None for _, cpus in everyone)
+    if 0 < planned < len(everyone):
         raise RuntimeError(f"zenflow_bind.deepspeed: {planned} ranks run under "
-                           f"srun --zenflow-bind and {unplanned} do not (this one "
-                           f"{'does' if has_plan else 'does not'}); ZenFlow's CPU split needs "
-                           "every rank on the same path: run every node's tasks with "
+                           f"srun --zenflow-bind and {len(everyone) - planned} do not (this one "
+                           f"{'does' if plan is not None else 'does not'}); ZenFlow's CPU split "
+                           "needs every rank on the same path: run every node's tasks with "
                            "--zenflow-bind, or none")
+    owner = {}
+    for rank, (host, cpus) in enumerate(everyone):
+        for cpu in cpus or ():
+            first = owner.setdefault((host, cpu), rank)
+            if first != rank:
+                raise RuntimeError(
+                    f"zenflow_bind.deepspeed: ranks {first} and {rank} on {host} were given the "
+                    f"same CPUs ({cpu} among them): one srun task's plan reached several ranks, "
+                    "as when torchrun or the deepspeed launcher starts them inside one task. "
+                    "Start one task per rank (srun --ntasks-per-node=RANKS --zenflow-bind "
+                    "python train.py), or run the launcher without --zenflow-bind")
 
 
 def _install(zu, plan):
@@ -221,7 +259,7 @@ def _install(zu, plan):
     original = getattr(current, "_zenflow_bind_original", current)
 
     def compute_zf_pt_affinity(zf_optimizer):
-        _agree(zu, plan is not None)
+        _agree(plan)
         if plan is None:
             return original(zf_optimizer)
         # (optimizer CPUs, training CPUs), as DeepSpeed's own function returns them; no

@@ -18,6 +18,13 @@ import zenflow_bind.deepspeed as zd
 
 PLUGIN_ENV = {"ZENFLOW_TRAIN_CPUS": "0-1,8-9", "ZENFLOW_OPT_CPUS": "2-3",
               "ZENFLOW_OPT_THREADS": "2", "OMP_NUM_THREADS": "4"}
+# another task of the same node: its own CPUs
+OTHER_TASK_ENV = {"ZENFLOW_TRAIN_CPUS": "4-5", "ZENFLOW_OPT_CPUS": "6-7",
+                  "ZENFLOW_OPT_THREADS": "2", "OMP_NUM_THREADS": "2"}
+# what the plugin exports on an SMT node (zenbind plan --tasks 2 --synthetic
+# "package:1 core:8 pu:2", task 0): two training cores with their siblings, one thread each
+SMT_ENV = {"ZENFLOW_TRAIN_CPUS": "0-3", "ZENFLOW_OPT_CPUS": "4-7", "ZENFLOW_OPT_THREADS": "4",
+           "OMP_NUM_THREADS": "2"}
 
 SHAPED_LIKE_DEEPSPEED = """
 calls = []
@@ -106,13 +113,22 @@ class PlanFromEnviron(unittest.TestCase):
         self.assertEqual(plan.opt_cpus, [2, 3])
         self.assertEqual((plan.opt_threads, plan.train_threads), (2, 4))
 
+    def test_training_threads_are_the_plugins_one_per_core(self):
+        self.assertEqual(zd.plan_from_environ(SMT_ENV).train_threads, 2)
+        self.assertEqual(zd.plan_from_environ(dict(SMT_ENV, OMP_NUM_THREADS="3,1"))
+                         .train_threads, 3)  # nested levels: the outer one
+        unset = {k: v for k, v in SMT_ENV.items() if k != "OMP_NUM_THREADS"}
+        self.assertEqual(zd.plan_from_environ(unset).train_threads, 4)  # one per CPU listed
+
     def test_missing_or_bad_variables_say_why(self):
         cases = [({}, "not started by srun --zenflow-bind"),
                  ({"ZENFLOW_TRAIN_CPUS": "0-3"}, "mode=offload"),
                  (dict(PLUGIN_ENV, ZENFLOW_OPT_CPUS="2-"), "is not a cpu list"),
                  (dict(PLUGIN_ENV, ZENFLOW_OPT_CPUS="3-2"), "runs backwards"),
                  (dict(PLUGIN_ENV, ZENFLOW_OPT_THREADS="x"), "not a thread count"),
-                 (dict(PLUGIN_ENV, ZENFLOW_OPT_THREADS="3"), "one thread per CPU")]
+                 (dict(PLUGIN_ENV, ZENFLOW_OPT_THREADS="3"), "one thread per CPU"),
+                 (dict(PLUGIN_ENV, OMP_NUM_THREADS="0"), "OMP_NUM_THREADS='0' is not"),
+                 (dict(PLUGIN_ENV, OMP_NUM_THREADS="all"), "is not a thread count")]
         for env, why in cases:
             with self.assertRaises(zd.PlanUnavailable, msg=str(env)) as e:
                 zd.plan_from_environ(env)
@@ -136,6 +152,8 @@ class UsePlan(unittest.TestCase):
             self.assertEqual(torch.get_num_threads(), 4)
             again, _ = quiet(zd.use_plan, PLUGIN_ENV)  # idempotent
             self.assertIsNotNone(again)
+            quiet(zd.use_plan, SMT_ENV)
+            self.assertEqual(torch.get_num_threads(), 2, "one thread per training core")
 
     def test_no_plan_keeps_deepspeeds_split(self):
         with FakeDeepSpeed(SHAPED_LIKE_DEEPSPEED) as zu:
@@ -152,9 +170,21 @@ class UsePlan(unittest.TestCase):
                                                                      overlap_step=False)}},
                              "overlap_step is false"),
             "no zenflow": ({"zero_optimization": {"stage": 2}}, "no zero_optimization.zenflow"),
+            "zenflow null": ({"zero_optimization": {"zenflow": None}},
+                             "no zero_optimization.zenflow"),
+            # DeepSpeed's old form of stage 1: no section to look into
+            "zero true": ({"zero_optimization": True}, "no zero_optimization.zenflow"),
+            # ZenFlow with DeepSpeed's defaults, and a switch written as a string
+            "zenflow empty": ({"zero_optimization": {"zenflow": {}}}, "overlap_step is false"),
+            "overlap_step string": ({"zero_optimization": {"zenflow": dict(
+                zenflow, overlap_step="False")}}, "overlap_step is false"),
             "superoffload": ({"zero_optimization": {"stage": 3, "offload_optimizer": {
                 "device": "cpu", "super_offload": True, "cpuadam_cores_perc": 0.8}}},
                 "SuperOffload"),
+            "superoffload string": ({"zero_optimization": {"zenflow": zenflow,
+                                                           "offload_optimizer": {
+                                                               "super_offload": "true"}}},
+                                    "SuperOffload"),
         }
         for name, (config, says) in refused.items():
             with FakeDeepSpeed(SHAPED_LIKE_DEEPSPEED) as zu:
@@ -214,14 +244,17 @@ class UsePlan(unittest.TestCase):
         with tempfile.TemporaryDirectory() as where:
             for envs, want in (([PLUGIN_ENV, {}], "1 ranks run under srun --zenflow-bind and "
                                                    "1 do not"),
-                               ([PLUGIN_ENV, PLUGIN_ENV], "plan [2, 3]"),
+                               ([PLUGIN_ENV, OTHER_TASK_ENV], ("plan [2, 3]", "plan [6, 7]")),
+                               # one task's plan inherited by two ranks (torchrun inside it)
+                               ([PLUGIN_ENV, PLUGIN_ENV], "ranks 0 and 1 on "),
                                ([{}, {}], "deepspeed [99]")):
                 import torch.multiprocessing as mp
                 store = tempfile.mktemp(dir=where)
                 mp.spawn(two_ranks, args=(store, envs, where), nprocs=2, join=True)
                 for rank in (0, 1):
                     with open(os.path.join(where, f"rank{rank}")) as f:
-                        self.assertIn(want, f.read(), (rank, envs))
+                        said = want if isinstance(want, str) else want[rank]
+                        self.assertIn(said, f.read(), (rank, envs))
 
     def test_unknown_deepspeed_internals_change_nothing(self):
         shapes = {
