@@ -56,8 +56,20 @@ expect "usr/lib/$multiarch/slurm-wlm/zenflow_bind.so" "SPANK plugin in Slurm's P
 expect "usr/lib/$multiarch/zenflow-bind/zenflow_bind_binder.so" "the plugin's binder, loaded per binding step"
 expect "usr/lib/python3/dist-packages/zenflow_bind/__init__.py" "Python package where python3 imports it"
 for page in man1/zenbind.1 man1/zenflow-bench.1 man1/zenflow-optimizer.1 man3/libzenbind.3 man8/zenflow_bind.8 \
-            man3/zenflow_bind.optim.3 man3/zenflow_bind.deepspeed.3; do
+            man3/zenflow_bind.optim.3 man3/zenflow_bind.deepspeed.3 man3/zenflow_bind.3; do
   expect "usr/share/man/$page.gz" "man page $page, compressed"
+  # the footer names the packages' version, which the build writes in
+  footer=$(zcat "$root/usr/share/man/$page.gz" 2>/dev/null | sed -n 1p) # all read: no SIGPIPE
+  version=$(dpkg-deb -f "$(deb_of zenflow-bind)" Version)
+  case $footer in *"\"zenflow-bind $version\""*) ;;
+  *) echo "FAIL $page's footer is not version $version: $footer"; fail=1 ;; esac
+done
+# libzenbind(3) comes with the tools, which every user of the worker has (the Python pages send
+# readers to it), with its aliases: no dangling link
+grep -q "usr/share/man/man3/libzenbind.3.gz$" <<<"$(dpkg-deb -c "$(deb_of zenflow-bind)")" ||
+  { echo "FAIL libzenbind(3) is not in zenflow-bind"; fail=1; }
+for alias in "$root"/usr/share/man/man3/zb_*.3.gz; do
+  [ -e "$alias" ] || { echo "FAIL ${alias#"$root"} leads nowhere"; fail=1; }
 done
 snippet="$root/etc/slurm/plugstack.conf.d/zenflow-bind.conf"
 expect "etc/slurm/plugstack.conf.d/zenflow-bind.conf" "plugstack.conf.d snippet"
@@ -106,6 +118,7 @@ need libzenbind$so libhwloc "the library links hwloc"
 need zenflow-bind-slurm "slurm-wlm-basic-plugins (>= " "srun and slurmstepd load only plugins of their release"
 need zenflow-bind-slurm "libzenbind$so (=" "the binder links libzenbind"
 need python3-zenflow-bind "zenflow-bind (=" "the Python package starts zenflow-optimizer"
+need libzenbind-dev "pkgconf | pkg-config" "find_package(zenbind) finds hwloc with pkg-config"
 case "$(depends zenflow-bind-slurm)" in *slurm-client*)
   echo "FAIL zenflow-bind-slurm depends on slurm-client, which compute nodes lack"; fail=1 ;; esac
 
