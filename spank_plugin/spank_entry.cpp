@@ -31,20 +31,25 @@ namespace {
 
 using namespace zb::spank;
 
-// Set by srun in the step's environment when the user's --cpu-bind wins over default=on.
-constexpr const char *kDeferVariable = "ZENFLOW_BIND_DEFERRED";
+// Set by srun in the step's environment when the user's --cpu-bind wins over default=on. Named
+// SLURM_*: under --export=NONE or a list, srun passes its own SLURM_* variables and no others.
+constexpr const char *kDeferVariable = "SLURM_ZENFLOW_BIND_DEFERRED";
 
 // User strings are parsed in root's slurmstepd: anything longer than this is refused unread.
 constexpr size_t max_option_bytes = 8192;
 
 // Whether a failing init in slurmstepd fails only the job (slurm_spank_init_failure_mode, 25.05
 // and later). Before 25.05 it fails the step's launch, and a batch job's failed launch drains the
-// node, so there a bad plugstack.conf argument fails the tasks instead (State::config_error).
+// node, so there a bad plugstack.conf argument fails the tasks instead (State::task_error).
 constexpr bool init_failure_fails_job = SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(25, 5, 0);
 
 struct State {
     zb_options admin{};
-    std::string config_error; // slurmstepd before 25.05: a bad plugstack.conf argument
+    // In slurmstepd, why every task of the step fails: a bad plugstack.conf argument before
+    // 25.05, or user options that reach the step and cannot be applied (any user can put them
+    // in the job's environment, and a site may deny what was allowed when the job was queued).
+    // The step's launch must not fail instead: for a batch step that drains the node.
+    std::string task_error;
     bool user_given = false;
     std::string user_text;
     Resolved resolved{};
@@ -74,9 +79,13 @@ int on_option(int, const char *optarg, int remote) noexcept {
         // with %s): that, too, is the bare option.
         const char *text = optarg && std::strcmp(optarg, "(null)") != 0 ? optarg : "";
         if (strnlen(text, max_option_bytes + 1) > max_option_bytes) {
-            slurm_error("zenflow-bind: --zenflow-bind value longer than %zu bytes",
-                        max_option_bytes);
-            return -1;
+            const std::string error = "--zenflow-bind value longer than " +
+                                      std::to_string(max_option_bytes) + " bytes";
+            slurm_error("zenflow-bind: %s", error.c_str());
+            if (!remote) return -1;
+            // slurmstepd only logs a refused option and goes on with the site's values
+            s.task_error = error;
+            return 0;
         }
         // Slurm may deliver the option twice (command line, then environment): last one wins.
         s.user_given = true;
@@ -108,6 +117,24 @@ void fill_usage() {
                   keys);
 }
 
+// Whether this step binds its tasks: then the binder is loaded and has set the step up.
+bool binds(spank_t sp, State &s, uint32_t step_id, bool deferred) {
+    if (!s.task_error.empty()) return false;
+    std::string error;
+    if (!resolve(s.admin, s.user_given ? s.user_text.c_str() : nullptr, s.resolved, error)) {
+        slurm_error("zenflow-bind: %s: every task of this step fails", error.c_str());
+        s.task_error = error;
+        return false;
+    }
+    if (!s.resolved.enabled || deferred) return false; // off, or left to the user's --cpu-bind
+    const bool batch_like = step_id == SLURM_BATCH_SCRIPT || step_id == SLURM_INTERACTIVE_STEP;
+    if (batch_like && !s.resolved.options.batch) return false;
+    s.binder = load_binder(s.binder_error); // if not, task_init says why, per onerror=
+    if (!s.binder) return false;
+    s.binder->step_init(sp, &s.resolved.options);
+    return true;
+}
+
 } // namespace
 
 extern "C" {
@@ -127,7 +154,7 @@ ZB_SPANK_EXPORT int slurm_spank_init(spank_t sp, int ac, char **av) {
                 return -1;
             }
             slurm_error("zenflow-bind: %s: every task of this step fails", error.c_str());
-            s.config_error = "the administrator's " + error;
+            s.task_error = "the administrator's " + error;
         }
         fill_usage();
         if (spank_option_register(sp, &option) != ESPANK_SUCCESS) {
@@ -175,38 +202,25 @@ ZB_SPANK_EXPORT int slurm_spank_local_user_init(spank_t, int, char **) {
 ZB_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int, char **) {
     return guarded("user_init", [&] {
         State &s = state();
-        if (!s.config_error.empty()) return 0; // task_init fails each task
         uint32_t step_id = 0;
         if (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS) return 0;
         if (step_id == SLURM_EXTERN_CONT) return 0;
-        std::string error;
-        if (!resolve(s.admin, s.user_given ? s.user_text.c_str() : nullptr, s.resolved, error)) {
-            slurm_error("zenflow-bind: %s", error.c_str());
-            return -1;
-        }
-        if (!s.resolved.enabled) return 0;
         char deferred[32] = {};
-        if (spank_getenv(sp, kDeferVariable, deferred, sizeof deferred) == ESPANK_SUCCESS) {
-            spank_unsetenv(sp, kDeferVariable);
-            clear_env(sp); // srun left this step to the user's --cpu-bind: no plan of ours
-            return 0;
-        }
-        const bool batch_like = step_id == SLURM_BATCH_SCRIPT || step_id == SLURM_INTERACTIVE_STEP;
-        if (batch_like && !s.resolved.options.batch) return 0;
-        s.binder = load_binder(s.binder_error);
-        if (s.binder)
-            s.binder->step_init(sp, &s.resolved.options);
-        else
-            clear_env(sp); // no binding, no inherited plan (task_init says why, per onerror=)
-        return 0;
+        const bool defer =
+            spank_getenv(sp, kDeferVariable, deferred, sizeof deferred) == ESPANK_SUCCESS;
+        if (defer) spank_unsetenv(sp, kDeferVariable);
+        // A step without a plan of its own keeps none it inherited (from a bound batch step):
+        // its optimizer worker would pin itself to CPUs that are not this step's.
+        if (!binds(sp, s, step_id, defer)) clear_env(sp);
+        return 0; // never -1: a batch step whose launch fails drains the node
     });
 }
 
 ZB_SPANK_EXPORT int slurm_spank_task_init(spank_t sp, int, char **) {
     return guarded("task_init", [&] {
         const State &s = state();
-        if (!s.config_error.empty()) {
-            tell_user("error: " + s.config_error);
+        if (!s.task_error.empty()) {
+            tell_user("error: " + s.task_error);
             return -1; // this task only: its parent, slurmstepd, goes on and reports it
         }
         if (s.binder) return s.binder->task_init(sp, &s.resolved.options);

@@ -95,7 +95,9 @@ class ClusterCase(unittest.TestCase):
 
     def tasks(self, *srun_args, check=True, env=None):
         """Runs REPORT in every task; returns ({task id: Task}, completed process)."""
-        p = self.run_cmd("srun", "-l", *srun_args, "bash", "-c", REPORT, check=check, env=env)
+        # /bin/bash: under --export=NONE the tasks have no PATH
+        p = self.run_cmd("srun", "-l", *srun_args, "/bin/bash", "-c", REPORT, check=check,
+                         env=env)
         tasks = {}
         for line in p.stdout.splitlines():
             m = re.match(r"\s*(\d+): env=(.*)", line)

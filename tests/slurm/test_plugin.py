@@ -170,6 +170,22 @@ class PluginOnSlurm(ClusterCase):
         self.assertIn("keeps Slurm's binding", p.stderr)
         plain, _ = self.tasks("-n1", "-c2")  # and default=on still binds without --cpu-bind
         self.assertNotEqual(plain[0].train, "unset")
+        # srun passes the decision on under --export=NONE (or a list) too, which hands the
+        # tasks srun's SLURM_* variables and no others
+        tasks, p = self.tasks("-n1", "-c2", "--cpu-bind=map_cpu:1", "--export=NONE")
+        self.assertEqual(tasks[0].affinity, slurm_only[0].affinity, "Slurm's binding is kept")
+        self.assertEqual((tasks[0].omp, tasks[0].train), ("unset",) * 2)
+        self.assertIn("keeps Slurm's binding", p.stderr)
+
+    def test_steps_it_leaves_alone_keep_no_inherited_plan(self):
+        # Inside a bound batch step, every step the script starts inherits the batch step's
+        # plan; a step that is not bound must not pass it to its tasks' optimizer workers.
+        inherited = dict(self.env, ZENFLOW_TRAIN_CPUS="0", ZENFLOW_OPT_CPUS="1",
+                         ZENFLOW_OPT_THREADS="1", ZENFLOW_BIND_OPTIONS="batch")
+        for args in (("--zenflow-bind=off",), ()):
+            tasks, _ = self.tasks("-n1", "-c2", *args, env=inherited)
+            t = tasks[0]
+            self.assertEqual((t.train, t.opt, t.opt_threads, t.options), ("unset",) * 4, args)
 
     def test_sbatch_option_reaches_srun_in_script(self):
         # The bare form matters: 22.05 hands it to the job's srun as the text "(null)".
