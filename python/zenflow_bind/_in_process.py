@@ -103,6 +103,21 @@ def _count_steps(states):
         _increment_version(direct)
 
 
+def _unfit(index, shard, **tensors):
+    """Why the kernel cannot step parameter `index` with these tensors."""
+    for name, t in tensors.items():
+        if t.numel() != shard.numel():
+            return (f"parameter {index} has {shard.numel()} elements and its {name} "
+                    f"{t.numel()}: a resized parameter (.data =) needs a new optimizer, or its "
+                    "state and gradient resized with it")
+        if not t.is_cpu or (name.startswith("exp_avg") and t.dtype is not torch.float32) or \
+                not t.is_contiguous():
+            return (f"parameter {index}: its {name} is now a {t.dtype} tensor on {t.device}"
+                    f"{'' if t.is_contiguous() else ', not contiguous'}; the kernel steps fp32 "
+                    "moments and gradients held contiguous on the CPU")
+    raise AssertionError("no unfit tensor")
+
+
 class InProcessAdamW(AdamW):
     """AdamW(..., worker=False). See zenflow_bind.optim.AdamW and zenflow_bind.optim(3)."""
 
@@ -341,6 +356,15 @@ class InProcessAdamW(AdamW):
                     grad = grad.to(dtype)
                 if not grad.is_contiguous():
                     grad = grad.contiguous()
+                # The kernel walks the parameter's count through every buffer: each one checked
+                # at every step, since .data = re-seats a tensor in place (a resized model)
+                n = shard.numel()
+                if grad.numel() != n or m.numel() != n or v.numel() != n or \
+                        target.numel() != n or not (grad.is_cpu and m.is_cpu and v.is_cpu) or \
+                        m.dtype is not torch.float32 or v.dtype is not torch.float32 or \
+                        not (m.is_contiguous() and v.is_contiguous()):
+                    raise ValueError(_unfit(index, shard, grad=grad, exp_avg=m, exp_avg_sq=v,
+                                            master_param=target))
                 grads[id(p)] = grad
                 key = (dtype, None) if copy is None else (dtype, dtype)
                 rows = buckets.get(key)

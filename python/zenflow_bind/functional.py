@@ -70,9 +70,18 @@ def _step(value):
     if isinstance(value, numbers.Real) and not isinstance(value, (bool, int)) and \
             float(value).is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"step must be a whole number >= 1, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**63:
+        raise ValueError(f"step must be a whole number from 1 to 2**63 - 1, not {value!r}")
     return value
+
+
+def _threads(value):
+    """A thread count for zb_adam_step: 0 (OpenMP's default) or a count that fits its int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
+            not 0 <= value < 2**31:
+        raise ValueError(f"threads must be 0 (OpenMP's default) or a number of threads, not "
+                         f"{value!r}")
+    return int(value)
 
 
 def _check(what, i, t, dtypes, numel):
@@ -139,7 +148,7 @@ def adamw_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr=1e-3, betas=(0.9, 0
                  copy_out[i] if copy_out is not None else None, 0, steps[i] if steps else 0)
     return launch(rows, grad_dtype, copy_dtype, hyper, base_step,
                   -float(grad_scale) if maximize else float(grad_scale), skip_nonfinite,
-                  _number("max_grad_norm", max_grad_norm), bool(grad_norm), int(threads))
+                  _number("max_grad_norm", max_grad_norm), bool(grad_norm), _threads(threads))
 
 
 def adam_args(grad_dtype, grad_scale, threads):

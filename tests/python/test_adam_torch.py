@@ -127,6 +127,12 @@ class BadInput(unittest.TestCase):
                   exp_avgs=[torch.zeros(16)], exp_avg_sqs=[torch.zeros(16)]),
              ValueError, "not contiguous"),
             (dict(step=0), ValueError, "step must be"),
+            # ctypes would wrap these without a word: 2**64 + 3 stepped as step 3
+            (dict(step=2**64 + 3), ValueError, r"step must be a whole number from 1 to 2\*\*63"),
+            (dict(step=[2**63]), ValueError, "step must be"),
+            (dict(threads=2**32), ValueError, "threads must be 0"),
+            (dict(threads=-1), ValueError, "threads must be 0"),
+            (dict(threads=1.5), ValueError, "threads must be 0"),
             (dict(lr="0.1"), TypeError, "lr must be a number"),
             (dict(grads=[torch.ones(8).to(torch.int32)]), TypeError, "grads"),
         ]

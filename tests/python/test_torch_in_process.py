@@ -324,6 +324,41 @@ class InProcess(unittest.TestCase):
                                                "has no master_param"):
             opt.step()
 
+    def test_tensors_reseated_to_another_size_or_place_are_refused(self):
+        # .data = re-seats a tensor in place: the same object, another count, dtype or device.
+        # The kernel walks the parameter's count through every buffer, so each is checked at
+        # every step, before anything is written (this read and wrote past their ends).
+        def resized(p, state):
+            p.data = torch.randn(1 << 16)
+            p.grad = torch.randn(1 << 16)
+
+        cases = {
+            "the parameter resized": (resized, "has 65536 elements and its exp_avg 4"),
+            "its gradient shrunk": (lambda p, s: setattr(p.grad, "data", torch.randn(3)),
+                                    "has 4 elements and its grad 3"),
+            "exp_avg shrunk": (lambda p, s: setattr(s["exp_avg"], "data", torch.zeros(2)),
+                               "its exp_avg 2"),
+            "exp_avg_sq made fp64": (lambda p, s: setattr(s["exp_avg_sq"], "data",
+                                                          torch.zeros(4, dtype=torch.float64)),
+                                     "its exp_avg_sq is now a torch.float64 tensor"),
+            "exp_avg made strided": (lambda p, s: setattr(s["exp_avg"], "data",
+                                                          torch.zeros(8)[::2]),
+                                     "not contiguous"),
+        }
+        for name, (reseat, says) in cases.items():
+            with self.subTest(name):
+                p = torch.nn.Parameter(torch.randn(4))
+                p.grad = torch.randn(4)
+                opt = local_opt([p])
+                opt.step()
+                reseat(p, opt.state[p])
+                before = (p.detach().clone(), [t.clone() for t in opt.state[p].values()])
+                with self.assertRaisesRegex(ValueError, f"parameter 0.*{says}"):
+                    opt.step()
+                self.assertTrue(torch.equal(p.detach(), before[0]), "nothing written")
+                for a, b in zip(opt.state[p].values(), before[1]):
+                    self.assertTrue(torch.equal(a, b), "nothing written")
+
     def test_a_non_leaf_tensor_that_retains_its_gradient(self):
         # torch optimizes one; the worker has no hook for it and copies its gradient at step()
         for worker in (True, False):
