@@ -176,8 +176,14 @@ ZB_SPANK_EXPORT int slurm_spank_local_user_init(spank_t, int, char **) {
         if (!resolve(s.admin, s.user_given ? s.user_text.c_str() : nullptr, resolved, error))
             return 0; // reported by on_option already
         if (!resolved.enabled) return 0;
-        const CpuBindDecision d = decide_cpu_bind(std::getenv("SLURM_CPU_BIND_TYPE"),
-                                                  std::getenv("SLURM_CPU_BIND_LIST"), s.user_given);
+        // srun writes SLURM_CPU_BIND with _TYPE and _LIST when it has a --cpu-bind. Without it
+        // the other two are a task's own, left to an srun started inside that task after
+        // `unset SLURM_CPU_BIND` (which srun reads as --cpu-bind), and srun ignores them.
+        const CpuBindDecision d =
+            std::getenv("SLURM_CPU_BIND")
+                ? decide_cpu_bind(std::getenv("SLURM_CPU_BIND_TYPE"),
+                                  std::getenv("SLURM_CPU_BIND_LIST"), s.user_given)
+                : CpuBindDecision{};
         switch (d.action) {
         case CpuBindAction::none:
             return 0;

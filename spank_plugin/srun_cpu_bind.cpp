@@ -38,7 +38,9 @@ CpuBindDecision decide_cpu_bind(const char *type, const char *list, bool asked) 
     if (asked)
         return {CpuBindAction::refuse,
                 given + " and --zenflow-bind both choose the tasks' CPUs; give only one of them "
-                        "(see zenflow_bind(8), --cpu-bind)"};
+                        "(an exported SLURM_CPU_BIND counts as --cpu-bind: inside another step's "
+                        "task it holds that task's mask; unset it, or give --cpu-bind=cores; see "
+                        "zenflow_bind(8), --cpu-bind)"};
     return {CpuBindAction::defer, given + " given: this step keeps Slurm's binding (zenflow-bind, "
                                           "on by the site's default, stays off)"};
 }

@@ -144,6 +144,17 @@ class PluginOnSlurm(ClusterCase):
             self.assertIn("give only one of them", p.stderr)
             self.assertFalse(os.path.exists(marker), f"--cpu-bind={bind}: a task ran")
 
+    def test_srun_inside_a_task_says_where_its_cpu_bind_comes_from(self):
+        # A task's SLURM_CPU_BIND holds its mask; a nested srun takes it as --cpu-bind
+        inner = "srun -n1 -c1 --overlap {} --zenflow-bind /bin/bash -c 'echo in=$ZENFLOW_TRAIN_CPUS'"
+        p = self.run_cmd("srun", "-n1", "-c2", "/bin/bash", "-c",
+                         inner.format("") + "; echo rc=$?; unset SLURM_CPU_BIND; " +
+                         inner.format("") + "; " + inner.format("--cpu-bind=cores"), check=False)
+        self.assertIn("--cpu-bind=mask_cpu", p.stderr)
+        self.assertIn("an exported SLURM_CPU_BIND counts as --cpu-bind", p.stderr)
+        self.assertRegex(p.stdout, r"rc=[1-9]")
+        self.assertEqual(len(re.findall(r"in=\d", p.stdout)), 2, (p.stdout, p.stderr))
+
     def test_cpu_bind_granularity_is_refined_and_said(self):
         tasks, p = self.tasks("-n1", "-c2", "--cpu-bind=cores", "--zenflow-bind")
         t = tasks[0]
