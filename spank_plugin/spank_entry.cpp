@@ -217,7 +217,7 @@ ZB_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int, char **) {
         if (defer) spank_unsetenv(sp, kDeferVariable);
         // A step without a plan of its own keeps none it inherited (from a bound batch step):
         // its optimizer worker would pin itself to CPUs that are not this step's.
-        if (!binds(sp, s, step_id, defer)) clear_env(sp);
+        if (!binds(sp, s, step_id, defer)) clear_inherited_plan(sp);
         return 0; // never -1: a batch step whose launch fails drains the node
     });
 }

@@ -21,4 +21,9 @@ inline constexpr size_t kTaskVariableCount = sizeof kTaskVariables / sizeof *kTa
 // too (a step inside a bound batch step), so a worker never pins itself to another step's plan.
 void clear_env(spank_t sp);
 
+// clear_env() where the environment holds a plan the plugin made (it always exports
+// ZENFLOW_BIND_OPTIONS): for steps it does not bind, whose ZENFLOW_* variables a user may have set
+// by hand for the worker.
+void clear_inherited_plan(spank_t sp);
+
 } // namespace zb::spank

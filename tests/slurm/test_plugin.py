@@ -173,7 +173,8 @@ class PluginOnSlurm(ClusterCase):
         slurm_only, _ = self.tasks("-n1", "-c2", "--cpu-bind=map_cpu:1")
         self.plugstack("default=on")
         # Variables inherited from a bound batch step must not reach a step left to Slurm.
-        inherited = dict(self.env, ZENFLOW_TRAIN_CPUS="0", ZENFLOW_OPT_CPUS="1")
+        inherited = dict(self.env, ZENFLOW_TRAIN_CPUS="0", ZENFLOW_OPT_CPUS="1",
+                         ZENFLOW_BIND_OPTIONS="batch")
         tasks, p = self.tasks("-n1", "-c2", "--cpu-bind=map_cpu:1", env=inherited)
         t = tasks[0]
         self.assertEqual(t.affinity, slurm_only[0].affinity, "Slurm's binding is kept")
@@ -197,6 +198,10 @@ class PluginOnSlurm(ClusterCase):
             tasks, _ = self.tasks("-n1", "-c2", *args, env=inherited)
             t = tasks[0]
             self.assertEqual((t.train, t.opt, t.opt_threads, t.options), ("unset",) * 4, args)
+        # without ZENFLOW_BIND_OPTIONS they are no plan of the plugin's: a user's own, kept
+        own = dict(self.env, ZENFLOW_OPT_CPUS="1", ZENFLOW_OPT_THREADS="1")
+        tasks, _ = self.tasks("-n1", "-c2", env=own)
+        self.assertEqual((tasks[0].opt, tasks[0].opt_threads), ("1", "1"))
 
     def test_sbatch_option_reaches_srun_in_script(self):
         # The bare form matters: 22.05 hands it to the job's srun as the text "(null)".
