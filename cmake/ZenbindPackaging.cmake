@@ -68,12 +68,11 @@ set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 # pkg-config: the CMake package finds hwloc with it
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
     "libzenbind${ZB_SOVERSION} ${zb_same}, libhwloc-dev, pkgconf | pkg-config")
-set(CPACK_DEBIAN_DEV_PACKAGE_RECOMMENDS "zenflow-bind ${zb_same}")
 set(CPACK_DEBIAN_DEV_DESCRIPTION "development files of libzenbind
 The C headers (zenbind/zenbind.h, worker.h, adam.h, hwloc.h), the libzenbind.so link,
-the CMake package (find_package(zenbind)) and the pkg-config file, for
-programs that plan CPUs, drive the zenflow-optimizer worker or step Adam in
-their own process. The libzenbind(3) manual page comes with zenflow-bind.")
+the CMake package (find_package(zenbind)) and the pkg-config file, and the
+libzenbind(3) manual page, for programs that plan CPUs, drive the
+zenflow-optimizer worker or step Adam in their own process.")
 
 set(CPACK_DEBIAN_TOOLS_PACKAGE_NAME zenflow-bind)
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SECTION admin)
@@ -82,8 +81,7 @@ set(CPACK_DEBIAN_TOOLS_DESCRIPTION "CPU Adam worker and planning tools for offlo
 zenflow-optimizer runs Adam/AdamW for a training process on CPUs of its own,
 pinned and NUMA-local, driven over shared memory. zenbind previews the plans
 of the Slurm plugin for any machine and measures where the optimizer
-saturates memory; zenflow-bench measures the kernels and the worker. The
-libzenbind(3) manual page documents the C API and the worker's defaults.")
+saturates memory; zenflow-bench measures the kernels and the worker.")
 
 set(CPACK_DEBIAN_SLURM_PACKAGE_NAME zenflow-bind-slurm)
 set(CPACK_DEBIAN_SLURM_PACKAGE_SECTION admin)
