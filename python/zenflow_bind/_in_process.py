@@ -132,9 +132,11 @@ class InProcessAdamW(AdamW):
                              "this process's own CPUs (srun --zenflow-bind=mode=offload binds "
                              "them)")
         if threads is not None and (isinstance(threads, bool) or
-                                    not isinstance(threads, numbers.Integral) or threads < 1):
-            raise ValueError(f"threads must be a count >= 1 or None, not {threads!r}")
-        self.threads = threads
+                                    not isinstance(threads, numbers.Integral) or
+                                    not 1 <= threads < 2**31):
+            raise ValueError(f"threads must be a count from 1 to 2**31 - 1 or None, not "
+                             f"{threads!r}")
+        self.threads = None if threads is None else int(threads)
         self._pending_scale = None  # given to step_during_backward(), for the step() after it
         self._seen = {}  # 16-bit parameter -> (data_ptr, _version) after our last write
         self._ready = {}  # parameter -> its state tensors as last made ready for the kernel

@@ -26,7 +26,6 @@ OMP_NUM_THREADS to match.
 import inspect
 import json
 import os
-import socket
 import warnings
 
 __all__ = ["Plan", "PlanUnavailable", "plan_from_environ", "use_plan"]
@@ -221,45 +220,49 @@ def _watch_initialize(plan):
     return True
 
 
-def _agree(plan):
+def _task_of(env):
+    """The srun task whose environment this is (job, step, task rank), None outside one: the
+    plugin plans per task, so two ranks with the same one share one task's plan."""
+    ids = tuple(env.get(k) for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID"))
+    return ids if all(ids) else None
+
+
+def _agree(plan, task):
     """Every rank learns every rank's plan, in one collective that all of them make, and fails
     with the others where the plans cannot serve: only some ranks have one (the unplanned ones
-    would wait in DeepSpeed's all_gather for ranks that never come), or two ranks on one host
-    hold the same CPUs: one srun task's plan inherited by several ranks (torchrun or the
-    deepspeed launcher started inside it), which DeepSpeed's own split would have told apart."""
+    would wait in DeepSpeed's all_gather for ranks that never come), or two ranks hold the plan
+    of the same srun task (torchrun or the deepspeed launcher started them inside it), whose
+    CPUs they would all take, where DeepSpeed's own split would have told them apart."""
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):
         return
-    mine = None if plan is None else sorted(set(plan.train_cpus) | set(plan.opt_cpus))
     everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (socket.gethostname(), mine))
-    planned = sum(cpus is not None for _, cpus in everyone)
+    dist.all_gather_object(everyone, (plan is not None, task if plan is not None else None))
+    planned = sum(has for has, _ in everyone)
     if 0 < planned < len(everyone):
         raise RuntimeError(f"zenflow_bind.deepspeed: {planned} ranks run under "
                            f"srun --zenflow-bind and {len(everyone) - planned} do not (this one "
                            f"{'does' if plan is not None else 'does not'}); ZenFlow's CPU split "
                            "needs every rank on the same path: run every node's tasks with "
                            "--zenflow-bind, or none")
-    owner = {}
-    for rank, (host, cpus) in enumerate(everyone):
-        for cpu in cpus or ():
-            first = owner.setdefault((host, cpu), rank)
-            if first != rank:
-                raise RuntimeError(
-                    f"zenflow_bind.deepspeed: ranks {first} and {rank} on {host} were given the "
-                    f"same CPUs ({cpu} among them): one srun task's plan reached several ranks, "
-                    "as when torchrun or the deepspeed launcher starts them inside one task. "
-                    "Start one task per rank (srun --ntasks-per-node=RANKS --zenflow-bind "
-                    "python train.py), or run the launcher without --zenflow-bind")
+    first = {}
+    for rank, (_, owner) in enumerate(everyone):
+        if owner is not None and first.setdefault(owner, rank) != rank:
+            raise RuntimeError(
+                f"zenflow_bind.deepspeed: ranks {first[owner]} and {rank} hold the plan of the "
+                f"same srun task (job {owner[0]}, step {owner[1]}, task {owner[2]}), and would "
+                "share its CPUs: torchrun or the deepspeed launcher started them inside one task. "
+                "Start one task per rank (srun --ntasks-per-node=RANKS --zenflow-bind python "
+                "train.py), or run the launcher without --zenflow-bind")
 
 
-def _install(zu, plan):
+def _install(zu, plan, task):
     """Replace DeepSpeed's split by the plan's (plan None: DeepSpeed's own), after _agree."""
     current = zu._compute_zf_pt_affinity
     original = getattr(current, "_zenflow_bind_original", current)
 
     def compute_zf_pt_affinity(zf_optimizer):
-        _agree(plan)
+        _agree(plan, task)
         if plan is None:
             return original(zf_optimizer)
         # (optimizer CPUs, training CPUs), as DeepSpeed's own function returns them; no
@@ -292,7 +295,8 @@ def use_plan(environ=None, config=None):
         warnings.warn(f"zenflow_bind.deepspeed: {why or unknown}; nothing changed",
                       stacklevel=2)
         return None
-    _install(zu, plan)  # with no plan too: that rank still joins the agreement
+    # with no plan too: that rank still joins the agreement
+    _install(zu, plan, _task_of(os.environ if environ is None else environ))
     if plan is None:
         warnings.warn(f"zenflow_bind.deepspeed: {why}", stacklevel=2)
         return None

@@ -21,6 +21,8 @@ PLUGIN_ENV = {"ZENFLOW_TRAIN_CPUS": "0-1,8-9", "ZENFLOW_OPT_CPUS": "2-3",
 # another task of the same node: its own CPUs
 OTHER_TASK_ENV = {"ZENFLOW_TRAIN_CPUS": "4-5", "ZENFLOW_OPT_CPUS": "6-7",
                   "ZENFLOW_OPT_THREADS": "2", "OMP_NUM_THREADS": "2"}
+# PLUGIN_ENV as srun task 0 of step 7.0 has it
+TASK_0 = dict(PLUGIN_ENV, SLURM_JOB_ID="7", SLURM_STEP_ID="0", SLURM_PROCID="0")
 # what the plugin exports on an SMT node (zenbind plan --tasks 2 --synthetic
 # "package:1 core:8 pu:2", task 0): two training cores with their siblings, one thread each
 SMT_ENV = {"ZENFLOW_TRAIN_CPUS": "0-3", "ZENFLOW_OPT_CPUS": "4-7", "ZENFLOW_OPT_THREADS": "4",
@@ -246,7 +248,11 @@ class UsePlan(unittest.TestCase):
                                                    "1 do not"),
                                ([PLUGIN_ENV, OTHER_TASK_ENV], ("plan [2, 3]", "plan [6, 7]")),
                                # one task's plan inherited by two ranks (torchrun inside it)
-                               ([PLUGIN_ENV, PLUGIN_ENV], "ranks 0 and 1 on "),
+                               ([TASK_0, TASK_0], "ranks 0 and 1 hold the plan of the same "
+                                                  "srun task (job 7, step 0, task 0)"),
+                               # two tasks on the same cores (more tasks than cores: the plugin
+                               # shares them round-robin, with a warning): each its own plan
+                               ([TASK_0, dict(TASK_0, SLURM_PROCID="1")], "plan [2, 3]"),
                                ([{}, {}], "deepspeed [99]")):
                 import torch.multiprocessing as mp
                 store = tempfile.mktemp(dir=where)
