@@ -3,7 +3,7 @@
 // own share, so the rules below must be deterministic and must never read CPU-id order as a
 // topology: only hwloc's objects say which CPUs are siblings and which NUMA node holds them.
 //
-// 1. Cores: hwloc cores (PUs on machines without core objects) with at least one allowed PU; a
+// 1. Cores: hwloc cores (a PU without a core above it is one) with at least one allowed PU; a
 //    core keeps only its allowed PUs. Whole cores go to one task.
 // 2. Sequence: cores grouped by NUMA node (nodes in topology order; numa=ignore: no grouping),
 //    in topology order inside a node. NUMA nodes without CPUs hold no cores.
@@ -12,7 +12,8 @@
 //    crossed, so tasks that divide over the nodes get one node each. More tasks than cores: task
 //    i shares core i mod C.
 // 4. Inside a task: the optimizer gets its cores from the node holding most of the task's cores,
-//    the last ones in sequence order; training gets the rest with all their PUs.
+//    the last ones in sequence order; training gets the rest with all their PUs (where explicit
+//    train= and opt= leave some idle, it takes the first of that node's first).
 // 5. mode=offload: no split; the training process gets every PU of its share and one thread per
 //    core, for optimizers that run inside it (rules 1-3 unchanged).
 // 6. GPUs (zb_plan_compute with gpu_nodes): the shares of rule 3 are dealt to the tasks by their
@@ -107,16 +108,21 @@ Machine build_machine(hwloc_topology_t topo, hwloc_const_cpuset_t allowed, zb_nu
         m.node_os.push_back(n->os_index);
     if (m.node_os.empty()) m.node_os.push_back(0); // no NUMA information: one node 0
 
+    // Each allowed PU joins its core, in topology order; a PU without a core above it (a machine
+    // or a package without core objects) is a core of its own.
     std::vector<Core> cores;
-    const int depth = hwloc_get_type_or_below_depth(topo, HWLOC_OBJ_CORE);
-    for (hwloc_obj_t c = hwloc_get_next_obj_by_depth(topo, depth, nullptr); c;
-         c = hwloc_get_next_obj_by_depth(topo, depth, c)) {
-        Core core;
-        hwloc_bitmap_and(core.pus, c->cpuset, allowed);
-        if (hwloc_bitmap_iszero(core.pus)) continue;
-        core.node = std::max(0, home_node(nodes, core.pus));
-        cores.push_back(std::move(core));
+    hwloc_obj_t last = nullptr;
+    for (hwloc_obj_t pu = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_PU, nullptr); pu;
+         pu = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_PU, pu)) {
+        if (!hwloc_bitmap_isset(allowed, pu->os_index)) continue;
+        hwloc_obj_t core = hwloc_get_ancestor_obj_by_type(topo, HWLOC_OBJ_CORE, pu);
+        if (!core) core = pu;
+        if (core != last) cores.emplace_back(); // a core's PUs are its children, in a row
+        last = core;
+        hwloc_bitmap_set(cores.back().pus, pu->os_index);
     }
+    for (Core &core : cores)
+        core.node = std::max(0, home_node(nodes, core.pus));
     if (numa != ZB_NUMA_IGNORE)
         std::stable_sort(cores.begin(), cores.end(),
                          [](const Core &a, const Core &b) { return a.node < b.node; });
@@ -176,10 +182,11 @@ Split split_cores(unsigned k, const zb_options &o, unsigned task, Warnings &warn
     if (o.train_cores) train = o.train_cores;
     if (o.train_fraction > 0) train = static_cast<unsigned>(std::lround(o.train_fraction * k));
     if (train_given && o.opt_cores) {
-        if (train == 0)
-            zb::fail(ZB_EIMPOSSIBLE, "task " + std::to_string(task) + " has " + std::to_string(k) +
-                                         " cores: train= leaves it no training core (with opt= "
-                                         "given, the rest is not handed to training)");
+        if (train == 0) { // a fraction of a small share: at least one, as without opt=
+            warn.add(task, "the train= fraction of its " + std::to_string(k) +
+                               " cores rounds to none; training gets 1");
+            train = 1;
+        }
         if (train + o.opt_cores > k)
             zb::fail(ZB_EIMPOSSIBLE, "task " + std::to_string(task) + " has " + std::to_string(k) +
                                          " cores, fewer than the " + std::to_string(train) +
@@ -263,13 +270,23 @@ zb_plan::Task make_task(const Machine &m, size_t first, size_t count, const zb_o
                 ++chosen;
             }
 
+    // Training: the first of the rest on the main node, then of the others (explicit train= and
+    // opt= may leave cores idle: those away from the optimizer's node, first).
+    std::vector<bool> is_train(count, false);
+    unsigned trained = 0;
+    for (int pass = 0; pass < 2 && trained < split.train; ++pass)
+        for (size_t i = 0; i < count && trained < split.train; ++i)
+            if (!is_opt[i] && !is_train[i] && ((begin[i].node == main) == (pass == 0))) {
+                is_train[i] = true;
+                ++trained;
+            }
+
     zb_plan::Task t;
     t.cores = k;
-    unsigned trained = 0;
     for (size_t i = 0; i < count; ++i) {
         const Core &c = begin[i];
         const unsigned node = m.node_os[static_cast<size_t>(c.node)];
-        if (is_opt[i] || trained < split.train) hwloc_bitmap_set(t.nodes, node);
+        if (is_opt[i] || is_train[i]) hwloc_bitmap_set(t.nodes, node);
         if (is_opt[i]) {
             hwloc_bitmap_set(t.mems, node);
             const int first_pu = hwloc_bitmap_first(c.pus);
@@ -283,9 +300,8 @@ zb_plan::Task make_task(const Machine &m, size_t first, size_t count, const zb_o
                     hwloc_bitmap_or(t.train, t.train, siblings);
                 }
             }
-        } else if (trained < split.train) { // explicit train= + opt= may leave cores idle
+        } else if (is_train[i]) {
             hwloc_bitmap_or(t.train, t.train, c.pus);
-            ++trained;
         }
     }
     t.train_threads = trained;

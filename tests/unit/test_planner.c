@@ -188,8 +188,42 @@ static void train_and_opt_options(void **state) {
     /* clamped: one core stays for training */
     expect_summary("0-7", 1, "opt=20", 0, "0|1-7|1|7|0", "no training core");
     expect_impossible("0-7", 1, "train=5,opt=5", "8 cores");
-    /* 0.05 x 8 rounds to no training core */
-    expect_impossible("0-7", 1, "train=0.05,opt=1", "no training core");
+    /* 0.05 x 8 rounds to no training core: one, as without opt= */
+    expect_summary("0-7", 1, "train=0.05,opt=1", 0, "0|7|1|1|0", "rounds to none");
+}
+
+/* Cores that explicit train= and opt= leave idle are the ones away from the optimizer's node:
+ * training stays on it (and numa=strict holds where the used cores fit one node). */
+static void training_keeps_to_the_optimizers_node(void **state) {
+    (void)state;
+    const char *two_nodes = "pack:2 [numa] core:4 pu:1"; /* node 0: CPUs 0-3, node 1: 4-7 */
+    planned p = plan_for(two_nodes, "3-7", 1, "train=1,opt=1,numa=strict");
+    if (p.status != ZB_OK) fail_msg("%s", zb_last_error());
+    assert_string_equal(summary(&p, 0), "4|7|1|1|1");
+    release(&p);
+    p = plan_for(two_nodes, "3-7", 1, "train=2,opt=1");
+    assert_int_equal(p.status, ZB_OK);
+    assert_string_equal(summary(&p, 0), "4-5|7|2|1|1");
+    release(&p);
+}
+
+/* A PU with no core object above it is a core of its own: none of the step's CPUs is dropped,
+ * and a step of only such CPUs plans (it divided by zero cores before). */
+static const char *no_cores_xml = ZB_SOURCE_DIR "/tests/topologies/pus_without_cores.xml";
+
+static void pus_without_cores_are_cores(void **state) {
+    (void)state;
+    planned p = plan_for(no_cores_xml, "4-7", 2, "");
+    if (p.status != ZB_OK) fail_msg("%s", zb_last_error());
+    assert_string_equal(summary(&p, 0), "4|5|1|1|1");
+    assert_string_equal(summary(&p, 1), "6|7|1|1|1");
+    release(&p);
+    p = plan_for(no_cores_xml, NULL, 3, "");
+    assert_int_equal(p.status, ZB_OK);
+    assert_string_equal(summary(&p, 0), "0-1|2|1|1|0"); /* package 0's cores keep their PUs */
+    assert_string_equal(summary(&p, 1), "4|5|1|1|1");
+    assert_string_equal(summary(&p, 2), "6|7|1|1|1");
+    release(&p);
 }
 
 static void numa_strict_and_ignore(void **state) {
@@ -451,6 +485,8 @@ int main(void) {
         cmocka_unit_test(high_cpu_ids_of_a_big_machine),
         cmocka_unit_test(smt_options),
         cmocka_unit_test(train_and_opt_options),
+        cmocka_unit_test(training_keeps_to_the_optimizers_node),
+        cmocka_unit_test(pus_without_cores_are_cores),
         cmocka_unit_test(numa_strict_and_ignore),
         cmocka_unit_test(numa_ignore_differs_from_prefer),
         cmocka_unit_test(interleaved_sockets_follow_the_topology_not_the_ids),
