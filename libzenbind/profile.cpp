@@ -7,6 +7,7 @@
 #include "error.hpp"
 #include "quote.hpp"
 #include "text_file.hpp"
+#include "topology.hpp"
 #include <zbutil/decimal.hpp>
 
 #include <algorithm>
@@ -158,10 +159,20 @@ void apply(const zb_profile &profile, hwloc_topology_t topo, hwloc_const_cpuset_
            unsigned ntasks, zb_options &options) {
     if (options.set & (ZB_SET_OPT | ZB_SET_TRAIN)) return; // the user's split wins
     if (ntasks == 0) zb::fail(ZB_EINVAL, "the task count must be at least 1");
-    std::vector<unsigned> used; // NUMA nodes (OS numbers) that hold allowed CPUs
-    for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr); n;
-         n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n))
-        if (n->cpuset && hwloc_bitmap_intersects(n->cpuset, allowed)) used.push_back(n->os_index);
+    // The home nodes (OS numbers) of the allowed CPUs, as the planner takes them: each CPU's
+    // first DRAM node, else its first memory-only one (HBM, CXL, a Grace Hopper GPU's memory),
+    // which holds no tasks where a DRAM node holds the CPU.
+    std::vector<unsigned> used;
+    zb::Bitmap rest;
+    hwloc_bitmap_copy(rest, allowed);
+    for (int pass = 0; pass < 2; ++pass)
+        for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr); n;
+             n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n))
+            if ((pass == 1 || zb::is_dram(n)) && n->cpuset &&
+                hwloc_bitmap_intersects(n->cpuset, rest)) {
+                used.push_back(n->os_index);
+                hwloc_bitmap_andnot(rest, rest, n->cpuset);
+            }
     if (used.empty()) return;
     const unsigned per_node = ceil_div(ntasks, static_cast<unsigned>(used.size()));
     unsigned opt = 0;

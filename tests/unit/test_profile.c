@@ -208,6 +208,31 @@ static void apply_shares_a_nodes_saturation_among_its_tasks(void **state) {
     assert_int_equal(opt_after_apply("0-63", 2, "train=5"), 0); /* train= fixes the split */
 }
 
+/* Memory-only NUMA nodes hold no tasks: on two Grace Hopper superchips (a DRAM node and the
+ * GPU's HBM node over each Grace's CPUs) four tasks are two per Grace node, not one per node of
+ * four (which gave each optimizer twice the cores that saturate its node). */
+static void apply_counts_the_nodes_that_hold_tasks(void **state) {
+    (void)state;
+    zb_topology_t *topo;
+    zb_profile_t *p;
+    zb_cpuset_t *allowed = zb_cpuset_alloc();
+    const double gbps[] = {50, 100, 150, 200, 250, 300, 350, 400};
+    assert_int_equal(
+        zb_topology_load_xml(ZB_SOURCE_DIR "/tests/topologies/grace_hopper_2x.xml", &topo),
+        ZB_OK);
+    assert_int_equal(zb_cpulist_parse("0-143", allowed), ZB_OK);
+    assert_int_equal(zb_profile_create(&p), ZB_OK);
+    assert_int_equal(zb_profile_add_node(p, 0, gbps, 8), ZB_OK);
+    assert_int_equal(zb_profile_add_node(p, 1, gbps, 8), ZB_OK);
+    zb_options o;
+    zb_options_init(&o);
+    assert_int_equal(zb_profile_apply(p, topo, allowed, 4, &o), ZB_OK);
+    assert_int_equal(o.opt_cores, 4); /* 8 cores saturate a node, shared by its 2 tasks */
+    zb_profile_free(p);
+    zb_topology_free(topo);
+    zb_cpuset_free(allowed);
+}
+
 /* Options smaller than this release's zb_options are refused and left as they were. */
 static void apply_refuses_short_options(void **state) {
     (void)state;
@@ -222,6 +247,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(saturation_is_fewest_cores_within_five_percent),
         cmocka_unit_test(save_then_load_round_trips),
+        cmocka_unit_test(apply_counts_the_nodes_that_hold_tasks),
         cmocka_unit_test(save_replaces_the_file_atomically),
         cmocka_unit_test(bad_files_are_refused_with_the_line),
         cmocka_unit_test(apply_shares_a_nodes_saturation_among_its_tasks),
