@@ -7,6 +7,7 @@
 #include <zenbind/adam.h>
 
 #include <zbadam/adam.hpp>
+#include <zbadam/float_mode.hpp>
 #include <zbadam/grad_stats.hpp>
 #include <zbadam/team_share.hpp>
 
@@ -43,8 +44,10 @@ void check_common(const zb_adam_tensor *tensors, size_t count, const zb_adam_arg
     if (grad != ZB_DTYPE_FP32 && grad != ZB_DTYPE_BF16 && grad != ZB_DTYPE_FP16)
         fail(ZB_EINVAL, fn + "grad must be FP32, BF16 or FP16");
     if (!std::isfinite(a->grad_scale)) fail(ZB_EINVAL, fn + "grad_scale must be finite");
-    if (a->threads < ZB_ADAM_TEAM)
-        fail(ZB_EINVAL, fn + "threads must be > 0, 0 (OpenMP's default) or ZB_ADAM_TEAM");
+    if (a->threads < ZB_ADAM_TEAM || a->threads > ZB_ADAM_MAX_THREADS)
+        fail(ZB_EINVAL, fn + "threads must be 1 to " + std::to_string(ZB_ADAM_MAX_THREADS) +
+                            ", 0 (OpenMP's default) or ZB_ADAM_TEAM, not " +
+                            std::to_string(a->threads));
     if (a->threads == ZB_ADAM_TEAM && omp_get_level() == 0)
         fail(ZB_EINVAL, fn + "threads is ZB_ADAM_TEAM outside an OpenMP parallel region");
     for (size_t k = 0; k < count; ++k)
@@ -170,6 +173,7 @@ struct Step {
 
     // Every thread of the team that runs the step; barriers between the phases.
     void run() {
+        const opt::IeeeMode mode; // every thread alike, whatever the caller's threads hold
         const int me = omp_get_thread_num(), threads = omp_get_num_threads();
         if (stats) {
             grad_stats(me, threads);

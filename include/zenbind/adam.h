@@ -39,6 +39,9 @@ typedef struct zb_adam_tensor {
  * arguments, and together they update the tensors (a team the caller keeps alive across steps). */
 #define ZB_ADAM_TEAM (-1)
 
+/* The most threads zb_adam_args.threads may ask for (OpenMP would try to make any number). */
+#define ZB_ADAM_MAX_THREADS 1024
+
 /* A step's arguments. Fill it with zb_adam_args_init(), which sets size; fields a later release
  * adds go at the end, and a caller built against this header keeps working. */
 typedef struct zb_adam_args {
@@ -50,7 +53,8 @@ typedef struct zb_adam_args {
     float grad_scale; /* multiplies every gradient (e.g. 1/loss_scale) */
     unsigned flags;   /* ZB_STEP_SKIP_NONFINITE, ZB_STEP_GRAD_NORM (worker.h) */
     float max_grad_norm; /* > 0: clip by the global norm, as zb_worker_step; 0: no clipping */
-    int threads;         /* > 0: that many OpenMP threads; 0: OpenMP's default; ZB_ADAM_TEAM */
+    int threads; /* 1..ZB_ADAM_MAX_THREADS: that many OpenMP threads; 0: OpenMP's default; or
+                    ZB_ADAM_TEAM */
 } zb_adam_args;
 
 /* Defaults: grad FP32, copy_out NONE, hyper from zb_adam_hyper_init(), step 1, grad_scale 1,

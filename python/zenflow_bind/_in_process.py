@@ -11,7 +11,6 @@ the modes."""
 import contextlib
 import ctypes
 import math
-import numbers
 import threading
 import weakref
 
@@ -22,7 +21,7 @@ from ._amp import forget, forgotten_on_error, scaler_mismatch, scaler_step, skip
 from ._compile import eager, eager_context
 from ._global_stats import clip_scale, complete_grads, sharded, stats
 from ._layout import _identity, local
-from .functional import Rows, StepResult, _increment_version, _number, launch
+from .functional import Rows, StepResult, _increment_version, _number, _threads, launch
 from ._signals import deferred_interrupts
 from ._state import _count
 from ._groups import (MATH_KEYS, adamw_of, apply_saved, as_torch_groups, check_group,
@@ -131,12 +130,7 @@ class InProcessAdamW(AdamW):
             raise ValueError("cpus and mems place a worker; with worker=False the step runs on "
                              "this process's own CPUs (srun --zenflow-bind=mode=offload binds "
                              "them)")
-        if threads is not None and (isinstance(threads, bool) or
-                                    not isinstance(threads, numbers.Integral) or
-                                    not 1 <= threads < 2**31):
-            raise ValueError(f"threads must be a count from 1 to 2**31 - 1 or None, not "
-                             f"{threads!r}")
-        self.threads = None if threads is None else int(threads)
+        self.threads = None if threads is None else _threads(threads, least=1)
         self._pending_scale = None  # given to step_during_backward(), for the step() after it
         self._seen = {}  # 16-bit parameter -> (data_ptr, _version) after our last write
         self._ready = {}  # parameter -> its state tensors as last made ready for the kernel

@@ -75,12 +75,13 @@ def _step(value):
     return value
 
 
-def _threads(value):
-    """A thread count for zb_adam_step: 0 (OpenMP's default) or a count that fits its int."""
+def _threads(value, least=0):
+    """A thread count for zb_adam_step: from `least` (0: OpenMP's default) to
+    ZB_ADAM_MAX_THREADS."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
-            not 0 <= value < 2**31:
-        raise ValueError(f"threads must be 0 (OpenMP's default) or a number of threads, not "
-                         f"{value!r}")
+            not least <= value <= _native.ADAM_MAX_THREADS:
+        raise ValueError(f"threads must be {'0 (OpenMP default) or ' if least == 0 else ''}a "
+                         f"count from 1 to {_native.ADAM_MAX_THREADS}, not {value!r}")
     return int(value)
 
 

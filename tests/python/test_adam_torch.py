@@ -131,6 +131,7 @@ class BadInput(unittest.TestCase):
             (dict(step=2**64 + 3), ValueError, r"step must be a whole number from 1 to 2\*\*63"),
             (dict(step=[2**63]), ValueError, "step must be"),
             (dict(threads=2**32), ValueError, "threads must be 0"),
+            (dict(threads=1025), ValueError, "a count from 1 to 1024"),  # libgomp would crash
             (dict(threads=-1), ValueError, "threads must be 0"),
             (dict(threads=1.5), ValueError, "threads must be 0"),
             (dict(lr="0.1"), TypeError, "lr must be a number"),

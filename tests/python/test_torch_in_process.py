@@ -400,7 +400,7 @@ class InProcess(unittest.TestCase):
             zt.AdamW([torch.nn.Parameter(torch.empty(3, device="meta"))], worker=False)
         with self.assertRaisesRegex(ValueError, "amsgrad"):
             zt.AdamW(params, worker=False, amsgrad=True)
-        for threads in (0, 2**32 + 1, 1.0, True):  # (ctypes' int would wrap 2**32 + 1 to 1)
+        for threads in (0, 1025, 2**32 + 1, 1.0, True):  # (ctypes' int wraps 2**32 + 1 to 1)
             with self.assertRaisesRegex(ValueError, "threads must be a count from 1"):
                 zt.AdamW(params, worker=False, threads=threads)
 

@@ -4,6 +4,7 @@
  * written. zb_adam_grad_stats: the step's pre-pass alone, the same bits. */
 #include <zenbind/adam.h>
 
+#include <fenv.h>
 #include <math.h>
 #include <omp.h>
 #include <setjmp.h>
@@ -14,6 +15,10 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 enum { N0 = 70001, N1 = 4099, N = N0 + N1, STEPS = 4 };
 
@@ -223,6 +228,81 @@ static void test_a_nonfinite_gradient_skips_and_writes_nothing(void **state) {
     assert_true(memcmp(&got, &before, sizeof got) != 0);
 }
 
+/* This thread's floating-point mode made non-IEEE (flush-to-zero, denormals-are-zero where the
+ * CPU has it, rounding upwards: what torch.set_flush_denormal(True) or fesetround() leave in a
+ * caller's threads), or back; whether it is so now. */
+static int odd_float_mode(int on) {
+#if defined(__x86_64__)
+    const unsigned bits = 0x8040u; /* MXCSR FTZ | DAZ */
+    _mm_setcsr(on ? _mm_getcsr() | bits : _mm_getcsr() & ~bits);
+    fesetround(on ? FE_UPWARD : FE_TONEAREST);
+    return (_mm_getcsr() & bits) == bits && fegetround() == FE_UPWARD;
+#elif defined(__aarch64__)
+    uint64_t v;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(v));
+    v = on ? v | (UINT64_C(1) << 24) : v & ~(UINT64_C(1) << 24); /* FPCR.FZ */
+    __asm__ volatile("msr fpcr, %0" : : "r"(v));
+    fesetround(on ? FE_UPWARD : FE_TONEAREST);
+    __asm__ volatile("mrs %0, fpcr" : "=r"(v));
+    return (v >> 24 & 1) && fegetround() == FE_UPWARD;
+#else
+    (void)on;
+    return -1;
+#endif
+}
+
+/* The step's bits are the same whatever mode the calling threads hold (the kernels set round to
+ * nearest with denormals kept, as torch computes by default), in a team of the library's and
+ * in the caller's own, and each thread's mode is back afterwards. Gradients of 1e-21 make
+ * denormal squares, which a flushing or upward-rounding thread changed. */
+static void test_the_callers_float_mode_is_not_the_steps(void **state) {
+    (void)state;
+    if (odd_float_mode(0) < 0) skip();
+    static float grad[N];
+    for (size_t i = 0; i < N; ++i)
+        grad[i] = grad_at(1, i) * 1e-20f;
+    const zb_adam_hyper h1 = hyper_b();
+    static streams want;
+    for (int run = 0; run < 3; ++run) {
+        memset(&got, 0, sizeof got);
+        fill_start(got.param);
+        zb_adam_tensor t[2];
+        tensors_of(&got, grad, t, &h1, 1);
+        zb_adam_args a = args_for(1, 2, 0, 0.0f, 1);
+        int odd = 1, restored = 1;
+        zb_status st[2] = {ZB_OK, ZB_OK};
+        if (run == 0) { /* the reference, every thread as a process starts */
+            assert_int_equal(zb_adam_step(t, 2, &a, NULL), ZB_OK);
+            want = got;
+            continue;
+        }
+        /* the library's team (its threads are OpenMP's pool, made odd here) or the caller's */
+#pragma omp parallel num_threads(2) reduction(& : odd)
+        odd &= odd_float_mode(1);
+        if (run == 1) {
+            odd &= odd_float_mode(1);
+            st[0] = zb_adam_step(t, 2, &a, NULL);
+            restored = odd_float_mode(1) == 1 && fegetround() == FE_UPWARD;
+        } else {
+            a.threads = ZB_ADAM_TEAM;
+#pragma omp parallel num_threads(2) reduction(& : restored)
+            {
+                odd_float_mode(1);
+                st[omp_get_thread_num()] = zb_adam_step(t, 2, &a, NULL);
+                restored &= fegetround() == FE_UPWARD;
+            }
+        }
+#pragma omp parallel num_threads(2)
+        odd_float_mode(0);
+        odd_float_mode(0);
+        assert_true(odd);
+        assert_int_equal(st[0], ZB_OK);
+        assert_int_equal(st[1], ZB_OK);
+        assert_true(restored);
+        assert_memory_equal(&got, &want, sizeof got);
+    }
+}
+
 static void expect_refused(const zb_adam_tensor *t, size_t count, const zb_adam_args *a,
                            const char *needle) {
     static streams before;
@@ -306,6 +386,10 @@ static void test_bad_arguments_change_nothing(void **state) {
     b = a;
     b.threads = ZB_ADAM_TEAM; /* outside any parallel region */
     expect_refused(t, 2, &b, "outside an OpenMP parallel region");
+    b.threads = ZB_ADAM_MAX_THREADS + 1; /* libgomp would try to make them all, and crash */
+    expect_refused(t, 2, &b, "threads must be 1 to 1024");
+    b.threads = -2;
+    expect_refused(t, 2, &b, "not -2");
     h1.beta2 = 1.0f; /* the second tensor's own hyperparameters, checked before the first */
     expect_refused(t, 2, &a, "tensor 1: hyper: beta1 and beta2");
     h1 = hyper_b();
@@ -396,6 +480,7 @@ int main(void) {
         cmocka_unit_test(test_same_bits_as_a_worker_on_any_threads),
         cmocka_unit_test(test_clipping_and_the_norm_as_a_worker),
         cmocka_unit_test(test_a_nonfinite_gradient_skips_and_writes_nothing),
+        cmocka_unit_test(test_the_callers_float_mode_is_not_the_steps),
         cmocka_unit_test(test_bad_arguments_change_nothing),
         cmocka_unit_test(test_the_hyperparameters_one_check),
         cmocka_unit_test(test_grad_stats_alone_as_a_step_finds),
