@@ -112,8 +112,7 @@ class Slot:
             return False
         if g.is_sparse:
             raise RuntimeError("zenflow_bind.optim.AdamW does not support sparse gradients")
-        copied = not again and staged is not None and staged[0] == k and \
-            staged[1]() is g and staged[2] == g._version  # the tensor the hook copied, unchanged
+        copied = not again and self._still_staged(staged, k, g)
         if not copied and g.data_ptr() != dst.data_ptr():
             self._copy_grad(g, dst)
         return True
@@ -121,7 +120,7 @@ class Slot:
     def _copy_grad(self, g, dst):
         dst.copy_(local(g))
         if self.grad_alias:  # from now on backward accumulates in shared memory
-            self.param.grad = dst
+            self.param.grad = shared_grad(dst)
 
     def streamable(self):
         """Whether watch() copies its gradient during backward."""
@@ -136,9 +135,14 @@ class Slot:
 
     def unchanged_since_staged(self, k):
         """The gradient backward gave it, copied into buffer k by the hook, not written since."""
-        g, staged = self.param.grad, self.staged
-        return staged is not None and staged[0] == k and staged[1]() is g and \
-            g is not None and staged[2] == g._version
+        return self._still_staged(self.staged, k, self.param.grad)
+
+    @staticmethod
+    def _still_staged(staged, k, g):
+        """Whether g is the tensor the hook copied into buffer k, unchanged since: the same
+        object, version and memory (p.grad.data = x re-seats it without a version)."""
+        return staged is not None and g is not None and staged[0] == k and \
+            staged[1]() is g and staged[2] == g._version and staged[4] == g.data_ptr()
 
     def watch(self, buffer_now, landed=None, gpu=None):
         """Copy the gradient into the buffer being filled as soon as backward has accumulated
@@ -188,6 +192,13 @@ class Slot:
             p.grad = g.clone()  # (a sparse gradient has no data pointer: never one of ours)
 
 
+def shared_grad(buffer):
+    """A parameter's .grad over its slice of a shared gradient buffer: a tensor of its own, so
+    that user code re-seating it (p.grad.data = x, as gradient masking does) re-seats that
+    tensor, never the slot's view, which the worker's slice must stay."""
+    return buffer.view(buffer.shape)
+
+
 def check_place(slot, shard):
     """The gradient buffers, the copy-out and the hook were made for the device and dtype the
     parameter had when its group was added: one moved since (model.cuda(), model.half(),
@@ -220,7 +231,7 @@ def _landed_hook(slot, buffer_now, landed, gpu, device, p):
     elif g.data_ptr() != dst.data_ptr():
         slot._copy_grad(g, dst)
     g = p.grad
-    slot.staged = (k, weakref.ref(g), g._version, event)
+    slot.staged = (k, weakref.ref(g), g._version, event, g.data_ptr())
     if landed is not None:
         landed(slot)
 

@@ -28,7 +28,7 @@ from ._global_stats import clip_scale, complete_grads, sharded, stats
 from ._groups import (adamw_of, apply_saved, as_torch_groups, check_group, check_unique,
                       corrected, group_math, load_post_hooks, load_pre_hooks,
                       read_saved, set_math)
-from ._layout import Layout, local
+from ._layout import Layout, local, shared_grad
 from .functional import _number
 from ._native import MAX_GROUPS, STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
 from ._signals import deferred_interrupts
@@ -725,7 +725,7 @@ class AdamW(torch.optim.Optimizer):
             for slot in layout.slots:
                 g = slot.param.grad
                 if g is not None and not g.is_sparse and g.data_ptr() == slot.grads[k].data_ptr():
-                    slot.param.grad = slot.grads[1 - k]
+                    slot.param.grad = shared_grad(slot.grads[1 - k])
         self._buffer = 1 - k
 
     # -- state dict -------------------------------------------------------------------------
