@@ -1,0 +1,47 @@
+"""Hugging Face transformers' Trainer with zenflow_bind.optim.AdamW(overlap=True).
+
+In overlap mode the model holds the weights of the step before the last one until the optimizer
+synchronizes (zenflow_bind.optim(3), OVERLAP). The Trainer reads the model between steps: it saves
+a checkpoint (the model's file before the optimizer's state, which would then be a step apart)
+and evaluates, and a user saves or evaluates after train() returns. Synchronize has the
+optimizer finish the step in flight wherever the Trainer is about to do either, and when
+training ends:
+
+    trainer = Trainer(..., optimizers=(opt, scheduler),
+                      callbacks=[zenflow_bind.hf.Synchronize()])
+
+A checkpoint is then whole and a run resumed from it ends where an uninterrupted one does. The
+steps on each side of a save see the same weights as without it only up to the one-step
+staleness that overlap gives everywhere else. Without overlap=True it changes nothing: a blocking
+step leaves nothing in flight.
+"""
+
+from transformers import TrainerCallback
+
+__all__ = ["Synchronize"]
+
+
+def _ours(optimizer):
+    """The zenflow_bind optimizer inside what the Trainer holds (accelerate wraps it), or None."""
+    for _ in range(8):  # wrappers keep the one they wrap as .optimizer
+        if optimizer is None or callable(getattr(optimizer, "synchronize", None)):
+            return optimizer
+        optimizer = getattr(optimizer, "optimizer", None)
+    return None
+
+
+class Synchronize(TrainerCallback):
+    """Finishes the optimizer's step in flight before the Trainer saves, evaluates or stops."""
+
+    def on_step_end(self, args, state, control, optimizer=None, **kwargs):
+        if control.should_save or control.should_evaluate or control.should_training_stop:
+            self._synchronize(optimizer)
+
+    def on_train_end(self, args, state, control, optimizer=None, **kwargs):
+        self._synchronize(optimizer)
+
+    @staticmethod
+    def _synchronize(optimizer):
+        ours = _ours(optimizer)
+        if ours is not None:
+            ours.synchronize()
