@@ -114,7 +114,8 @@ def adamw_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr=1e-3, betas=(0.9, 0
       skip_nonfinite                  a non-finite scaled gradient anywhere: nothing is written
       max_grad_norm                   > 0: clip by the global L2 norm, as clip_grad_norm_
       threads                         OpenMP threads (0: OpenMP's default)
-    Returns a StepResult. Raises before writing anything on bad input."""
+    Returns a StepResult. Raises before writing anything on bad input. The tensors written must
+    not overlap each other nor those read (a parameter listed twice): the result is undefined."""
     lists = (params, grads, exp_avgs, exp_avg_sqs) + ((copy_out,) if copy_out is not None else ())
     if len({len(x) for x in lists}) != 1:
         raise ValueError("params, grads, exp_avgs, exp_avg_sqs (and copy_out) must be lists of "
