@@ -98,24 +98,42 @@ std::string lower(std::string s) {
     return s;
 }
 
-// NVIDIA's driver: one directory per GPU, named by its bus id; the index is the device minor.
+// NVIDIA's driver: one directory per GPU, named by its bus id. GPU i is the i-th in bus order, as
+// NVML, nvidia-smi, CUDA (PCI_BUS_ID, and FASTEST_FIRST among alike GPUs) and Slurm number them:
+// SLURM_STEP_GPUS holds the position in slurmd's device list, which AutoDetect sorts by its links,
+// "a stand-in for PCI bus ID order" (gres_gpu.c), and never the device minor, which the driver
+// may hand out in another order. A GPU the driver was told to exclude is not counted, as NVML
+// does not count it. With MIG instances Slurm numbers the slices instead: refused (gpumap=).
 bool from_nvidia(const std::string &root, zb_gpus &out) {
     const std::string dir = root + "/proc/driver/nvidia/gpus";
+    const std::string caps = root + "/proc/driver/nvidia/capabilities";
+    for (const std::string &gpu : entries(caps))
+        for (const std::string &instance : entries(caps + "/" + gpu + "/mig"))
+            if (gpu.rfind("gpu", 0) == 0 && instance.rfind("gi", 0) == 0)
+                zb::fail(ZB_ENOENT, "MIG instances on this node (" + caps + "/" + gpu + "/mig/" +
+                                        instance +
+                                        "): Slurm numbers their slices, not the GPUs; a gpumap= "
+                                        "of the slices places them");
+    std::vector<zb_gpus::Gpu> found;
     for (const std::string &name : entries(dir)) {
         const std::string file = dir + "/" + name + "/information";
         const auto text = zb::read_text_file(file, max_file);
         if (!text) continue;
-        const auto minor = field(*text, "Device Minor");
-        const auto value = minor ? hex_or_decimal(*minor) : std::nullopt;
-        if (!value || *value < 0 || *value > ZB_GPU_MAX_INDEX)
-            zb::fail(ZB_ESYS,
-                     "no device minor 0.." + std::to_string(ZB_GPU_MAX_INDEX) + " in " + file);
+        const auto excluded = field(*text, "GPU Excluded");
+        if (excluded && !excluded->empty() && (excluded->front() == 'Y' || excluded->front() == 'y'))
+            continue;
         zb_gpus::Gpu gpu;
-        gpu.index = static_cast<unsigned>(*value);
         gpu.bus = lower(field(*text, "Bus Location").value_or(name));
         pci_locality(root + "/sys/bus/pci/devices/" + gpu.bus, gpu);
-        out.gpus.push_back(std::move(gpu));
+        found.push_back(std::move(gpu));
     }
+    std::stable_sort(found.begin(), found.end(),
+                     [](const auto &a, const auto &b) { return a.bus < b.bus; });
+    if (found.size() > ZB_GPU_MAX_INDEX + 1u)
+        zb::fail(ZB_ESYS, "more than " + std::to_string(ZB_GPU_MAX_INDEX + 1) + " GPUs in " + dir);
+    for (size_t i = 0; i < found.size(); ++i)
+        found[i].index = static_cast<unsigned>(i);
+    out.gpus = std::move(found);
     out.source = dir;
     return !out.gpus.empty();
 }

@@ -26,11 +26,15 @@ bool read_number(std::string_view s, unsigned hi, unsigned &out) {
 }
 
 // A PCI address as sysfs names it, "0000:07:00.0" (domain:bus:device.function, hex).
+// DOMAIN:BB:DD.F in hex, the domain of 4 to 8 digits: sysfs writes 4, or 5 for a VMD domain
+// (10000:e1:00.0); nvidia-smi writes 8.
 bool is_bus_id(std::string_view s) {
-    static constexpr std::string_view shape = "hhhh:hh:hh.h";
-    if (s.size() != shape.size()) return false;
+    static constexpr std::string_view shape = ":hh:hh.h";
+    const size_t domain = s.size() > shape.size() ? s.size() - shape.size() : 0;
+    if (domain < 4 || domain > 8) return false;
     for (size_t i = 0; i < s.size(); ++i)
-        if (shape[i] == 'h' ? !is_hex(s[i]) : s[i] != shape[i]) return false;
+        if (i < domain || shape[i - domain] == 'h' ? !is_hex(s[i]) : s[i] != shape[i - domain])
+            return false;
     return true;
 }
 
@@ -85,7 +89,8 @@ std::vector<MapEntry> parse_gpu_map(std::string_view text, std::string_view name
         if (w.size() == 3) {
             if (!is_bus_id(w[2]))
                 fail(ZB_EINVAL, where + "bad PCI bus id " + quote_input(w[2]) +
-                                    " (accepted: DDDD:BB:DD.F in hex, as in /sys/bus/pci/devices)");
+                                    " (accepted: DDDD:BB:DD.F in hex, a domain of 4 to 8 digits, as in "
+                                    "/sys/bus/pci/devices)");
             for (char c : w[2])
                 e.bus += (c >= 'A' && c <= 'F') ? static_cast<char>(c - 'A' + 'a') : c;
         }

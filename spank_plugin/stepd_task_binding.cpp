@@ -75,7 +75,8 @@ std::string options_text(const zb_options &options) {
 }
 
 // Where the step's GPU list comes from, first found wins: Slurm's own indexes (what gres.conf
-// numbers, with or without ConstrainDevices), then a vendor variable set without Slurm's gres.
+// numbers, with or without ConstrainDevices: the step's, or the batch step's the job's), then a
+// vendor variable set without Slurm's gres.
 constexpr const char *kGpuVariables[] = {"SLURM_STEP_GPUS", "SLURM_JOB_GPUS",
                                          "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                                          "GPU_DEVICE_ORDINAL"};
@@ -140,12 +141,14 @@ TaskGpus task_gpus(spank_t sp, const StepGpus &step, const TaskInfo &task) {
 void load_step_gpus(spank_t sp, const zb_options &options, const char *fsroot, StepGpus &out) {
     if (options.gpu == ZB_GPU_IGNORE) return;
     // SLURM_JOB_GPUS is the batch (or interactive) step's list: a step srun starts from the batch
-    // script inherits it, whether or not it has GPUs of its own.
+    // script inherits it, whether or not it has GPUs of its own. SLURM_STEP_GPUS is a step's:
+    // slurmstepd never sets it for the batch step, which may carry one from where sbatch ran
+    // (inside another job's GPU step, on another node).
     uint32_t step_id = 0;
     const bool batch_like = spank_get_item(sp, S_JOB_STEPID, &step_id) == ESPANK_SUCCESS &&
                             (step_id == SLURM_BATCH_SCRIPT || step_id == SLURM_INTERACTIVE_STEP);
     for (const char *name : kGpuVariables) {
-        if (!batch_like && !std::strcmp(name, "SLURM_JOB_GPUS")) continue;
+        if (!std::strcmp(name, batch_like ? "SLURM_STEP_GPUS" : "SLURM_JOB_GPUS")) continue;
         out.list = env(sp, name);
         if (out.list.empty()) continue;
         out.variable = name;

@@ -322,12 +322,13 @@ typedef struct zb_gpu {
 
 /* The node's GPUs. With `map` (not NULL or ""), exactly those a GPU map file lists (format in
  * zenflow_bind(8), GPU MAP: "INDEX NODE [BUS-ID]" lines). Otherwise discovered under `fsroot`
- * (NULL or "" means "/"): the NVIDIA driver's proc/driver/nvidia/gpus/BUS/information, where GPU
- * index = device minor (the N of /dev/nvidiaN that gres.conf File= names); else the NVIDIA and AMD
- * display-class functions of sys/bus/pci/devices in PCI address order (nvidia-smi's and Slurm's
- * AutoDetect order), index = position. Each GPU's node and local CPUs are its PCI function's
- * numa_node and local_cpulist. ZB_ENOENT when there are none; ZB_EINVAL for a bad map file (the
- * message names the file and line). */
+ * (NULL or "" means "/"): the GPUs of the NVIDIA driver's proc/driver/nvidia/gpus/BUS/information
+ * (those it does not exclude), else the NVIDIA and AMD display-class functions of
+ * sys/bus/pci/devices; index = position in PCI address order (nvidia-smi's, NVML's, CUDA's and
+ * Slurm's AutoDetect order), never the device minor. Each GPU's node and local CPUs are its PCI
+ * function's numa_node and local_cpulist. ZB_ENOENT when there are none, or when the driver has
+ * MIG instances (Slurm numbers their slices); ZB_EINVAL for a bad map file (the message names the
+ * file and line). */
 zb_status zb_gpus_load(const char *fsroot, const char *map, zb_gpus_t **out);
 void zb_gpus_free(zb_gpus_t *gpus);
 unsigned zb_gpus_count(const zb_gpus_t *gpus);

@@ -105,15 +105,15 @@ class ClusterCase(unittest.TestCase):
                 tasks[int(m.group(1))] = Task(m.group(2))
         return tasks, p
 
-    def sbatch_and_wait(self, option, script_body, *sbatch_args):
-        """Submits script_body as a one-task, two-CPU batch job with `option`, waits for it to
-        end, returns its output."""
+    def sbatch_and_wait(self, option, script_body, *sbatch_args, env=None):
+        """Submits script_body as a one-task, two-CPU batch job with `option` (from `env`, else
+        the cluster's environment), waits for it to end, returns its output."""
         out = os.path.join(self.dir, "batch.out")
         script = os.path.join(self.dir, "job.sh")
         with open(script, "w") as f:
             f.write("#!/bin/bash\n" + script_body)
         p = self.run_cmd("sbatch", "--parsable", "-n1", "-c2", "-o", out, *sbatch_args, option,
-                         script)
+                         script, env=env)
         job = p.stdout.strip().split(";")[0]
         deadline = time.time() + STEP_TIMEOUT
         while time.time() < deadline:

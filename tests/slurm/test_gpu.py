@@ -132,6 +132,16 @@ class GpuPlacement(ClusterCase):
         self.assertEqual(affinity, {0: {0}, 1: {1}}, text)
         self.assertNotIn("GPU 0 on node", text)
 
+    def test_the_batch_step_is_placed_by_the_jobs_gpus(self):
+        # sbatch run inside another job's GPU step carries that step's SLURM_STEP_GPUS (here GPU
+        # 1, on node 0) into the batch step, which slurmstepd gives SLURM_JOB_GPUS only: GPU 0,
+        # on node 1
+        env = dict(self.env, SLURM_STEP_GPUS="1")
+        text = self.sbatch_and_wait("--zenflow-bind=batch,verbose", "true\n", "--gres=gpu:1",
+                                    env=env)
+        self.assertRegex(text, r"GPU 0 on node 1")
+        self.assertNotIn("GPU 1 on node", text)
+
     def test_gpu_ignore_keeps_topology_order(self):
         tasks, p = self.tasks("-n2", "--gres=gpu:2", "--zenflow-bind=gpu=ignore")
         self.assertEqual([tasks[i].affinity for i in (0, 1)], [{0}, {1}], p.stderr)

@@ -68,8 +68,9 @@ static void expect_gpu(const zb_gpus_t *gpus, unsigned index, int node, const ch
     assert_string_equal(g.bus_id, bus);
 }
 
-/* DGX A100 in NPS4: the driver's minors give the index, sysfs the node. The minors are not in
- * bus order here (GPUs 0 and 1 swapped), so the index must come from the minor. */
+/* DGX A100 in NPS4: the driver's entries give the GPUs, sysfs the nodes. GPU i is the i-th in bus
+ * order (as NVML, CUDA and Slurm's AutoDetect number them), whatever the device minors: here the
+ * driver handed them out with GPUs 0 and 1 swapped. */
 static void dgx_a100(void **state) {
     (void)state;
     static const char *bus[] = {"0000:0f:00.0", "0000:07:00.0", "0000:47:00.0", "0000:4e:00.0",
@@ -84,8 +85,11 @@ static void dgx_a100(void **state) {
     zb_gpus_t *gpus = load(NULL);
     assert_int_equal(zb_gpus_count(gpus), 8);
     const int expected[] = {3, 3, 1, 1, 7, 7, 5, 5};
+    static const char *in_bus_order[] = {"0000:07:00.0", "0000:0f:00.0", "0000:47:00.0",
+                                         "0000:4e:00.0", "0000:87:00.0", "0000:90:00.0",
+                                         "0000:b7:00.0", "0000:bd:00.0"};
     for (unsigned i = 0; i < 8; ++i)
-        expect_gpu(gpus, i, expected[i], bus[i]);
+        expect_gpu(gpus, i, expected[i], in_bus_order[i]);
     zb_gpu g;
     assert_int_equal(zb_gpus_get(gpus, 0, &g), ZB_OK);
     char cpus[64];
@@ -154,15 +158,41 @@ static void bad_trees(void **state) {
     pci("0000:01:00.0", "0x030200\n", "0x10de\n", "three\n", NULL);
     assert_int_equal(zb_gpus_load(root, NULL, &gpus), ZB_ESYS);
     assert_non_null(strstr(zb_last_error(), "numa_node"));
-    pci("0000:01:00.0", "0x030200\n", "0x10de\n", "0\n", NULL);
-    put("proc/driver/nvidia/gpus/0000:01:00.0/information", "Bus Location: 0000:01:00.0\n");
-    assert_int_equal(zb_gpus_load(root, NULL, &gpus), ZB_ESYS);
-    assert_non_null(strstr(zb_last_error(), "device minor"));
-    nvidia("0000:01:00.0", 0);
-    nvidia("0000:02:00.0", 0);
-    assert_int_equal(zb_gpus_load(root, NULL, &gpus), ZB_ESYS);
-    assert_non_null(strstr(zb_last_error(), "two GPUs with index 0"));
     assert_int_equal(zb_gpus_load(root, NULL, NULL), ZB_EINVAL);
+}
+
+/* Minors that run across the NUMA nodes against bus order (2,3 on node 0; 0,1 on node 1): the
+ * index follows the bus, which is what SLURM_STEP_GPUS means (it followed the minor before, and
+ * put a step's GPU 0 on the other socket). A GPU the driver excludes is not counted (NVML does
+ * not count it). MIG instances: Slurm numbers the slices, and discovery refuses to guess. */
+static void bus_order_exclusions_and_mig(void **state) {
+    (void)state;
+    static const char *bus[] = {"0000:07:00.0", "0000:0f:00.0", "0000:87:00.0", "0000:8f:00.0"};
+    static const char *node[] = {"0\n", "0\n", "1\n", "1\n"};
+    static const int minor[] = {2, 3, 0, 1};
+    for (int i = 0; i < 4; ++i) {
+        pci(bus[i], "0x030200\n", "0x10de\n", node[i], NULL);
+        nvidia(bus[i], minor[i]);
+    }
+    zb_gpus_t *gpus = load(NULL);
+    for (unsigned i = 0; i < 4; ++i)
+        expect_gpu(gpus, i, i < 2 ? 0 : 1, bus[i]);
+    zb_gpus_free(gpus);
+    put("proc/driver/nvidia/gpus/0000:0f:00.0/information",
+        "Bus Location: \t 0000:0f:00.0\nDevice Minor: \t 3\nGPU Excluded:\t Yes\n");
+    gpus = load(NULL);
+    assert_int_equal(zb_gpus_count(gpus), 3);
+    expect_gpu(gpus, 1, 1, "0000:87:00.0");
+    zb_gpus_free(gpus);
+    put("proc/driver/nvidia/capabilities/mig/config", "DeviceFileMinor: 1\n");
+    gpus = load(NULL); /* MIG mode available, no instance made: whole GPUs */
+    assert_int_equal(zb_gpus_count(gpus), 3);
+    zb_gpus_free(gpus);
+    put("proc/driver/nvidia/capabilities/gpu0/mig/gi1/access", "DeviceFileMinor: 12\n");
+    gpus = NULL;
+    assert_int_equal(zb_gpus_load(root, NULL, &gpus), ZB_ENOENT);
+    assert_non_null(strstr(zb_last_error(), "MIG instances"));
+    assert_null(gpus);
 }
 
 static char map_path[512];
@@ -184,13 +214,15 @@ static void map_file(void **state) {
                                "0 3 0000:07:00.0\n"
                                "1\t3\t0000:0F:00.0   # upper case is fine\n"
                                "\n"
-                               "  3 1\n"
-                               "2 1\n"));
-    assert_int_equal(zb_gpus_count(gpus), 4);
+                               "  3 1 00000000:8A:00.0\n"
+                               "2 1 10000:e1:00.0\n"
+                               "4 0\n")); /* the bus id may be left out */
+    assert_int_equal(zb_gpus_count(gpus), 5);
     expect_gpu(gpus, 0, 3, "0000:07:00.0");
     expect_gpu(gpus, 1, 3, "0000:0f:00.0");
-    expect_gpu(gpus, 2, 1, "");
-    expect_gpu(gpus, 3, 1, "");
+    expect_gpu(gpus, 2, 1, "10000:e1:00.0"); /* a VMD domain, as sysfs names it */
+    expect_gpu(gpus, 3, 1, "00000000:8a:00.0"); /* as nvidia-smi writes it */
+    expect_gpu(gpus, 4, 0, "");
     zb_gpu g;
     assert_int_equal(zb_gpus_get(gpus, 2, &g), ZB_OK);
     assert_int_equal(g.index, 2); /* index order, not line order */
@@ -215,6 +247,8 @@ static void map_errors(void **state) {
     map_rejected("1024 0\n", "bad GPU index '1024'");
     map_rejected("0 65536\n", "bad NUMA node '65536'");
     map_rejected("# ok\n0 1 0000:07:00\n", "line 2: bad PCI bus id");
+    map_rejected("0 1 000:07:00.0\n", "bad PCI bus id");      /* a domain of 3 digits */
+    map_rejected("0 1 000000000:07:00.0\n", "bad PCI bus id"); /* and of 9 */
     map_rejected("0 1 0000:07:00.0 extra\n", "expected 'INDEX NODE [BUS-ID]'");
     map_rejected("0 1\r\n", "control character");
     map_rejected("+1 0\n", "bad GPU index");
@@ -263,6 +297,8 @@ int main(void) {
                                         fake_tree_teardown),
         cmocka_unit_test_setup_teardown(no_gpus, fake_tree_setup, fake_tree_teardown),
         cmocka_unit_test_setup_teardown(bad_trees, fake_tree_setup, fake_tree_teardown),
+        cmocka_unit_test_setup_teardown(bus_order_exclusions_and_mig, fake_tree_setup,
+                                        fake_tree_teardown),
         cmocka_unit_test_setup_teardown(map_file, fake_tree_setup, fake_tree_teardown),
         cmocka_unit_test_setup_teardown(map_errors, fake_tree_setup, fake_tree_teardown),
         cmocka_unit_test(assign),
