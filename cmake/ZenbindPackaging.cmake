@@ -42,6 +42,15 @@ set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CMAKE_BINARY_DIR}/libzenbind)
 set(zb_same "(= ${PROJECT_VERSION})")
 
+# contrib/packaging/scripts/NAME as a package's maintainer script, at DEST in the build tree.
+function(zb_maintainer_script name dest)
+  get_filename_component(dir ${CMAKE_BINARY_DIR}/${dest} DIRECTORY)
+  get_filename_component(file ${dest} NAME)
+  configure_file(${PROJECT_SOURCE_DIR}/contrib/packaging/scripts/${name} ${dir}/${file} COPYONLY
+                 FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE
+                                  WORLD_READ WORLD_EXECUTE)
+endfunction()
+
 set(CPACK_DEBIAN_LIB_PACKAGE_NAME libzenbind${ZB_SOVERSION})
 set(CPACK_DEBIAN_LIB_PACKAGE_SECTION libs)
 # shlibs and the ldconfig trigger written here: CPack would call ldconfig from maintainer scripts,
@@ -67,12 +76,12 @@ set(CPACK_DEBIAN_DEV_PACKAGE_NAME libzenbind-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 # pkg-config: the CMake package finds hwloc with it
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
-    "libzenbind${ZB_SOVERSION} ${zb_same}, libhwloc-dev, pkgconf | pkg-config")
+    "libzenbind${ZB_SOVERSION} ${zb_same}, libhwloc-dev, pkgconf")
 set(CPACK_DEBIAN_DEV_DESCRIPTION "development files of libzenbind
-The C headers (zenbind/zenbind.h, worker.h, adam.h, hwloc.h), the libzenbind.so link,
-the CMake package (find_package(zenbind)) and the pkg-config file, and the
-libzenbind(3) manual page, for programs that plan CPUs, drive the
-zenflow-optimizer worker or step Adam in their own process.")
+The C headers (zenbind/zenbind.h, worker.h, adam.h, hwloc.h), the
+libzenbind.so link, the CMake package (find_package(zenbind)) and the
+pkg-config file, and the libzenbind(3) manual page, for programs that plan
+CPUs, drive the zenflow-optimizer worker or step Adam in their own process.")
 
 set(CPACK_DEBIAN_TOOLS_PACKAGE_NAME zenflow-bind)
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SECTION admin)
@@ -103,7 +112,10 @@ if(ZB_BUILD_PLUGIN)
   # so upgrades keep the admin's version.
   file(WRITE ${CMAKE_BINARY_DIR}/cpack-slurm/conffiles
        "${CMAKE_INSTALL_FULL_SYSCONFDIR}/slurm/plugstack.conf.d/zenflow-bind.conf\n")
-  set(CPACK_DEBIAN_SLURM_PACKAGE_CONTROL_EXTRA ${CMAKE_BINARY_DIR}/cpack-slurm/conffiles)
+  # Removal is refused while plugstack.conf loads the plugin as required (every srun would fail).
+  zb_maintainer_script(zenflow-bind-slurm.prerm cpack-slurm/prerm)
+  set(CPACK_DEBIAN_SLURM_PACKAGE_CONTROL_EXTRA ${CMAKE_BINARY_DIR}/cpack-slurm/conffiles
+                                               ${CMAKE_BINARY_DIR}/cpack-slurm/prerm)
 endif()
 
 set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME python3-zenflow-bind)
@@ -112,6 +124,11 @@ set(CPACK_DEBIAN_PYTHON_PACKAGE_ARCHITECTURE all)
 set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS
     "python3, python3-numpy, libzenbind${ZB_SOVERSION} ${zb_same}, zenflow-bind ${zb_same}")
 set(CPACK_DEBIAN_PYTHON_PACKAGE_RECOMMENDS "python3-torch")
+# Its byte-code compiled at install and removed before removal, as dh_python3 does.
+zb_maintainer_script(python3-zenflow-bind.postinst cpack-python/postinst)
+zb_maintainer_script(python3-zenflow-bind.prerm cpack-python/prerm)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_CONTROL_EXTRA ${CMAKE_BINARY_DIR}/cpack-python/postinst
+                                              ${CMAKE_BINARY_DIR}/cpack-python/prerm)
 set(CPACK_DEBIAN_PYTHON_DESCRIPTION "Python interface of zenflow-bind for PyTorch and DeepSpeed
 zenflow_bind.optim.AdamW is a torch.optim.Optimizer whose step runs in the
 zenflow-optimizer worker on the CPUs srun --zenflow-bind planned, with torch's
@@ -149,6 +166,7 @@ if(ZB_BUILD_PLUGIN)
   # The snippet is the admin's: an upgrade keeps an edited one.
   set(CPACK_RPM_SLURM_USER_FILELIST
       "%config(noreplace) ${CMAKE_INSTALL_FULL_SYSCONFDIR}/slurm/plugstack.conf.d/zenflow-bind.conf")
+  set(CPACK_RPM_SLURM_PRE_UNINSTALL_SCRIPT_FILE ${CMAKE_BINARY_DIR}/cpack-slurm/prerm)
 endif()
 # Directories other packages own.
 set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION

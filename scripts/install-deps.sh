@@ -3,16 +3,22 @@
 # Idempotent: packages already present are skipped, so a second run costs a few seconds.
 set -euo pipefail
 
+# Names that differ between Debian releases: the sanitizer runtime of the release's clang, and
+# qemu-user-static (only a transitional name from trixie on, with no candidate: qemu-user).
+clang_major=$(apt-cache depends clang 2>/dev/null | sed -n 's/^ *Depends: clang-\([0-9][0-9]*\)$/\1/p' | head -1)
+qemu_user=qemu-user-static
+apt-cache policy qemu-user-static 2>/dev/null | grep -q 'Candidate: (none)' && qemu_user=qemu-user
+
 pkgs=(
-  cmake g++ make pkg-config clang clang-format libclang-rt-14-dev  # toolchain, fuzzers, sanitizers
+  cmake g++ make pkg-config clang clang-format "libclang-rt-${clang_major:-14}-dev"  # toolchain, fuzzers, sanitizers
   libhwloc-dev hwloc libnuma-dev numactl                            # topology, memory placement
   libcmocka-dev                                                     # unit tests
   libslurm-dev slurmctld slurmd slurm-client                        # spank.h and the test cluster
   python3 python3-numpy python3-torch                               # the Python binding and its tests
   python3-matplotlib                                                # the demo's picture
-  procps util-linux dpkg-dev lintian rpm                             # ps, taskset, prlimit; packages
+  procps util-linux dpkg-dev file lintian rpm                        # ps, taskset, prlimit; packages
   debootstrap qemu-system-x86 e2fsprogs                             # the Debian roots and their VMs (tests/roots)
-  g++-aarch64-linux-gnu qemu-user-static                            # the arm64 cross build, run under qemu-user
+  g++-aarch64-linux-gnu "$qemu_user"                                # the arm64 cross build, run under qemu-user
   libhwloc-dev:arm64 libnuma-dev:arm64 libcmocka-dev:arm64          # its libraries (multiarch)
   libgomp1:arm64 libstdc++6:arm64
 )

@@ -17,8 +17,10 @@ for p in "${pkgs[@]}"; do
 done
 
 cluster="$src/scripts/cluster.sh"
+snippet=/etc/slurm/plugstack.conf.d/zenflow-bind.conf
 cleanup() {
   "$cluster" stop "$work/cluster" >/dev/null 2>&1 || true
+  [ -f "$snippet" ] && sed -i 's/^required /#required /' "$snippet" # (as the admin must)
   DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq "${pkgs[@]}" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
@@ -42,4 +44,22 @@ line=$(srun -n1 -c2 --zenflow-bind=verbose bash -c 'echo "train=$ZENFLOW_TRAIN_C
 grep -q "task 0 (rank 0): train" "$work/srun.err" || { cat "$work/srun.err"; exit 1; }
 case "$line" in "train="?*" opt="?*) echo "ok   srun --zenflow-bind through the installed plugin: $line" ;;
 *) echo "FAIL srun --zenflow-bind printed '$line'"; cat "$work/srun.err"; exit 1 ;; esac
+
+# Removing the plugin while the snippet loads it as required would fail every srun on the host:
+# refused, saying what to do; once the line is commented out, removal and purge go through, and
+# leave no byte-code behind (root's import above made some).
+sed -i '0,/^#required /s//required /' "$snippet"
+if DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq zenflow-bind-slurm >"$work/rm.log" 2>&1; then
+  echo "FAIL zenflow-bind-slurm was removed while $snippet loads it"; exit 1
+fi
+grep -q "Comment that line out" "$work/rm.log" || { cat "$work/rm.log"; exit 1; }
+echo "ok   removal refused while the snippet loads the plugin"
+sed -i 's/^required /#required /' "$snippet"
+DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq "${pkgs[@]}" >"$work/purge.log" 2>&1 ||
+  { cat "$work/purge.log"; exit 1; }
+if [ -e /usr/lib/python3/dist-packages/zenflow_bind ] || [ -e "$snippet" ]; then
+  echo "FAIL purge left $(ls -d /usr/lib/python3/dist-packages/zenflow_bind "$snippet" 2>/dev/null)"
+  exit 1
+fi
+echo "ok   purged, nothing left"
 echo "1 passed, 0 failed"

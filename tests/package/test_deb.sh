@@ -59,7 +59,7 @@ for page in man1/zenbind.1 man1/zenflow-bench.1 man1/zenflow-optimizer.1 man3/li
             man3/zenflow_bind.optim.3 man3/zenflow_bind.deepspeed.3 man3/zenflow_bind.3; do
   expect "usr/share/man/$page.gz" "man page $page, compressed"
   # the footer names the packages' version, which the build writes in
-  footer=$(zcat "$root/usr/share/man/$page.gz" 2>/dev/null | sed -n 1p) # all read: no SIGPIPE
+  footer=$(zcat "$root/usr/share/man/$page.gz" 2>/dev/null | sed -n '/^\.TH /p') # (reads all)
   version=$(dpkg-deb -f "$(deb_of zenflow-bind)" Version)
   case $footer in *"\"zenflow-bind $version\""*) ;;
   *) echo "FAIL $page's footer is not version $version: $footer"; fail=1 ;; esac
@@ -115,7 +115,7 @@ need libzenbind$so libhwloc "the library links hwloc"
 need zenflow-bind-slurm "slurm-wlm-basic-plugins (>= " "srun and slurmstepd load only plugins of their release"
 need zenflow-bind-slurm "libzenbind$so (=" "the binder links libzenbind"
 need python3-zenflow-bind "zenflow-bind (=" "the Python package starts zenflow-optimizer"
-need libzenbind-dev "pkgconf | pkg-config" "find_package(zenbind) finds hwloc with pkg-config"
+need libzenbind-dev "pkgconf" "find_package(zenbind) finds hwloc with pkg-config"
 case "$(depends zenflow-bind-slurm)" in *slurm-client*)
   echo "FAIL zenflow-bind-slurm depends on slurm-client, which compute nodes lack"; fail=1 ;; esac
 

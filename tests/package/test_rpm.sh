@@ -38,6 +38,10 @@ flags=$(rpm -qp --qf '[%{FILENAMES} %{FILEFLAGS:fflags}\n]' "$(rpm_of zenflow-bi
   grep '/etc/slurm/plugstack.conf.d/zenflow-bind.conf' || true)
 case "$flags" in *" cn") echo "ok   the snippet is %config(noreplace)" ;;
 *) echo "FAIL the snippet is not %config(noreplace): '$flags'"; fail=1 ;; esac
+# %preun refuses an erase while plugstack.conf loads the plugin as required (the Debian prerm)
+if grep -q "loads the plugin as required" <<<"$(rpm -qp --scripts "$(rpm_of zenflow-bind-slurm)" 2>/dev/null)"; then
+  echo "ok   zenflow-bind-slurm's %preun guards plugstack.conf"
+else echo "FAIL zenflow-bind-slurm has no %preun guarding plugstack.conf"; fail=1; fi
 requires=$(rpm -qp --requires "$(rpm_of zenflow-bind-slurm)" 2>/dev/null)
 for r in "slurm >= " "slurm < " "libzenbind = "; do
   if grep -q "^$r" <<<"$requires"; then echo "ok   zenflow-bind-slurm requires $r..."
