@@ -120,7 +120,8 @@ bool from_nvidia(const std::string &root, zb_gpus &out) {
         const auto text = zb::read_text_file(file, max_file);
         if (!text) continue;
         const auto excluded = field(*text, "GPU Excluded");
-        if (excluded && !excluded->empty() && (excluded->front() == 'Y' || excluded->front() == 'y'))
+        if (excluded && !excluded->empty() &&
+            (excluded->front() == 'Y' || excluded->front() == 'y'))
             continue;
         zb_gpus::Gpu gpu;
         gpu.bus = lower(field(*text, "Bus Location").value_or(name));

@@ -88,9 +88,10 @@ std::vector<MapEntry> parse_gpu_map(std::string_view text, std::string_view name
                                 std::to_string(ZB_CPULIST_MAX_ID) + ")");
         if (w.size() == 3) {
             if (!is_bus_id(w[2]))
-                fail(ZB_EINVAL, where + "bad PCI bus id " + quote_input(w[2]) +
-                                    " (accepted: DDDD:BB:DD.F in hex, a domain of 4 to 8 digits, as in "
-                                    "/sys/bus/pci/devices)");
+                fail(ZB_EINVAL,
+                     where + "bad PCI bus id " + quote_input(w[2]) +
+                         " (accepted: DDDD:BB:DD.F in hex, a domain of 4 to 8 digits, as in "
+                         "/sys/bus/pci/devices)");
             for (char c : w[2])
                 e.bus += (c >= 'A' && c <= 'F') ? static_cast<char>(c - 'A' + 'a') : c;
         }

@@ -79,8 +79,8 @@ int on_option(int, const char *optarg, int remote) noexcept {
         // with %s): that, too, is the bare option.
         const char *text = optarg && std::strcmp(optarg, "(null)") != 0 ? optarg : "";
         if (strnlen(text, max_option_bytes + 1) > max_option_bytes) {
-            const std::string error = "--zenflow-bind value longer than " +
-                                      std::to_string(max_option_bytes) + " bytes";
+            const std::string error =
+                "--zenflow-bind value longer than " + std::to_string(max_option_bytes) + " bytes";
             slurm_error("zenflow-bind: %s", error.c_str());
             if (!remote) return -1;
             // slurmstepd only logs a refused option and goes on with the site's values

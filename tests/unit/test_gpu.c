@@ -220,7 +220,7 @@ static void map_file(void **state) {
     assert_int_equal(zb_gpus_count(gpus), 5);
     expect_gpu(gpus, 0, 3, "0000:07:00.0");
     expect_gpu(gpus, 1, 3, "0000:0f:00.0");
-    expect_gpu(gpus, 2, 1, "10000:e1:00.0"); /* a VMD domain, as sysfs names it */
+    expect_gpu(gpus, 2, 1, "10000:e1:00.0");    /* a VMD domain, as sysfs names it */
     expect_gpu(gpus, 3, 1, "00000000:8a:00.0"); /* as nvidia-smi writes it */
     expect_gpu(gpus, 4, 0, "");
     zb_gpu g;
@@ -247,7 +247,7 @@ static void map_errors(void **state) {
     map_rejected("1024 0\n", "bad GPU index '1024'");
     map_rejected("0 65536\n", "bad NUMA node '65536'");
     map_rejected("# ok\n0 1 0000:07:00\n", "line 2: bad PCI bus id");
-    map_rejected("0 1 000:07:00.0\n", "bad PCI bus id");      /* a domain of 3 digits */
+    map_rejected("0 1 000:07:00.0\n", "bad PCI bus id");       /* a domain of 3 digits */
     map_rejected("0 1 000000000:07:00.0\n", "bad PCI bus id"); /* and of 9 */
     map_rejected("0 1 0000:07:00.0 extra\n", "expected 'INDEX NODE [BUS-ID]'");
     map_rejected("0 1\r\n", "control character");

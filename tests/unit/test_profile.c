@@ -218,8 +218,7 @@ static void apply_counts_the_nodes_that_hold_tasks(void **state) {
     zb_cpuset_t *allowed = zb_cpuset_alloc();
     const double gbps[] = {50, 100, 150, 200, 250, 300, 350, 400};
     assert_int_equal(
-        zb_topology_load_xml(ZB_SOURCE_DIR "/tests/topologies/grace_hopper_2x.xml", &topo),
-        ZB_OK);
+        zb_topology_load_xml(ZB_SOURCE_DIR "/tests/topologies/grace_hopper_2x.xml", &topo), ZB_OK);
     assert_int_equal(zb_cpulist_parse("0-143", allowed), ZB_OK);
     assert_int_equal(zb_profile_create(&p), ZB_OK);
     assert_int_equal(zb_profile_add_node(p, 0, gbps, 8), ZB_OK);

@@ -30,8 +30,12 @@ class IeeeMode {
 #if defined(__x86_64__)
     // MXCSR: flush-to-zero (15), rounding control (14:13), denormals-are-zero (6)
     static constexpr uint64_t kNonIeee = (1u << 15) | (3u << 13) | (1u << 6);
-    static uint64_t get() noexcept { return _mm_getcsr(); }
-    static void set(uint64_t v) noexcept { _mm_setcsr(static_cast<unsigned>(v)); }
+    static uint64_t get() noexcept {
+        return _mm_getcsr();
+    }
+    static void set(uint64_t v) noexcept {
+        _mm_setcsr(static_cast<unsigned>(v));
+    }
 #elif defined(__aarch64__)
     // FPCR: flush-to-zero (24), rounding mode (23:22), half-precision flush-to-zero (19)
     static constexpr uint64_t kNonIeee = (1u << 24) | (3u << 22) | (1u << 19);
@@ -40,10 +44,14 @@ class IeeeMode {
         asm volatile("mrs %0, fpcr" : "=r"(v));
         return v;
     }
-    static void set(uint64_t v) noexcept { asm volatile("msr fpcr, %0" : : "r"(v)); }
+    static void set(uint64_t v) noexcept {
+        asm volatile("msr fpcr, %0" : : "r"(v));
+    }
 #else
     static constexpr uint64_t kNonIeee = 0;
-    static uint64_t get() noexcept { return 0; }
+    static uint64_t get() noexcept {
+        return 0;
+    }
     static void set(uint64_t) noexcept {}
 #endif
     uint64_t saved_;
