@@ -3,18 +3,22 @@
 In overlap mode the model holds the weights of the step before the last one until the optimizer
 synchronizes (zenflow_bind.optim(3), OVERLAP). The Trainer reads the model between steps: it saves
 a checkpoint (the model's file before the optimizer's state, which would then be a step apart)
-and evaluates, and a user saves or evaluates after train() returns. Synchronize has the
-optimizer finish the step in flight wherever the Trainer is about to do either, and when
-training ends:
+and evaluates, after a step or at an epoch's end, and a user saves or evaluates after train()
+returns. Synchronize has the optimizer finish the step in flight wherever the Trainer is about to
+do either, and when training ends:
 
     trainer = Trainer(..., optimizers=(opt, scheduler),
                       callbacks=[zenflow_bind.hf.Synchronize()])
 
 A checkpoint is then whole and a run resumed from it ends where an uninterrupted one does. The
-steps on each side of a save see the same weights as without it only up to the one-step
-staleness that overlap gives everywhere else. Without overlap=True it changes nothing: a blocking
-step leaves nothing in flight.
+Trainer hands the callback the optimizer it was given; one the Trainer makes itself
+(optimizer_cls_and_kwargs) is not handed over: give it, Synchronize(optimizer), once made. Not
+covered: the checkpoints transformers' JIT checkpointing (enable_jit_checkpoint) writes from its
+own callbacks, which run before this one. Without overlap=True it changes nothing: a blocking step
+leaves nothing in flight.
 """
+
+import warnings
 
 from transformers import TrainerCallback
 
@@ -31,17 +35,30 @@ def _ours(optimizer):
 
 
 class Synchronize(TrainerCallback):
-    """Finishes the optimizer's step in flight before the Trainer saves, evaluates or stops."""
+    """Finishes the optimizer's step in flight before the Trainer saves, evaluates or stops.
+    optimizer: the zenflow_bind optimizer, where the Trainer does not hand it to callbacks."""
+
+    def __init__(self, optimizer=None):
+        self.optimizer = optimizer
+
+    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        if _ours(self.optimizer or optimizer) is None:
+            warnings.warn("zenflow_bind.hf.Synchronize: no zenflow_bind optimizer reached the "
+                          "callback (the Trainer made its own?): give it, "
+                          "Synchronize(optimizer); until then checkpoints may hold a model a "
+                          "step behind the optimizer", stacklevel=2)
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
         if control.should_save or control.should_evaluate or control.should_training_stop:
             self._synchronize(optimizer)
 
+    def on_epoch_end(self, args, state, control, optimizer=None, **kwargs):
+        self._synchronize(optimizer)  # epoch strategies save and evaluate right after
+
     def on_train_end(self, args, state, control, optimizer=None, **kwargs):
         self._synchronize(optimizer)
 
-    @staticmethod
-    def _synchronize(optimizer):
-        ours = _ours(optimizer)
+    def _synchronize(self, optimizer):
+        ours = _ours(self.optimizer or optimizer)
         if ours is not None:
             ours.synchronize()

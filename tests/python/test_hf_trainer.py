@@ -42,18 +42,20 @@ def gpt2(seed=0):
     return GPT2LMHeadModel(config)
 
 
-def trainer(model, where, overlap=False, **kw):
-    args = TrainingArguments(output_dir=where, per_device_train_batch_size=4, max_steps=STEPS,
-                             save_steps=SAVE_AT, save_strategy="steps", logging_steps=1,
+def trainer(model, where, overlap=False, epochs=None, **kw):
+    """STEPS steps saving every SAVE_AT; or `epochs` epochs of SAVE_AT steps, saving each."""
+    span = dict(max_steps=STEPS, save_steps=SAVE_AT, save_strategy="steps") if epochs is None \
+        else dict(num_train_epochs=epochs, save_strategy="epoch")
+    args = TrainingArguments(output_dir=where, per_device_train_batch_size=4, logging_steps=1,
                              report_to=[], use_cpu=True, seed=0, data_seed=0,
-                             dataloader_num_workers=0, disable_tqdm=True)
+                             dataloader_num_workers=0, disable_tqdm=True, **span)
     # Under srun --zenflow-bind the worker takes the plan (ZENFLOW_OPT_*); elsewhere one thread.
     threads = None if "ZENFLOW_OPT_CPUS" in os.environ else 1
     opt = zenflow_bind.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01,
                                    threads=threads, overlap=overlap)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / (2 * STEPS))
-    return Trainer(model=model, args=args, train_dataset=text_blocks(4 * STEPS),
-                   optimizers=(opt, sched), **kw), opt
+    data = text_blocks(4 * (STEPS if epochs is None else SAVE_AT))
+    return Trainer(model=model, args=args, train_dataset=data, optimizers=(opt, sched), **kw), opt
 
 
 @unittest.skipIf(transformers is None, "transformers is not installed")
@@ -68,11 +70,22 @@ class HuggingFaceTrainer(unittest.TestCase):
         import zenflow_bind.hf
         sync = [zenflow_bind.hf.Synchronize()]
         self.resumes_where_a_straight_run_ends(overlap=True, callbacks=sync)
+        # saved at each epoch's end, which no step end announces
+        self.resumes_where_a_straight_run_ends(overlap=True, callbacks=sync, epochs=True)
 
-    def resumes_where_a_straight_run_ends(self, **kw):
+    def test_the_callback_says_when_it_has_no_optimizer(self):
+        import zenflow_bind.hf
+        state = transformers.TrainerState()
+        control = transformers.TrainerControl()
+        for optimizer in (None, torch.optim.AdamW(gpt2().parameters())):
+            with self.assertWarnsRegex(UserWarning, r"Synchronize\(optimizer\)"):
+                zenflow_bind.hf.Synchronize().on_train_begin(None, state, control,
+                                                             optimizer=optimizer)
+
+    def resumes_where_a_straight_run_ends(self, epochs=False, **kw):
         with tempfile.TemporaryDirectory() as straight_dir, \
                 tempfile.TemporaryDirectory() as resumed_dir:
-            straight, opt = trainer(gpt2(), straight_dir, **kw)
+            straight, opt = trainer(gpt2(), straight_dir, epochs=2 if epochs else None, **kw)
             straight.train()
             planned = os.environ.get("ZENFLOW_OPT_CPUS")
             if planned:  # under srun --zenflow-bind: the worker runs where the plugin planned
@@ -82,14 +95,12 @@ class HuggingFaceTrainer(unittest.TestCase):
             losses = [e["loss"] for e in straight.state.log_history if "loss" in e]
             self.assertLess(losses[-1], losses[0])
 
-            first, opt = trainer(gpt2(), resumed_dir, **kw)
-            first.args.max_steps = SAVE_AT  # interrupted after the checkpoint
-            first.train()
-            opt.close()
-            checkpoint = os.path.join(resumed_dir, f"checkpoint-{SAVE_AT}")
+            # resumed from the checkpoint written mid-run (an epoch's end, or a step's)
+            checkpoint = os.path.join(straight_dir, f"checkpoint-{SAVE_AT}")
             self.assertTrue(os.path.exists(os.path.join(checkpoint, "optimizer.pt")))
 
-            resumed, opt = trainer(gpt2(seed=1), resumed_dir, **kw)  # weights from there
+            resumed, opt = trainer(gpt2(seed=1), resumed_dir, epochs=2 if epochs else None,
+                                   **kw)  # weights from the checkpoint
             resumed.train(resume_from_checkpoint=checkpoint)
             self.assertEqual(float(opt.state_dict()["state"][0]["step"]), float(STEPS))
             opt.close()
