@@ -11,6 +11,7 @@
 #include <zbadam/grad_stats.hpp>
 #include <zbadam/team_share.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -247,7 +248,8 @@ zb_status run(const zb_adam_tensor *tensors, size_t count, const zb_adam_args &a
     return zb::guard([&] {
         const auto start = std::chrono::steady_clock::now();
         auto step = std::make_unique<Step>(tensors, count, a, stats_out != nullptr);
-        const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
+        const int threads =
+            a.threads > 0 ? a.threads : std::min(omp_get_max_threads(), ZB_ADAM_MAX_THREADS);
 #pragma omp parallel num_threads(threads)
         step->run();
         if (out) *out = step->result(since(start));

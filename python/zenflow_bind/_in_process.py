@@ -253,7 +253,7 @@ class InProcessAdamW(AdamW):
         if not buckets and not together:
             return
         scale = -grad_scale if maximize.pop() else grad_scale
-        threads = self.threads or torch.get_num_threads()
+        threads = self.threads or min(torch.get_num_threads(), _native.ADAM_MAX_THREADS)
         found = None
         if (len(buckets) > 1 or together) and (skip or norm):
             # One decision over every bucket before any is written, and over every rank's shards:

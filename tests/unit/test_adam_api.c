@@ -4,7 +4,6 @@
  * written. zb_adam_grad_stats: the step's pre-pass alone, the same bits. */
 #include <zenbind/adam.h>
 
-#include <fenv.h>
 #include <math.h>
 #include <omp.h>
 #include <setjmp.h>
@@ -230,26 +229,43 @@ static void test_a_nonfinite_gradient_skips_and_writes_nothing(void **state) {
 
 /* This thread's floating-point mode made non-IEEE (flush-to-zero, denormals-are-zero where the
  * CPU has it, rounding upwards: what torch.set_flush_denormal(True) or fesetround() leave in a
- * caller's threads), or back; whether it is so now. */
-static int odd_float_mode(int on) {
+ * caller's threads), or back to IEEE; -1 where this test does not know the CPU's control
+ * register. is_odd(): whether this thread's mode is that non-IEEE one now, read from the
+ * register itself (on x86-64 fegetround() reads the x87 control word, not MXCSR). */
 #if defined(__x86_64__)
-    const unsigned bits = 0x8040u; /* MXCSR FTZ | DAZ */
-    _mm_setcsr(on ? _mm_getcsr() | bits : _mm_getcsr() & ~bits);
-    fesetround(on ? FE_UPWARD : FE_TONEAREST);
-    return (_mm_getcsr() & bits) == bits && fegetround() == FE_UPWARD;
+static const unsigned odd_bits = 0x8040u | 0x2000u; /* MXCSR FTZ | DAZ, RC = upwards */
+static int is_odd(void) {
+    return (_mm_getcsr() & 0xE040u) == odd_bits;
+}
+static int odd_float_mode(int on) {
+    _mm_setcsr((_mm_getcsr() & ~0xE040u) | (on ? odd_bits : 0));
+    return is_odd() == on;
+}
 #elif defined(__aarch64__)
+static uint64_t fpcr(void) {
     uint64_t v;
     __asm__ volatile("mrs %0, fpcr" : "=r"(v));
-    v = on ? v | (UINT64_C(1) << 24) : v & ~(UINT64_C(1) << 24); /* FPCR.FZ */
+    return v;
+}
+static const uint64_t odd_bits = (UINT64_C(1) << 24) | (UINT64_C(1) << 22); /* FZ, RMode = RP */
+static int is_odd(void) {
+    return (fpcr() & ((UINT64_C(1) << 24) | (UINT64_C(3) << 22))) == odd_bits;
+}
+static int odd_float_mode(int on) {
+    const uint64_t v =
+        (fpcr() & ~((UINT64_C(1) << 24) | (UINT64_C(3) << 22))) | (on ? odd_bits : 0);
     __asm__ volatile("msr fpcr, %0" : : "r"(v));
-    fesetround(on ? FE_UPWARD : FE_TONEAREST);
-    __asm__ volatile("mrs %0, fpcr" : "=r"(v));
-    return (v >> 24 & 1) && fegetround() == FE_UPWARD;
+    return is_odd() == on;
+}
 #else
+static int is_odd(void) {
+    return 0;
+}
+static int odd_float_mode(int on) {
     (void)on;
     return -1;
-#endif
 }
+#endif
 
 /* The step's bits are the same whatever mode the calling threads hold (the kernels set round to
  * nearest with denormals kept, as torch computes by default), in a team of the library's and
@@ -282,14 +298,15 @@ static void test_the_callers_float_mode_is_not_the_steps(void **state) {
         if (run == 1) {
             odd &= odd_float_mode(1);
             st[0] = zb_adam_step(t, 2, &a, NULL);
-            restored = odd_float_mode(1) == 1 && fegetround() == FE_UPWARD;
+            restored = is_odd();
+#pragma omp parallel num_threads(2) reduction(& : restored)
+            restored &= is_odd(); /* the pool's threads too */
         } else {
             a.threads = ZB_ADAM_TEAM;
 #pragma omp parallel num_threads(2) reduction(& : restored)
             {
-                odd_float_mode(1);
                 st[omp_get_thread_num()] = zb_adam_step(t, 2, &a, NULL);
-                restored &= fegetround() == FE_UPWARD;
+                restored &= is_odd();
             }
         }
 #pragma omp parallel num_threads(2)

@@ -3,7 +3,8 @@
 // starts and as torch computes by default. Threads of one team could otherwise differ (a caller's
 // torch.set_flush_denormal(True) or fesetround() reaches its own thread only), and a step's bits
 // would depend on which thread took which chunk. Each thread of a team holds one IeeeMode; its
-// own mode is back when the guard goes. Exception masks and flags are left as they are.
+// own mode is back when the guard goes. Exception masks are left as they are, and flags the step
+// raises stay raised.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +21,8 @@ class IeeeMode {
         const uint64_t want = saved_ & ~kNonIeee;
         if (want != saved_) set(want);
     }
-    ~IeeeMode() {
-        if (saved_ & kNonIeee) set(saved_);
+    ~IeeeMode() { // the mode back; exception flags the step raised stay raised
+        if (saved_ & kNonIeee) set((get() & ~kNonIeee) | (saved_ & kNonIeee));
     }
     IeeeMode(const IeeeMode &) = delete;
     IeeeMode &operator=(const IeeeMode &) = delete;
@@ -37,8 +38,10 @@ class IeeeMode {
         _mm_setcsr(static_cast<unsigned>(v));
     }
 #elif defined(__aarch64__)
-    // FPCR: flush-to-zero (24), rounding mode (23:22), half-precision flush-to-zero (19)
-    static constexpr uint64_t kNonIeee = (1u << 24) | (3u << 22) | (1u << 19);
+    // FPCR: alternative half-precision (26), default NaN (25), flush-to-zero (24), rounding mode
+    // (23:22), half-precision flush-to-zero (19), FEAT_AFP's AH and FIZ (1:0; zero without it)
+    static constexpr uint64_t kNonIeee =
+        (1u << 26) | (1u << 25) | (1u << 24) | (3u << 22) | (1u << 19) | 3u;
     static uint64_t get() noexcept {
         uint64_t v;
         asm volatile("mrs %0, fpcr" : "=r"(v));
