@@ -5,9 +5,22 @@ set -euo pipefail
 
 # Names that differ between Debian releases: the sanitizer runtime of the release's clang, and
 # qemu-user-static (only a transitional name from trixie on, with no candidate: qemu-user).
-clang_major=$(apt-cache depends clang 2>/dev/null | sed -n 's/^ *Depends: clang-\([0-9][0-9]*\)$/\1/p' | head -1)
-qemu_user=qemu-user-static
-apt-cache policy qemu-user-static 2>/dev/null | grep -q 'Candidate: (none)' && qemu_user=qemu-user
+# Read from apt's lists, fetched first where there are none (a fresh container).
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+release_names() {
+  clang_major=$( (apt-cache depends clang 2>/dev/null || true) |
+    sed -n 's/^ *Depends: clang-\([0-9][0-9]*\)$/\1/p' | head -1)
+  qemu_user=qemu-user-static
+  if (apt-cache policy qemu-user-static 2>/dev/null || true) | grep -q 'Candidate: (none)'; then
+    qemu_user=qemu-user
+  fi
+}
+release_names
+if [ -z "$clang_major" ]; then
+  $SUDO apt-get update -qq
+  release_names
+fi
 
 pkgs=(
   cmake g++ make pkg-config clang clang-format "libclang-rt-${clang_major:-14}-dev"  # toolchain, fuzzers, sanitizers
@@ -29,8 +42,6 @@ for p in "${pkgs[@]}"; do
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO=sudo
 echo "install-deps: installing ${missing[*]}" >&2
 # The Slurm daemons are started by our own test fixture, never by the package scripts.
 policy=/usr/sbin/policy-rc.d
