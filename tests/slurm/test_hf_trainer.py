@@ -33,7 +33,8 @@ class TrainerOnSlurm(ClusterCase):
                    PYTHONPATH=os.path.join(SRC, "python"))
         script = os.path.join(SRC, "tests", "python", "test_hf_trainer.py")
         p = subprocess.run(["srun", "-n1", "-c2", "--zenflow-bind=verbose", "/usr/bin/python3",
-                            script, "-v"], env=env, capture_output=True, text=True, timeout=300)
+                            script, "-v", "HuggingFaceTrainer.test_trains_saves_and_resumes"],
+                           env=env, capture_output=True, text=True, timeout=300)
         out = p.stdout + p.stderr
         self.assertEqual(p.returncode, 0, out)
         self.assertRegex(out, r"Ran 1 test in [0-9.]+s\s+OK\n")  # ran, not skipped
