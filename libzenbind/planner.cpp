@@ -86,24 +86,9 @@ std::string list(hwloc_const_bitmap_t set) {
     return zb::format_cpulist(set);
 }
 
-// A CPU's home node is the first NUMA node, in topology order, whose locality holds it, DRAM
-// nodes before memory-only ones (is_dram in topology.hpp): tasks are placed on home nodes only.
-
-int home_node(const std::vector<hwloc_obj_t> &nodes, hwloc_const_cpuset_t pus) {
-    for (int pass = 0; pass < 2; ++pass)
-        for (size_t i = 0; i < nodes.size(); ++i)
-            if ((pass == 1 || zb::is_dram(nodes[i])) &&
-                hwloc_bitmap_intersects(nodes[i]->cpuset, pus))
-                return static_cast<int>(i);
-    return -1;
-}
-
 Machine build_machine(hwloc_topology_t topo, hwloc_const_cpuset_t allowed, zb_numa numa) {
     Machine m;
-    std::vector<hwloc_obj_t> nodes;
-    for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr); n;
-         n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n))
-        if (n->cpuset && !hwloc_bitmap_iszero(n->cpuset)) nodes.push_back(n);
+    const std::vector<hwloc_obj_t> nodes = zb::cpu_nodes(topo);
     for (hwloc_obj_t n : nodes)
         m.node_os.push_back(n->os_index);
     if (m.node_os.empty()) m.node_os.push_back(0); // no NUMA information: one node 0
@@ -122,7 +107,7 @@ Machine build_machine(hwloc_topology_t topo, hwloc_const_cpuset_t allowed, zb_nu
         hwloc_bitmap_set(cores.back().pus, pu->os_index);
     }
     for (Core &core : cores)
-        core.node = std::max(0, home_node(nodes, core.pus));
+        core.node = std::max(0, zb::home_node(nodes, core.pus));
     if (numa != ZB_NUMA_IGNORE)
         std::stable_sort(cores.begin(), cores.end(),
                          [](const Core &a, const Core &b) { return a.node < b.node; });

@@ -159,20 +159,17 @@ void apply(const zb_profile &profile, hwloc_topology_t topo, hwloc_const_cpuset_
            unsigned ntasks, zb_options &options) {
     if (options.set & (ZB_SET_OPT | ZB_SET_TRAIN)) return; // the user's split wins
     if (ntasks == 0) zb::fail(ZB_EINVAL, "the task count must be at least 1");
-    // The home nodes (OS numbers) of the allowed CPUs, as the planner takes them: each CPU's
-    // first DRAM node, else its first memory-only one (HBM, CXL, a Grace Hopper GPU's memory),
-    // which holds no tasks where a DRAM node holds the CPU.
+    // The home nodes (OS numbers) of the allowed CPUs, as the planner places tasks on them.
+    const std::vector<hwloc_obj_t> nodes = zb::cpu_nodes(topo);
     std::vector<unsigned> used;
-    zb::Bitmap rest;
-    hwloc_bitmap_copy(rest, allowed);
-    for (int pass = 0; pass < 2; ++pass)
-        for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr); n;
-             n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n))
-            if ((pass == 1 || zb::is_dram(n)) && n->cpuset &&
-                hwloc_bitmap_intersects(n->cpuset, rest)) {
-                used.push_back(n->os_index);
-                hwloc_bitmap_andnot(rest, rest, n->cpuset);
-            }
+    int cpu = -1;
+    while ((cpu = hwloc_bitmap_next(allowed, cpu)) >= 0) {
+        zb::Bitmap one;
+        hwloc_bitmap_only(one, static_cast<unsigned>(cpu));
+        const int home = zb::home_node(nodes, one);
+        if (home >= 0 && std::find(used.begin(), used.end(), nodes[home]->os_index) == used.end())
+            used.push_back(nodes[home]->os_index);
+    }
     if (used.empty()) return;
     const unsigned per_node = ceil_div(ntasks, static_cast<unsigned>(used.size()));
     unsigned opt = 0;
