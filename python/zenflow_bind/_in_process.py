@@ -21,7 +21,8 @@ from ._amp import forget, forgotten_on_error, scaler_mismatch, scaler_step, skip
 from ._compile import eager, eager_context
 from ._global_stats import clip_scale, complete_grads, sharded, stats
 from ._layout import _identity, local
-from .functional import Rows, StepResult, _increment_version, _number, _threads, launch
+from .functional import (Rows, StepResult, _increment_version, _number, _threads, launch,
+                         torch_threads)
 from ._signals import deferred_interrupts
 from ._state import _count
 from ._groups import (MATH_KEYS, adamw_of, apply_saved, as_torch_groups, check_group,
@@ -253,7 +254,7 @@ class InProcessAdamW(AdamW):
         if not buckets and not together:
             return
         scale = -grad_scale if maximize.pop() else grad_scale
-        threads = self.threads or min(torch.get_num_threads(), _native.ADAM_MAX_THREADS)
+        threads = self.threads or torch_threads()
         found = None
         if (len(buckets) > 1 or together) and (skip or norm):
             # One decision over every bucket before any is written, and over every rank's shards:

@@ -85,6 +85,11 @@ def _threads(value, least=0):
     return int(value)
 
 
+def torch_threads():
+    """This process's torch thread count, as the kernels take it (at most ZB_ADAM_MAX_THREADS)."""
+    return min(torch.get_num_threads(), _native.ADAM_MAX_THREADS)
+
+
 def _check(what, i, t, dtypes, numel):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}[{i}] is a {type(t).__name__}, not a tensor")

@@ -29,9 +29,8 @@ from ._groups import (adamw_of, apply_saved, as_torch_groups, check_group, check
                       corrected, group_math, load_post_hooks, load_pre_hooks,
                       read_saved, set_math)
 from ._layout import Layout, local, shared_grad
-from .functional import _number
-from ._native import (ADAM_MAX_THREADS, MAX_GROUPS, STEP_GRAD_NORM, STEP_SKIP_NONFINITE,
-                      ZenbindError)
+from .functional import _number, torch_threads
+from ._native import MAX_GROUPS, STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
 from ._signals import deferred_interrupts
 from ._state import Snapshot, _count, prepare_group_state
 from ._stream import Stream
@@ -356,8 +355,7 @@ class AdamW(torch.optim.Optimizer):
             if together:  # FSDP2: decided here over every rank's shards, not by each worker
                 staged = {id(s.param): s.grads[k] for layout, has in pending
                           for s, h in zip(layout.slots, has) if h}
-                nonfinite, sum_squares = stats(params, staged, scale,
-                                               min(torch.get_num_threads(), ADAM_MAX_THREADS))
+                nonfinite, sum_squares = stats(params, staged, scale, torch_threads())
                 decided = (nonfinite, math.sqrt(sum_squares))
                 skipped = bool(self.skip_nonfinite and nonfinite)
                 if not any_grad or skipped:
