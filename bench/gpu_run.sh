@@ -7,7 +7,8 @@
 #                                libhwloc15, libnuma1, libgomp1, libudev1 unpacked by dpkg -x)
 #   bench/gpu_run.sh [test|bench|cpu|all] [ARGS]
 #                                there, from the repository root, with $PYTHON (else python3)
-#                                that has torch: tests/python/test_gpu.py and test_demo.py,
+#                                that has torch: tests/python/test_gpu.py, test_gpu_fsdp2.py
+#                                and test_demo.py,
 #                                bench/gpu_offload.py ARGS, and (cpu) that machine's CPU: the
 #                                kernel against its roofline and against torch's fused AdamW, on
 #                                one core and all
@@ -47,7 +48,7 @@ run() {
         # test_demo trains on the GPU there (train_gpt.py's default device): its resume through
         # DCP, bit for bit, with the model on the GPU and the optimizer in the worker
         (cd tests/python && "${PYTHON:-python3}" test_gpu.py -v &&
-            "${PYTHON:-python3}" test_demo.py -v)
+            "${PYTHON:-python3}" test_gpu_fsdp2.py -v && "${PYTHON:-python3}" test_demo.py -v)
     fi
     if [ "$what" = bench ] || [ "$what" = all ]; then
         "${PYTHON:-python3}" bench/gpu_offload.py "$@"
