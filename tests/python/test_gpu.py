@@ -117,10 +117,12 @@ class Gpu(unittest.TestCase):
     @unittest.skipUnless(hasattr(getattr(torch, "amp", None), "GradScaler"), "torch < 2.3")
     def test_grad_scaler_unscales_the_copied_gradients(self):
         """The hooks copy CUDA gradients to the host during backward, before the scaler sees
-        them: it hands its scale to the kernel instead of unscaling them in place. A power-of-2
-        scale of bf16 gradients is exact, so the scaled runs equal the plain one to the bit."""
+        them: it hands its scale to the kernel instead of unscaling them in place. fp32
+        parameters, as GradScaler's users have (torch cannot unscale bf16 CUDA gradients, for its
+        own optimizers either): a power-of-2 scale is exact, so the scaled runs equal the plain
+        one to the bit."""
         batches = data(5)
-        plain = gpt(dtype=torch.bfloat16)
+        plain = gpt()
         runs = [copy.deepcopy(plain), copy.deepcopy(plain)]
         with ours(plain.parameters(), lr=1e-3) as opt:
             train(plain, opt, batches)
