@@ -45,16 +45,18 @@ def flat(args, dtype):
 
 
 def sharded_model(args, dtype):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
     torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (1,))  # gloo's, also where CUDA would be the default
     count = max(1, args.params // 2) if args.params > 1 else 6  # a weight and a bias each
     width = max(1, round((args.elements / count) ** 0.5))
     layers = [torch.nn.Linear(width, width) for _ in range(count)]
     model = torch.nn.Sequential(*layers).to(dtype)
     policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for layer in layers:
-        fully_shard(layer, offload_policy=policy)
-    fully_shard(model, offload_policy=policy)
+        fully_shard(layer, mesh=mesh, offload_policy=policy)
+    fully_shard(model, mesh=mesh, offload_policy=policy)
     for p in model.parameters():
         p.grad = torch.distributed.tensor.distribute_tensor(
             torch.randn(p.shape, dtype=dtype) * 1e-3, p.device_mesh, p.placements)
