@@ -63,8 +63,8 @@ class Gpu:
         cudart = torch.cuda.cudart()
         for group in layout.group.groups:
             for array in (group.params, *group.grads, group.copy_out):
-                if array is None or array.nbytes == 0:
-                    continue
+                if array is None or array.nbytes == 0 or array.ctypes.data in self.pinned:
+                    continue  # (pinned already: a layout adopted again after a move)
                 address = array.ctypes.data
                 with torch.cuda.device(self.device):  # not a context on GPU 0
                     err = int(cudart.cudaHostRegister(address, array.nbytes, _PORTABLE))

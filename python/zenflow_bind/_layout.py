@@ -64,6 +64,7 @@ class Slot:
         # hook copied
         self.staged = None
         self.hook = None    # the handle of that hook (watch())
+        self.watching = None  # watch()'s arguments, to watch again after a move
         self.early = None   # buffer k when its bucket went back early (_cuda.Gpu.early): its
         # gradient slot there holds the parameter's old values until the step is whole
 
@@ -73,6 +74,27 @@ class Slot:
         with torch.no_grad():
             self.master.copy_(local(p))
         self.seen = _identity(p)
+
+    def moved(self):
+        """Whether the parameter was moved or cast (Module.to() re-seats .data) since its
+        buffers and hook were made for the device and dtype it had."""
+        shard = local(self.param)
+        return shard.device != self.device or shard.dtype != self.dtype
+
+    def follow_move(self):
+        """After a move to another device (the dtype kept): the hook and the gradient's aliasing
+        are made for where the parameter is now. Its buffers are host memory either way: the
+        master, the moments in the worker and the step counts stay as they are."""
+        shard = local(self.param)
+        self.device = shard.device
+        self.grad_alias = shard.device.type == "cpu" and not self.sharded and \
+            self.grads[0].dtype == shard.dtype
+        self.staged = None
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+        if self.watching is not None:
+            self.watch(*self.watching)
 
     def check_shape(self):
         """The parameter's local tensor, unless it was given another shape, device or dtype
@@ -153,6 +175,7 @@ class Slot:
         for it. Not for a DTensor shard, whose gradient is FSDP2's, nor for a non-leaf tensor
         that retains its gradient (torch has no such hook for it): step() copies theirs."""
         p = self.param
+        self.watching = (buffer_now, landed, gpu)
         register = getattr(p, "register_post_accumulate_grad_hook", None)
         device = local(p).device.type
         if register is None or self.sharded or not p.requires_grad or not p.is_leaf or \
@@ -200,15 +223,18 @@ def shared_grad(buffer):
 
 
 def check_place(slot, shard):
-    """The gradient buffers, the copy-out and the hook were made for the device and dtype the
-    parameter had when its group was added: one moved since (model.cuda(), model.half(),
-    accelerate's prepare() after the optimizer was made) is refused, saying so."""
-    if shard.device != slot.device or shard.dtype != slot.dtype:
-        raise ValueError(f"parameter {slot.index} was {slot.dtype} on {slot.device} when its "
-                         f"param group was added and is now {shard.dtype} on {shard.device}: "
-                         "make the optimizer after moving or casting the model (model.to(), "
-                         "accelerate's prepare() of a model made on the CPU), or make a new "
-                         "one and load this one's state dict into it")
+    """The gradient buffers and the copy-out were made for the dtype the parameter had when its
+    group was added, and the hook for its device: a parameter cast since (model.half()) is
+    refused, saying so; one moved to another device is followed (Layout.follow_moves) between
+    steps, and refused only in the middle of one."""
+    if shard.dtype != slot.dtype:
+        raise ValueError(f"parameter {slot.index} was {slot.dtype} when its param group was "
+                         f"added and is now {shard.dtype}: make the optimizer after casting "
+                         "the model, or make a new one and load this one's state dict into "
+                         "it (a model moved to another device is followed, not one cast)")
+    if shard.device != slot.device:
+        raise ValueError(f"parameter {slot.index} was on {slot.device} when this step began "
+                         f"and is now on {shard.device}: move the model between steps")
 
 
 @eager  # dynamo would trace it under torch.compile
@@ -218,7 +244,8 @@ def _landed_hook(slot, buffer_now, landed, gpu, device, p):
     g = p.grad
     if k is None or g is None or g.is_sparse:
         return
-    check_place(slot, local(p))  # raised from backward: before a CUDA one gets a CPU grad
+    if slot.moved():  # step() follows a move (or refuses a cast), then copies the gradient
+        return
     dst, event = slot.grads[k], None
     if device == "cuda":
         # None once its bucket went back (landing again is an error step() raises, and the
@@ -340,6 +367,21 @@ class Layout:
             raise
         self.behind = [0] * len(self.slots)  # steps each parameter took fewer than the group
         self.ranges = [[] for _ in groups]  # each bucket's ranges as its worker group has them
+
+    def follow_moves(self, gpu):
+        """Parameters moved to another device since the layout was made (Module.to() after the
+        optimizer was made, as the Hugging Face Trainer and accelerate's prepare() do with the
+        model they are given) are followed: the buffers are pinned for CUDA, and each moved
+        slot watches where its parameter is now. A cast, or a second GPU, is refused before
+        anything changes."""
+        moved = [s for s in self.slots if s.moved()]
+        for s in moved:
+            if local(s.param).dtype != s.dtype:
+                check_place(s, local(s.param))
+        if moved:
+            gpu.adopt(self)
+        for s in moved:
+            s.follow_move()
 
     def remove(self):
         """Undo the layout, so that the worker holds what it held before (a param group that

@@ -329,6 +329,7 @@ class AdamW(torch.optim.Optimizer):
                     raise twice
                 return loss
             self._finish()
+            self._follow_moves()
             self._push_state_edits()
             self._gpu.grads_landed()  # a hook's copy in flight lands before any copy of ours
             k = self._buffer
@@ -446,6 +447,7 @@ class AdamW(torch.optim.Optimizer):
         if not math.isfinite(grad_scale):
             raise ValueError(f"invalid grad_scale {grad_scale}: must be finite")
         with self._exclusive("step_during_backward"):
+            self._follow_moves()  # before backward: its hooks copy for where the model is now
             if not self.overlap:
                 # (overlap: the step in flight reads the other buffer and stays there until
                 # step(); applied here, between forward and backward, it would rewrite weights
@@ -561,6 +563,14 @@ class AdamW(torch.optim.Optimizer):
             raise _not_applied(e) from e
         raise RuntimeError(f"a bucket's step failed during backward ({e!r}); nothing of this "
                            "step was applied to the model") from e
+
+    def _follow_moves(self):
+        """Follow parameters moved to another device since their group was added: model.cuda()
+        after the optimizer was made keeps the Parameter objects, as torch's optimizers expect
+        (Layout.follow_moves)."""
+        for layout in self._layouts:
+            if layout is not None:
+                layout.follow_moves(self._gpu)
 
     def _not_mid_step(self, what, torn_ok=False, reads_state=False):
         """Refuse `what` between step_during_backward() and step(), and after a failed block
@@ -754,6 +764,7 @@ class AdamW(torch.optim.Optimizer):
             self._live()
             self._not_mid_step("load a state dict", torn_ok=True)
             self._finish()  # writes into optimizer.state since it was read: the load replaces them
+            self._follow_moves()  # (accelerate's prepare() moves the model, then loads)
             state_dict = load_pre_hooks(self, state_dict)
             updates, prepared = self._check_state_dict(state_dict)
             self._snapshot = None  # stale from here, even if applying fails midway

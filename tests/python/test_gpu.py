@@ -3,10 +3,12 @@ steps, a bit-identical resume from a state dict, steps during backward equal to 
 bit with buckets gone back to the GPU during backward, the model untouched when the worker dies
 after some had, overlap's update one step later, the worker's buffers pinned and the model's
 parameters never staged through a GPU tensor, GradScaler unscaling the copied gradients, a model
-moved to the GPU after the optimizer was made refused. Skips without a CUDA device (CI has none);
+moved to the GPU after the optimizer was made (by hand, or by accelerate's prepare()) trained as
+one moved before. Skips without a CUDA device (CI has none);
 bench/gpu_run.sh runs it on a GPU machine."""
 
 import copy
+import importlib.util
 import os
 import signal
 import time
@@ -198,16 +200,51 @@ class Gpu(unittest.TestCase):
             for p, q in zip(overlapped.parameters(), history[-1]):
                 self.assertTrue(torch.equal(p, q))
 
-    def test_a_model_moved_to_the_gpu_after_the_optimizer_is_refused(self):
-        # Module.cuda() keeps the Parameter objects: both modes refuse clearly (the worker's
-        # hook was made for a CPU parameter; the in-process kernel reads host memory)
-        for worker in (True, False):
-            with self.subTest(worker=worker):
-                model = gpt().cpu()
-                with ours(model.parameters(), lr=1e-3, worker=worker) as opt:
-                    model.cuda()
-                    with self.assertRaisesRegex(ValueError, "after moving"):
-                        train(model, opt, data(1))
+    def test_a_model_moved_to_the_gpu_after_the_optimizer_trains_there(self):
+        # Module.cuda() keeps the Parameter objects, and the Hugging Face Trainer and
+        # accelerate's prepare() move the model they are given after the user made the
+        # optimizer: the worker's optimizer follows, as if made after the move (its buffers
+        # pinned, the hooks copying CUDA gradients); the in-process kernel reads host memory
+        # and refuses
+        batches = data(4)
+        for during in (False, True):
+            moved = gpt(dtype=torch.bfloat16).cpu()
+            placed = copy.deepcopy(moved).cuda()
+            with ours(moved.parameters(), lr=1e-3, bucket_elements=50_000) as a, \
+                    ours(placed.parameters(), lr=1e-3, bucket_elements=50_000) as b:
+                moved.cuda()
+                train(moved, a, batches, during=during)
+                train(placed, b, batches, during=during)
+                torch.cuda.synchronize()
+                self.assertTrue(all(s.master.is_pinned() and s.streamable()
+                                    for s in a._layouts[0].slots))
+            for p, q in zip(moved.parameters(), placed.parameters()):
+                self.assertTrue(torch.equal(p, q), f"steps during backward: {during}")
+        model = gpt().cpu()
+        with ours(model.parameters(), lr=1e-3, worker=False) as opt:
+            model.cuda()
+            with self.assertRaisesRegex(ValueError, "after moving"):
+                train(model, opt, data(1))
+
+    @unittest.skipIf(importlib.util.find_spec("accelerate") is None,
+                     "accelerate is not installed")
+    def test_accelerate_prepare_of_a_model_made_on_the_cpu(self):
+        from accelerate import Accelerator
+        batches = data(4)
+        model = gpt().cpu()
+        placed = copy.deepcopy(model).cuda()
+        accelerator = Accelerator()
+        with ours(model.parameters(), lr=1e-3) as opt, ours(placed.parameters(), lr=1e-3) as ref:
+            model, wrapped = accelerator.prepare(model, opt)  # moves the model, loads opt's state
+            self.assertEqual(next(model.parameters()).device.type, "cuda")
+            for tokens in batches:
+                wrapped.zero_grad()
+                accelerator.backward(loss_of(model, tokens))
+                wrapped.step()
+            train(placed, ref, batches)
+            torch.cuda.synchronize()
+        for p, q in zip(model.parameters(), placed.parameters()):
+            self.assertTrue(torch.equal(p, q))
 
     def test_copy_back_needs_no_gpu_staging(self):
         # bf16 model, bf16 copy-out: each parameter's copy goes straight into its storage, so

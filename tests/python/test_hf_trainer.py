@@ -2,8 +2,8 @@
 Trainer(..., optimizers=(AdamW(...), scheduler)) on a GPT-2 built from a config (no download),
 text from this source tree with a byte-level vocabulary. It trains (the loss falls), saves a
 checkpoint, and a new Trainer with a new optimizer resumed from it ends where an uninterrupted run
-does. Skips where transformers is not installed (Debian forky's python3-transformers has it; CI
-runs this file there)."""
+does; on the GPU where the machine has one. Skips where transformers is not installed (Debian
+forky's python3-transformers has it; CI runs this file there)."""
 
 import os
 import tempfile
@@ -22,6 +22,16 @@ import zenflow_bind.optim
 
 warnings.filterwarnings("ignore")
 STEPS, SAVE_AT, BLOCK = 8, 4, 64
+# The Trainer moves the model to the GPU where there is one (after the optimizer was made), as
+# it does for its users; there, kernels that make runs bit-reproducible, as the resumed run is
+# compared with the straight one to the bit (CI has no GPU: the CPU is deterministic)
+GPU = torch.cuda.is_available()
+if GPU:
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    for name in ("enable_flash_sdp", "enable_mem_efficient_sdp", "enable_cudnn_sdp"):
+        if hasattr(torch.backends.cuda, name):
+            getattr(torch.backends.cuda, name)(False)
 
 
 def text_blocks(n):
@@ -47,7 +57,7 @@ def trainer(model, where, overlap=False, epochs=None, **kw):
     span = dict(max_steps=STEPS, save_steps=SAVE_AT, save_strategy="steps") if epochs is None \
         else dict(num_train_epochs=epochs, save_strategy="epoch")
     args = TrainingArguments(output_dir=where, per_device_train_batch_size=4, logging_steps=1,
-                             report_to=[], use_cpu=True, seed=0, data_seed=0,
+                             report_to=[], use_cpu=not GPU, seed=0, data_seed=0,
                              dataloader_num_workers=0, disable_tqdm=True, **span)
     # Under srun --zenflow-bind the worker takes the plan (ZENFLOW_OPT_*); elsewhere one thread.
     threads = None if "ZENFLOW_OPT_CPUS" in os.environ else 1

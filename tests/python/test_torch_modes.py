@@ -278,22 +278,26 @@ class Names(unittest.TestCase):
 
 
 class Errors(unittest.TestCase):
-    def test_a_model_moved_after_the_optimizer_was_made_is_refused(self):
-        # Module.to() re-seats each parameter's .data: the buffers and the backward hook were
-        # made for the device and dtype it had (a move to CUDA took the CPU hook's path and
-        # failed inside backward with torch's "assigned grad has data of a different type").
-        # A cast stands in for the move on a machine without a GPU.
+    def test_a_model_cast_after_the_optimizer_was_made_is_refused(self):
+        # Module.to() re-seats each parameter's .data. A move to another device is followed
+        # (test_gpu.py: a model moved to the GPU after the optimizer was made, as the Hugging
+        # Face Trainer and accelerate's prepare() move it); a cast is refused by step(), as the
+        # worker's buffers were made for the dtype it had, and the optimizer stays usable
         model = mlp()
         x, y = batches(1)[0]
         with ours(model.parameters()) as opt:
             before = [p.detach().clone() for p in model.parameters()]
             model.to(torch.float64)
-            with self.assertRaisesRegex(ValueError, "make the optimizer after moving or casting"):
-                loss = torch.nn.functional.mse_loss(model(x.double()), y.double())
-                loss.backward()  # the hook refuses (torch >= 2.1), else step() does
+            loss = torch.nn.functional.mse_loss(model(x.double()), y.double())
+            loss.backward()  # the hook leaves it to step() (torch >= 2.1)
+            with self.assertRaisesRegex(ValueError, "float32 when its param group was added "
+                                        "and is now torch.float64: make the optimizer after "
+                                        "casting"):
                 opt.step()
             model.to(torch.float32)
             assert_equal(self, model.parameters(), before)
+            opt.step()  # the float32 gradients Module.to() cast back
+            self.assertFalse(torch.equal(next(model.parameters()), before[0]))
 
     def test_refused_arguments_say_why(self):
         params = mlp().parameters
