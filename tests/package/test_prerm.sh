@@ -1,0 +1,63 @@
+#!/bin/sh
+# zenflow-bind-slurm's prerm/%preun against plugin stacks as sites lay them out, under DPKG_ROOT
+# (dpkg's root for installing into a directory): it refuses a removal while any file of the
+# stack Slurm reads loads the plugin as required, and lets everything else through.
+#   test_prerm.sh SOURCE_DIR
+set -eu
+script=$1/contrib/packaging/scripts/zenflow-bind-slurm.prerm
+root=$(mktemp -d)
+trap 'rm -rf "$root"' EXIT
+failures=0
+required='required /usr/lib/x86_64-linux-gnu/slurm-wlm/zenflow_bind.so train=2'
+
+# expect CASE WANT(0|1) [ACTION]: the script's exit status on the tree built so far, then a clean one
+expect() {
+  status=0
+  DPKG_ROOT=$root sh "$script" "${3:-remove}" >"$root.out" 2>&1 || status=$?
+  if [ "$status" != "$2" ]; then
+    echo "FAIL: $1: exit $status, want $2: $(cat "$root.out")"
+    failures=$((failures + 1))
+  elif [ "$2" = 1 ] && ! grep -q "loads the plugin as required" "$root.out"; then
+    echo "FAIL: $1: no reason given: $(cat "$root.out")"
+    failures=$((failures + 1))
+  else
+    echo "ok: $1"
+  fi
+  rm -rf "${root:?}"/* "$root.out"
+}
+put() { # put PATH LINE...: a file under the root
+  mkdir -p "$root$(dirname "$1")"
+  f=$1
+  shift
+  printf '%s\n' "$@" >"$root$f"
+}
+
+expect "no Slurm configuration" 0
+put /etc/slurm/plugstack.conf "$required"
+expect "required in plugstack.conf" 1
+put /etc/slurm/plugstack.conf "$required"
+expect "an upgrade (Debian)" 0 upgrade
+put /etc/slurm/plugstack.conf "$required"
+expect "an upgrade (RPM)" 0 1
+put /etc/slurm/plugstack.conf "$required"
+expect "an erase (RPM)" 1 0
+put /etc/slurm/plugstack.conf "#$required" "optional zenflow_bind.so" "required other.so"
+expect "commented out, optional, another plugin" 0
+put /etc/slurm/plugstack.conf "include /etc/slurm/plugstack.conf.d/*.conf"
+put /etc/slurm/plugstack.conf.d/zenflow_bind.conf "  $required"
+expect "the package's snippet, included" 1
+put /etc/slurm/plugstack.conf "include site/*.conf   # the site's"
+put /etc/slurm/site/zb.conf "required zenflow_bind.so"
+expect "a relative include, from the including file's directory" 1
+put /etc/slurm/slurm.conf "ClusterName=c" "plugstackconfig = /opt/slurm/stack.conf # here"
+put /opt/slurm/stack.conf "include /opt/slurm/stack.d/*"
+put /opt/slurm/stack.d/a "$required"
+expect "slurm.conf's PlugStackConfig, any case, and its include" 1
+put /run/slurm/conf/plugstack.conf "$required"
+expect "configless: slurmd's copy in /run/slurm/conf" 1
+put /etc/slurm/slurm.conf "SlurmdSpoolDir=/var/lib/slurm/slurmd"
+put /var/lib/slurm/slurmd/conf-cache/plugstack.conf "$required"
+expect "configless: the copy in SlurmdSpoolDir/conf-cache" 1
+put /etc/slurm/plugstack.conf "include /etc/slurm/plugstack.conf" "optional zenflow_bind.so"
+expect "a file that includes itself ends" 0
+[ "$failures" = 0 ] || exit 1
