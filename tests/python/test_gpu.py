@@ -4,8 +4,8 @@ bit with buckets gone back to the GPU during backward, the model untouched when 
 after some had, overlap's update one step later, the worker's buffers pinned and the model's
 parameters never staged through a GPU tensor, GradScaler unscaling the copied gradients, a model
 moved to the GPU after the optimizer was made (by hand, or by accelerate's prepare()) trained as
-one moved before. Skips without a CUDA device (CI has none);
-bench/gpu_run.sh runs it on a GPU machine."""
+one moved before, gradient accumulation over micro-batches stepping their sum. Skips without a
+CUDA device (CI has none); bench/gpu_run.sh runs it on a GPU machine."""
 
 import copy
 import importlib.util
@@ -115,6 +115,35 @@ class Gpu(unittest.TestCase):
             self.assertGreaterEqual(early[0], len(batches))  # buckets went back during backward
             for p, q in zip(a.parameters(), b.parameters()):
                 self.assertTrue(torch.equal(p, q))
+
+    def test_gradient_accumulation_steps_the_sum(self):
+        # micro-batches accumulate into .grad before one step: the hook copies each partial sum
+        # as it lands, and the step must take the last (with the last backward in
+        # step_during_backward() too). One step of Adam moves each weight by about lr times the
+        # sign of its gradient: a partial sum stepped would be off by up to 2 lr where its sign
+        # is not the sum's; two roundings of one AdamW differ by far less (test_parity's bound)
+        micro = data(12, seed=4)
+        for during in (False, True):
+            a = gpt()
+            b = copy.deepcopy(a)
+            with ours(a.parameters(), lr=1e-3, bucket_elements=50_000) as opt:
+                ref = torch.optim.AdamW(b.parameters(), lr=1e-3)
+                for step in range(3):
+                    batches = micro[4 * step:4 * step + 4]
+                    for model, o in ((a, opt), (b, ref)):
+                        o.zero_grad()
+                        for tokens in batches[:-1]:
+                            (loss_of(model, tokens) / 4).backward()
+                        if during and o is opt:
+                            with opt.step_during_backward():
+                                (loss_of(model, batches[-1]) / 4).backward()
+                        else:
+                            (loss_of(model, batches[-1]) / 4).backward()
+                        o.step()
+                torch.cuda.synchronize()
+            for p, q in zip(a.parameters(), b.parameters()):
+                torch.testing.assert_close(p, q, rtol=0, atol=5e-4,
+                                           msg=f"steps during backward: {during}")
 
     @unittest.skipUnless(hasattr(getattr(torch, "amp", None), "GradScaler"), "torch < 2.3")
     def test_grad_scaler_unscales_the_copied_gradients(self):
