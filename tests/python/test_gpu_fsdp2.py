@@ -17,7 +17,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA: dete
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from torch_cases import batches, mlp, ours  # noqa: E402
+from torch_cases import batches, ours, sharded_mlp  # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -45,18 +45,14 @@ def missing():
 
 
 def sharded(seed=0, bf16=False, offload=False):
-    """mlp() on the GPU, each Linear and the whole sharded by FSDP2 over the one rank."""
-    model = mlp(seed).cuda()
+    """mlp() on the GPU, sharded by FSDP2 over the one rank."""
     kw = {}
     if bf16:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                reduce_dtype=torch.float32)
     if offload:
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
-    for layer in (model[0], model[2], model[4]):
-        fully_shard(layer, **kw)
-    fully_shard(model, **kw)
-    return model
+    return sharded_mlp(fully_shard, seed, "cuda", **kw)
 
 
 def train(model, opt, data):

@@ -14,7 +14,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from torch_cases import batches, mlp
+from torch_cases import batches, sharded_mlp
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -30,7 +30,6 @@ STEPS = 6
 
 
 def sharded(seed=0, offload=False):
-    model = mlp(seed)
     kw = {}
     if offload:
         try:
@@ -38,10 +37,7 @@ def sharded(seed=0, offload=False):
         except ImportError:
             from torch.distributed._composable.fsdp import CPUOffloadPolicy
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
-    for layer in (model[0], model[2], model[4]):
-        fully_shard(layer, **kw)
-    fully_shard(model, **kw)
-    return model
+    return sharded_mlp(fully_shard, seed, **kw)
 
 
 def train(model, opt, data):

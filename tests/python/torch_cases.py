@@ -18,6 +18,15 @@ def mlp(seed=0, dtype=torch.float32):
                                torch.nn.Linear(32, 4)).to(dtype)
 
 
+def sharded_mlp(fully_shard, seed=0, device="cpu", **kw):
+    """mlp() on device, each Linear and the whole sharded by FSDP2's fully_shard(**kw)."""
+    model = mlp(seed).to(device)
+    for layer in (model[0], model[2], model[4]):
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
 def batches(n, seed=1):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(24, 16, generator=g), torch.randn(24, 4, generator=g)) for _ in range(n)]
