@@ -56,14 +56,19 @@ int run_lstopo(const std::vector<std::string> &args) {
 
 } // namespace
 
-bool draw_plan(zb_topology_t *topology, const zb_plan_t *plan, const std::string &file,
-               std::string &error) {
+const char *picture_format(const std::string &file) {
     const auto ends_with = [&](const char *suffix) {
         const size_t n = std::strlen(suffix);
-        return file.size() > n && file.compare(file.size() - n, n, suffix) == 0;
+        return file.size() > n && file.compare(file.size() - n, n, suffix) == 0 &&
+               file[file.size() - n - 1] != '/';
     };
     // The native SVG keeps text as text (searchable, and what the tests read).
-    const char *format = ends_with(".svg") ? "nativesvg" : ends_with(".png") ? "png" : nullptr;
+    return ends_with(".svg") ? "nativesvg" : ends_with(".png") ? "png" : nullptr;
+}
+
+bool draw_plan(zb_topology_t *topology, const zb_plan_t *plan, const std::string &file,
+               std::string &error) {
+    const char *format = picture_format(file);
     if (!format) {
         error = "--picture " + file + ": the name must end in .svg or .png";
         return false;

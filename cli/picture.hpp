@@ -8,6 +8,10 @@
 
 namespace zb::cli {
 
+// lstopo's output format for FILE's name ("nativesvg" for .svg, "png" for .png); nullptr for any
+// other name.
+const char *picture_format(const std::string &file);
+
 // Writes the picture (.svg or .png, from FILE's name) of `plan` on `topology`; false with
 // `error` set when it cannot (unknown extension, no lstopo, lstopo failing).
 bool draw_plan(zb_topology_t *topology, const zb_plan_t *plan, const std::string &file,

@@ -28,6 +28,7 @@ const std::vector<std::string> kValueFlags = {
     "--picture", "--gpu-nodes", "--gpus",     "--gpu-root", "--gpumap"};
 
 int parse(int argc, char **argv, PlanArgs &a) {
+    std::vector<std::string> seen;
     for (int i = 0; i < argc; ++i) {
         const std::string arg = argv[i];
         std::string value;
@@ -35,6 +36,16 @@ int parse(int argc, char **argv, PlanArgs &a) {
             a.json = true;
         } else if (std::find(kValueFlags.begin(), kValueFlags.end(), arg) != kValueFlags.end()) {
             if (!take_value(argc, argv, i, value)) return error(kUsage, arg + " needs a value");
+            // A second value would silently replace the first (a second --options dropping the
+            // keys of the first); an empty one would silently mean "not given" (--synthetic ""
+            // planning this machine).
+            if (std::find(seen.begin(), seen.end(), arg) != seen.end())
+                return error(kUsage,
+                             "plan: " + arg + " is given twice" +
+                                 (arg == "--options" ? " (join the keys with commas)" : ""));
+            seen.push_back(arg);
+            if (value.empty() && arg != "--options")
+                return error(kUsage, "plan: " + arg + " needs a value, not an empty string");
             if (arg == "--tasks") {
                 const auto n = zb::util::parse_decimal(value, 65536);
                 if (!n || *n < 1)
@@ -49,6 +60,9 @@ int parse(int argc, char **argv, PlanArgs &a) {
                 a.cpuset = value;
                 a.has_cpuset = true;
             } else if (arg == "--picture") {
+                if (!picture_format(value))
+                    return error(kUsage,
+                                 "--picture " + value + ": the name must end in .svg or .png");
                 a.picture = value;
             } else if (arg == "--gpu-nodes") {
                 a.gpu_nodes = value;
@@ -157,7 +171,14 @@ struct Owned {
     }
 };
 
-void print_json(const Owned &o, const TaskGpus &g) {
+// The CLI's own warnings, then the plan's.
+std::vector<std::string> all_warnings(const Owned &o, std::vector<std::string> warnings) {
+    for (unsigned i = 0; i < zb_plan_nwarnings(o.plan); ++i)
+        warnings.emplace_back(zb_plan_warning(o.plan, i));
+    return warnings;
+}
+
+void print_json(const Owned &o, const TaskGpus &g, const std::vector<std::string> &warnings) {
     std::printf("{\"allowed\": %s, \"tasks\": [", json_string(cpulist(o.allowed)).c_str());
     for (unsigned i = 0; i < zb_plan_ntasks(o.plan); ++i) {
         zb_task_plan t;
@@ -173,12 +194,13 @@ void print_json(const Owned &o, const TaskGpus &g) {
                     json_int(zb_plan_task_gpu_node(o.plan, i)).c_str());
     }
     std::printf("], \"warnings\": [");
-    for (unsigned i = 0; i < zb_plan_nwarnings(o.plan); ++i)
-        std::printf("%s%s", i ? ", " : "", json_string(zb_plan_warning(o.plan, i)).c_str());
+    for (size_t i = 0; i < warnings.size(); ++i)
+        std::printf("%s%s", i ? ", " : "", json_string(warnings[i]).c_str());
     std::printf("]}\n");
 }
 
-void print_table(const Owned &o, const std::string &source, const TaskGpus &g) {
+void print_table(const Owned &o, const std::string &source, const TaskGpus &g,
+                 const std::vector<std::string> &warnings) {
     std::printf("allowed CPUs %s (%s)\n\n", cpulist(o.allowed).c_str(), source.c_str());
     std::vector<std::string> head = {"task",           "cores",   "training CPUs", "threads",
                                      "optimizer CPUs", "threads", "opt memory",    "NUMA"};
@@ -201,8 +223,8 @@ void print_table(const Owned &o, const std::string &source, const TaskGpus &g) {
             std::printf("%-*s  ", static_cast<int>(width[c]), r[c].c_str());
         std::printf("%s\n", r.back().c_str());
     }
-    for (unsigned i = 0; i < zb_plan_nwarnings(o.plan); ++i)
-        std::printf("%swarning: %s\n", i ? "" : "\n", zb_plan_warning(o.plan, i));
+    for (size_t i = 0; i < warnings.size(); ++i)
+        std::printf("%swarning: %s\n", i ? "" : "\n", warnings[i].c_str());
 }
 
 } // namespace
@@ -240,6 +262,10 @@ int cmd_plan(int argc, char **argv) {
     zb_options_init(&options);
     if (zb_options_parse(&options, a.options.c_str(), ZB_SCOPE_USER) != ZB_OK)
         return zb_error(kUsage, "--options");
+    std::vector<std::string> warnings;
+    if ((options.set & ZB_SET_ENABLED) && !options.enabled)
+        warnings.emplace_back("off: the plugin would leave such a step as Slurm bound it, with no "
+                              "ZENFLOW_* variables; this is the plan it would make with on");
     if (options.profile[0] && options.mode != ZB_MODE_OFFLOAD) {
         if (zb_profile_load(options.profile, &o.profile) != ZB_OK ||
             zb_profile_apply(o.profile, o.topology, o.allowed, a.tasks, &options) != ZB_OK)
@@ -257,15 +283,16 @@ int cmd_plan(int argc, char **argv) {
         return zb_error(kRuntime, "no plan");
     for (const std::string &note : notes)
         std::fprintf(stderr, "zenbind: warning: %s: share taken in order\n", note.c_str());
+    // The picture first: a failed command prints no plan that a script could take for its result.
+    std::string why;
+    if (!a.picture.empty() && !draw_plan(o.topology, o.plan, a.picture, why))
+        return error(kRuntime, "plan: " + why);
+    warnings = all_warnings(o, std::move(warnings));
     if (a.json)
-        print_json(o, gpus);
+        print_json(o, gpus, warnings);
     else
-        print_table(o, source, gpus);
-    if (!a.picture.empty()) {
-        std::string why;
-        if (!draw_plan(o.topology, o.plan, a.picture, why)) return error(kRuntime, "plan: " + why);
-        if (!a.json) std::printf("\npicture written to %s\n", a.picture.c_str());
-    }
+        print_table(o, source, gpus, warnings);
+    if (!a.picture.empty() && !a.json) std::printf("\npicture written to %s\n", a.picture.c_str());
     return kOk;
 }
 

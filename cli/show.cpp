@@ -5,6 +5,7 @@
 
 #include <zenbind/hwloc.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <unistd.h>
@@ -16,7 +17,7 @@ namespace {
 struct Node {
     unsigned os_index;
     std::string cpus, allowed, kind;
-    int cores, pus_per_core;
+    int cores, pus_min, pus_max; // hardware threads of its cores: hybrid CPUs mix 1 and 2
     double memory_gib;
 };
 
@@ -27,11 +28,19 @@ std::vector<Node> nodes_of(const zb_topology_t *topology, const zb_cpuset_t *all
     for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr); n;
          n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n)) {
         const int cores = hwloc_get_nbobjs_inside_cpuset_by_depth(topo, n->cpuset, core_depth);
+        int pus_min = 0, pus_max = 0;
+        for (hwloc_obj_t c =
+                 hwloc_get_next_obj_inside_cpuset_by_depth(topo, n->cpuset, core_depth, nullptr);
+             c; c = hwloc_get_next_obj_inside_cpuset_by_depth(topo, n->cpuset, core_depth, c)) {
+            const int pus = hwloc_bitmap_weight(c->cpuset);
+            pus_min = pus_min ? std::min(pus_min, pus) : pus;
+            pus_max = std::max(pus_max, pus);
+        }
         hwloc_bitmap_t mine = hwloc_bitmap_alloc();
         hwloc_bitmap_and(mine, n->cpuset, zb_cpuset_hwloc_const(allowed));
         nodes.push_back({n->os_index, cpulist(zb_cpuset_from_hwloc_const(n->cpuset)),
                          cpulist(zb_cpuset_from_hwloc(mine)), n->subtype ? n->subtype : "DRAM",
-                         cores, cores > 0 ? hwloc_bitmap_weight(n->cpuset) / cores : 0,
+                         cores, pus_min, pus_max,
                          static_cast<double>(n->attr->numanode.local_memory) / (1u << 30)});
         hwloc_bitmap_free(mine);
     }
@@ -49,9 +58,10 @@ void print_table(const std::string &allowed, const char *source, const std::stri
     for (const Node &n : nodes) {
         char memory[32];
         std::snprintf(memory, sizeof memory, "%.1f GiB", n.memory_gib);
+        std::string pus = std::to_string(n.pus_min);
+        if (n.pus_max != n.pus_min) pus += "-" + std::to_string(n.pus_max);
         std::printf("%-5u %-20s %-20s %-6d %-10s %-12s %s\n", n.os_index, n.cpus.c_str(),
-                    n.allowed.c_str(), n.cores,
-                    n.cores > 0 ? std::to_string(n.pus_per_core).c_str() : "-", memory,
+                    n.allowed.c_str(), n.cores, n.cores > 0 ? pus.c_str() : "-", memory,
                     n.kind.c_str());
     }
 }
@@ -66,7 +76,7 @@ void print_json(const std::string &allowed, const char *source, const std::strin
         std::printf("%s{\"node\": %u, \"cpus\": %s, \"allowed\": %s, \"cores\": %d, "
                     "\"pus_per_core\": %d, \"memory_gib\": %.3f, \"kind\": %s}",
                     i ? ", " : "", n.os_index, json_string(n.cpus).c_str(),
-                    json_string(n.allowed).c_str(), n.cores, n.pus_per_core, n.memory_gib,
+                    json_string(n.allowed).c_str(), n.cores, n.pus_max, n.memory_gib,
                     json_string(n.kind).c_str());
     }
     std::printf("]}\n");

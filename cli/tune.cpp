@@ -7,6 +7,8 @@
 // past it, more optimizer threads only add synchronisation (zb_profile_add_node applies the rule).
 #include "tune.hpp"
 
+#include "common.hpp"
+
 #include <zenbind/hwloc.h>
 #include <zenbind/zenbind.h>
 
@@ -32,6 +34,7 @@ namespace {
 
 struct TuneArgs {
     std::string output;
+    std::string target;  // the file written: output, or the file its symbolic link names
     size_t elements = 0; // 0: sized from the node's caches
     unsigned steps = 5;
     unsigned max_cores = 0; // 0: every core of the node
@@ -56,6 +59,7 @@ bool parse_count(const char *text, size_t max, size_t &out) {
 }
 
 int parse_args(int argc, char **argv, TuneArgs &a) {
+    std::vector<std::string> seen;
     for (int i = 0; i < argc; ++i) {
         const std::string arg = argv[i];
         const char *value = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -67,6 +71,10 @@ int parse_args(int argc, char **argv, TuneArgs &a) {
         if (arg != "--output" && arg != "--elements" && arg != "--steps" && arg != "--max-cores")
             return usage_error(("unknown argument '" + arg + "'").c_str());
         if (!value) return usage_error((arg + " needs a value").c_str());
+        // A second value would silently replace the first.
+        if (std::find(seen.begin(), seen.end(), arg) != seen.end())
+            return usage_error((arg + " is given twice").c_str());
+        seen.push_back(arg);
         ++i;
         if (arg == "--output") {
             a.output = value;
@@ -87,18 +95,35 @@ int parse_args(int argc, char **argv, TuneArgs &a) {
     return 0;
 }
 
-// The profile is written only after minutes of measuring: find out first whether it can be.
-bool output_writable(const std::string &output) {
+// The profile is written only after minutes of measuring: find out first whether it can be, and
+// where. It replaces its file by renaming a new one over it: over a symbolic link that would
+// replace the link and leave the file it names (a profile kept elsewhere, linked from /etc/slurm)
+// as it was, and over a device or a pipe (/dev/stdout, /dev/null) the device node itself.
+bool output_writable(TuneArgs &a) {
+    const char *output = a.output.c_str();
+    a.target = a.output;
     struct stat st {};
-    if (stat(output.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-        std::fprintf(stderr, "zenbind: tune: --output %s is a directory\n", output.c_str());
+    if (lstat(output, &st) == 0 && S_ISLNK(st.st_mode)) {
+        char *real = realpath(output, nullptr);
+        if (!real) {
+            std::fprintf(stderr,
+                         "zenbind: tune: --output %s: cannot follow its symbolic link: %s\n",
+                         output, std::strerror(errno));
+            return false;
+        }
+        a.target = real;
+        std::free(real);
+    }
+    if (stat(a.target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+        std::fprintf(stderr, "zenbind: tune: --output %s is %s\n", output,
+                     S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
         return false;
     }
-    const size_t slash = output.rfind('/');
-    const std::string dir = slash == std::string::npos ? "." : output.substr(0, slash + 1);
+    const size_t slash = a.target.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : a.target.substr(0, slash + 1);
     if (access(dir.c_str(), W_OK) != 0) {
-        std::fprintf(stderr, "zenbind: tune: cannot write %s: %s: %s\n", output.c_str(),
-                     dir.c_str(), std::strerror(errno));
+        std::fprintf(stderr, "zenbind: tune: cannot write %s: %s: %s\n", output, dir.c_str(),
+                     std::strerror(errno));
         return false;
     }
     return true;
@@ -188,9 +213,10 @@ void pin_self(unsigned cpu) {
     sched_setaffinity(0, sizeof set, &set);
 }
 
-// Throughput in GB/s of the Adam step on cpus[0..count), median of `steps` timed steps.
+// Throughput in GB/s of the Adam step on cpus[0..count), median of `steps` timed steps; `team`
+// is the number of threads OpenMP gave (fewer than `count` under OMP_THREAD_LIMIT, for one).
 double measure(const NodeBuffers &buf, const std::vector<unsigned> &cpus, unsigned count,
-               unsigned steps) {
+               unsigned steps, unsigned &team) {
     zb::opt::AdamHyper hyper;
     hyper.weight_decay = 0.01f;
     const zb::opt::AdamTensor tensor = buf.tensor(&hyper);
@@ -204,6 +230,7 @@ double measure(const NodeBuffers &buf, const std::vector<unsigned> &cpus, unsign
         const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(static_cast <int>(count))
         {
+            if (omp_get_thread_num() == 0) team = static_cast<unsigned>(omp_get_num_threads());
             pin_self(cpus[static_cast<size_t>(omp_get_thread_num())]);
             zb::opt::adam_step_in_team(batch, share);
         }
@@ -287,6 +314,7 @@ int run(const TuneArgs &a) {
         std::fprintf(stderr, "zenbind: tune: %s\n", zb_last_error());
     } else {
         hwloc_topology_t topo = zb_topology_hwloc(topology);
+        omp_set_dynamic(0); // every thread asked for, or none of the figures mean what they say
         rc = 0;
         for (hwloc_obj_t node = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr);
              node && rc == 0; node = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, node)) {
@@ -304,7 +332,18 @@ int run(const TuneArgs &a) {
             first_touch(buf, cpus);
             const auto started = std::chrono::steady_clock::now();
             for (unsigned c = 1; c <= cpus.size(); ++c) {
-                r.gbps.push_back(measure(buf, cpus, c, a.steps));
+                unsigned team = 0;
+                r.gbps.push_back(measure(buf, cpus, c, a.steps, team));
+                if (team != c) {
+                    // The figure would be that of fewer cores, and the saturation point wrong.
+                    std::fprintf(stderr,
+                                 "zenbind: tune: OpenMP ran %u threads where %u cores were to be "
+                                 "measured (OMP_THREAD_LIMIT, OMP_MAX_ACTIVE_LEVELS?); unset "
+                                 "them or give --max-cores %u\n",
+                                 team, c, team);
+                    rc = 1;
+                    break;
+                }
                 // Every core count runs the same steps, and more cores take no longer: the mean
                 // time per count so far bounds what the counts left take.
                 const double spent =
@@ -314,6 +353,7 @@ int run(const TuneArgs &a) {
                              r.node, c, cpus.size(), r.gbps.back(),
                              spent / c * double(cpus.size() - c));
             }
+            if (rc != 0) break;
             check_monotonic(r, trust);
             if (zb_profile_add_node(profile, r.node, r.gbps.data(),
                                     static_cast<unsigned>(r.gbps.size())) != ZB_OK) {
@@ -326,15 +366,16 @@ int run(const TuneArgs &a) {
             std::fprintf(stderr, "zenbind: tune: no NUMA node holds an allowed CPU\n");
             rc = 1;
         }
-        if (rc == 0 && zb_profile_save(profile, a.output.c_str()) != ZB_OK) {
+        if (rc == 0 && zb_profile_save(profile, a.target.c_str()) != ZB_OK) {
             std::fprintf(stderr, "zenbind: tune: %s\n", zb_last_error());
             rc = 1;
         }
     }
     if (rc == 0) {
         if (a.json) {
-            std::printf("{\"profile\": \"%s\", \"isa\": \"%s\", \"trusted\": %s, \"nodes\": [",
-                        a.output.c_str(), zb::opt::isa_name(zb::opt::active_isa()),
+            std::printf("{\"profile\": %s, \"isa\": \"%s\", \"trusted\": %s, \"nodes\": [",
+                        zb::cli::json_string(a.output).c_str(),
+                        zb::opt::isa_name(zb::opt::active_isa()),
                         trust.why.empty() ? "true" : "false");
             for (size_t i = 0; i < results.size(); ++i) {
                 const NodeResult &r = results[i];
@@ -369,7 +410,7 @@ int run(const TuneArgs &a) {
 int zb_cli_tune(int argc, char **argv) {
     TuneArgs a;
     if (int rc = parse_args(argc, argv, a)) return rc;
-    if (!output_writable(a.output)) return 1;
+    if (!output_writable(a)) return 1;
     try {
         return run(a);
     } catch (const std::bad_alloc &) {

@@ -2,6 +2,7 @@
 import json
 import re
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -101,9 +102,17 @@ class Plan(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
             with open(png, "rb") as f:
                 self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
-            r = run("plan", "--tasks", "2", "--synthetic", SEED, "--picture", d + "/plan.gif")
-            self.assertEqual(r.returncode, 1)
-            self.assertIn(".svg or .png", r.stderr)
+            # A bad name is a usage error found before any work, and a failed drawing prints no
+            # plan a script could take for the command's result.
+            for name in ("/plan.gif", "/.svg"):
+                r = run("plan", "--json", "--tasks", "2", "--synthetic", SEED, "--picture",
+                        d + name)
+                self.assertEqual((r.returncode, r.stdout), (2, ""), r.stderr)
+                self.assertIn(".svg or .png", r.stderr)
+            r = run("plan", "--json", "--tasks", "2", "--synthetic", SEED, "--picture",
+                    d + "/missing-dir/plan.svg")
+            self.assertEqual((r.returncode, r.stdout), (1, ""), r.stderr)
+            self.assertIn("lstopo failed to draw", r.stderr)
 
     def test_sparse_slurm_mask(self):
         p = plan("--tasks", "2", "--synthetic", SEED, "--cpuset", "0,4-11,21-26,30-46")
@@ -117,6 +126,17 @@ class Plan(unittest.TestCase):
         p = plan("--tasks", "1", "--synthetic", SEED, "--cpuset", "0-3,32-35", "--options",
                  "smt=opt")
         self.assertEqual(p["tasks"][0]["opt_threads"], 4)
+
+    def test_off_says_the_plugin_would_not_bind(self):
+        # srun --zenflow-bind=off binds nothing: the preview says so instead of a silent plan.
+        on = plan("--tasks", "2", "--synthetic", SEED)
+        off = plan("--tasks", "2", "--synthetic", SEED, "--options", "off")
+        self.assertEqual(off["tasks"], on["tasks"])
+        self.assertEqual(len(off["warnings"]), 1)
+        self.assertTrue(off["warnings"][0].startswith("off: the plugin would leave"), off)
+        r = run("plan", "--tasks", "2", "--synthetic", SEED, "--options", "off")
+        self.assertIn("warning: off: the plugin would leave", r.stdout)
+        self.assertEqual(plan("--tasks", "2", "--synthetic", SEED, "--options", "off,on"), on)
 
     def test_warnings_are_listed(self):
         p = plan("--tasks", "3", "--synthetic", SEED, "--cpuset", "0-1")
@@ -231,6 +251,53 @@ class GraceHopper(unittest.TestCase):
                                  3: ("72-143", 72, 1, "GPUMemory")})
 
 
+# A hybrid CPU (Intel's P-cores with two hardware threads beside single-threaded E-cores) in
+# small: core 0 holds PUs 0-1, cores 1 and 2 one PU each.
+HYBRID_XML = """<?xml version="1.0" encoding="UTF-8"?>
+<!DOCTYPE topology SYSTEM "hwloc2.dtd">
+<topology version="2.0">
+ <object type="Machine" os_index="0" cpuset="0x0f" complete_cpuset="0x0f" allowed_cpuset="0x0f"
+  nodeset="0x1" complete_nodeset="0x1" allowed_nodeset="0x1" gp_index="1">
+  <object type="Package" os_index="0" cpuset="0x0f" complete_cpuset="0x0f" nodeset="0x1"
+   complete_nodeset="0x1" gp_index="2">
+   <object type="NUMANode" os_index="0" cpuset="0x0f" complete_cpuset="0x0f" nodeset="0x1"
+    complete_nodeset="0x1" gp_index="3" local_memory="1073741824"/>
+   <object type="Core" os_index="0" cpuset="0x03" complete_cpuset="0x03" gp_index="4">
+    <object type="PU" os_index="0" cpuset="0x01" complete_cpuset="0x01" gp_index="5"/>
+    <object type="PU" os_index="1" cpuset="0x02" complete_cpuset="0x02" gp_index="6"/>
+   </object>
+   <object type="Core" os_index="1" cpuset="0x04" complete_cpuset="0x04" gp_index="7">
+    <object type="PU" os_index="2" cpuset="0x04" complete_cpuset="0x04" gp_index="8"/>
+   </object>
+   <object type="Core" os_index="2" cpuset="0x08" complete_cpuset="0x08" gp_index="9">
+    <object type="PU" os_index="3" cpuset="0x08" complete_cpuset="0x08" gp_index="10"/>
+   </object>
+  </object>
+ </object>
+</topology>
+"""
+
+
+class Show(unittest.TestCase):
+    def test_hardware_threads_of_a_hybrid_cpu(self):
+        # 4 PUs over 3 cores is no "1 PU per core": the table gives the range, the JSON the most.
+        with tempfile.TemporaryDirectory() as d:
+            xml = os.path.join(d, "hybrid.xml")
+            with open(xml, "w") as f:
+                f.write(HYBRID_XML)
+            env = {**os.environ, "HWLOC_XMLFILE": xml, "HWLOC_THISSYSTEM": "1"}
+            show = lambda *args: subprocess.run([ZENBIND, "show", *args], capture_output=True,
+                                                text=True, timeout=60, env=env)
+            r = show("--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            (node,) = json.loads(r.stdout)["nodes"]
+            self.assertEqual((node["cpus"], node["cores"], node["pus_per_core"]), ("0-3", 3, 2))
+            r = show()
+            self.assertEqual(r.returncode, 0, r.stderr)
+            row = [line for line in r.stdout.splitlines() if line.startswith("0 ")]
+            self.assertEqual(row[0].split()[3:5], ["3", "1-2"], r.stdout)
+
+
 class Tune(unittest.TestCase):
     @unittest.skipIf(os.environ.get("ZB_TEST_QEMU_USER"), "qemu-user has no NUMA system calls")
     def test_tune_writes_a_profile_that_plan_reads(self):
@@ -258,6 +325,51 @@ class Tune(unittest.TestCase):
                              [(n["node"], "1", 1) for n in result["nodes"]])
             p = plan("--tasks", "1", "--options", "profile=" + out)
             self.assertEqual(len(p["tasks"]), 1)
+
+    @unittest.skipIf(os.environ.get("ZB_TEST_QEMU_USER"), "qemu-user has no NUMA system calls")
+    def test_tune_output_is_a_regular_file_replaced_where_it_is(self):
+        quick = ["--elements", "16777216", "--steps", "1", "--max-cores", "1"]
+        with tempfile.TemporaryDirectory() as d:
+            # --json names the profile as a JSON string, whatever its characters.
+            odd = os.path.join(d, 'a"b\\c.profile')
+            r = run("tune", "--output", odd, "--json", *quick)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(json.loads(r.stdout)["profile"], odd)
+            # A link is followed: the file it names is replaced, the link stays.
+            target, link = os.path.join(d, "target.profile"), os.path.join(d, "link.profile")
+            with open(target, "w") as f:
+                f.write("old\n")
+            os.symlink(target, link)
+            r = run("tune", "--output", link, *quick)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertTrue(os.path.islink(link))
+            with open(target) as f:
+                self.assertEqual(f.readline(), "zenbind-profile 1\n")
+            # Never renamed over a pipe or a device (/dev/stdout, /dev/null as root).
+            fifo = os.path.join(d, "fifo")
+            os.mkfifo(fifo)
+            r = run("tune", "--output", fifo, *quick)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("is not a regular file", r.stderr)
+            self.assertNotIn("cores", r.stderr)
+            self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
+            os.symlink(os.path.join(d, "nowhere"), os.path.join(d, "dangling"))
+            r = run("tune", "--output", os.path.join(d, "dangling"), *quick)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("cannot follow its symbolic link", r.stderr)
+
+    @unittest.skipIf(os.environ.get("ZB_TEST_QEMU_USER"), "qemu-user has no NUMA system calls")
+    @unittest.skipIf(len(os.sched_getaffinity(0)) < 2, "needs two allowed CPUs")
+    def test_tune_refuses_fewer_threads_than_cores(self):
+        # OpenMP capped at one thread would measure one core and report it as two.
+        with tempfile.TemporaryDirectory() as d:
+            r = subprocess.run([ZENBIND, "tune", "--output", os.path.join(d, "p"), "--elements",
+                                "16777216", "--steps", "1", "--max-cores", "2"],
+                               capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "OMP_THREAD_LIMIT": "1"})
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("OpenMP ran 1 threads where 2 cores", r.stderr)
+            self.assertFalse(os.path.exists(os.path.join(d, "p")))
 
     def test_tune_errors(self):
         r = run("tune")
@@ -301,6 +413,23 @@ class Errors(unittest.TestCase):
         self.check(["plan", "--tasks", "1", "--topology", "/nonexistent.xml"], 1,
                    "/nonexistent.xml")
         self.check(["frobnicate"], 2, "unknown command")
+
+    def test_empty_and_repeated_values(self):
+        # An empty value is no silent "not given" (--synthetic "" planned this machine), and a
+        # second value no silent replacement (a second --options dropped the first's keys).
+        for flag in ("--synthetic", "--topology", "--cpuset", "--picture", "--gpu-nodes",
+                     "--gpus"):
+            self.check(["plan", "--tasks", "1", flag, ""], 2, flag + " needs a value")
+        self.check(["plan", "--tasks", "1", "--topology="], 2, "--topology needs a value")
+        self.check(["plan", "--tasks", "1", "--synthetic", SEED, "--options", "train=0.75",
+                    "--options", "smt=opt"], 2, "--options is given twice")
+        self.check(["plan", "--tasks", "1", "--tasks", "2"], 2, "--tasks is given twice")
+        r = run("tune", "--output", "/tmp/x", "--steps", "1", "--steps", "2")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--steps is given twice", r.stderr)
+        # No options at all is the defaults, as an empty srun --zenflow-bind= is.
+        self.assertEqual(plan("--tasks", "2", "--synthetic", SEED, "--options", ""),
+                         plan("--tasks", "2", "--synthetic", SEED))
 
     def test_help_and_version(self):
         self.assertEqual(run("--help").returncode, 0)
