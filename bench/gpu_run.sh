@@ -25,7 +25,7 @@ out=build/gpu
 
 prepare() {
     cmake --preset default >/dev/null
-    cmake --build build/default -j"$(nproc)" --target zenbind zenflow-optimizer zenflow-bench
+    cmake --build build/default -j"$(nproc)" --target zenbind zenbind-cli zenflow-optimizer zenflow-bench
     rm -rf "$out" && mkdir -p "$out/debs"
     cp -L build/default/libzenbind/libzenbind.so.2 build/default/optimizer/zenflow-optimizer \
         build/default/bench/zenflow-bench build/default/cli/zenbind "$out/"
