@@ -138,6 +138,7 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
         try {
             // nothing may throw once the worker has the group
             w.moments.reserve(w.groups.size() + 1);
+            w.descs.reserve(w.groups.size() + 1);
             w.groups.reserve(w.groups.size() + 1);
             const std::string what =
                 "register group " + std::to_string(g) + " (" + std::to_string(n) + " parameters)";
@@ -153,6 +154,7 @@ zb_status zb_worker_group_add(zb_worker_t *worker, const zb_group_attr *attr, un
         }
         w.groups.push_back(std::move(region));
         w.moments.push_back(w.ctl->moments);
+        w.descs.push_back(d);
         *group = g;
     });
 }
@@ -170,6 +172,7 @@ zb_status zb_worker_group_remove(zb_worker_t *worker, unsigned group) {
         w.group_memory.give_back(std::move(w.groups.back()));
         w.groups.pop_back();
         w.moments.pop_back();
+        w.descs.pop_back();
     });
 }
 
@@ -180,7 +183,7 @@ zb_status zb_worker_group_buffers(zb_worker_t *worker, unsigned group, zb_group_
         if (group >= w.groups.size())
             fail(ZB_EINVAL, "zb_worker_group_buffers: unknown group " + std::to_string(group) +
                                 " (" + std::to_string(w.groups.size()) + " registered)");
-        const proto::GroupDesc &d = w.ctl->groups[group];
+        const proto::GroupDesc &d = w.descs[group];
         char *base = static_cast<char *>(w.groups[group].base());
         out->numel = d.numel;
         out->params = reinterpret_cast<float *>(base + d.off_params);
@@ -217,7 +220,7 @@ void submit_groups(zb_worker_t *worker, const zb_worker_step *step, unsigned fir
                             std::to_string(first + count) + " (exclusive) are not registered (" +
                             std::to_string(ngroups) + " are)");
     for (size_t g = first; g < first + count; ++g)
-        if (w.ctl->groups[g].off_grads[step->grad_buffer] == 0)
+        if (w.descs[g].off_grads[step->grad_buffer] == 0)
             fail(ZB_EINVAL, f + ": group " + std::to_string(g) +
                                 " has one gradient buffer (ZB_GROUP_ONE_GRAD_BUFFER): grad_buffer "
                                 "must be 0");
@@ -289,7 +292,7 @@ zb_status zb_worker_group_set_ranges(zb_worker_t *worker, unsigned group,
     return zb::guard([&] {
         zb_worker &w = state_handle(worker, group, "zb_worker_group_set_ranges");
         if (count && !ranges) fail(ZB_EINVAL, "zb_worker_group_set_ranges: ranges is NULL");
-        if (count > w.ctl->groups[group].numel)
+        if (count > w.descs[group].numel)
             fail(ZB_EINVAL, "zb_worker_group_set_ranges: more ranges than the group has elements");
         std::optional<zb::shm::Segment> seg;
         if (count) {
@@ -313,7 +316,7 @@ zb_status zb_worker_memory_usage(zb_worker_t *worker, zb_worker_memory *out) {
         zb_worker_memory m{};
         m.shm_reserved = w.control.allocated() + w.group_memory.allocated();
         for (size_t g = 0; g < w.groups.size(); ++g) { // what each registered group's layout needs
-            const proto::GroupDesc &d = w.ctl->groups[g];
+            const proto::GroupDesc &d = w.descs[g];
             const size_t n = d.numel, buffers = d.off_grads[1] ? 2 : 1;
             m.numel += n;
             m.params += 4 * n;
@@ -348,16 +351,16 @@ zb_status zb_worker_pid(const zb_worker_t *w, pid_t *pid) {
 zb_status zb_worker_threads(const zb_worker_t *w, unsigned *count) {
     return zb::guard([&] {
         if (!w || !count) fail(ZB_EINVAL, "zb_worker_threads: worker or count is NULL");
-        *count = w->ctl->nthreads;
+        *count = w->nthreads;
     });
 }
 
 zb_status zb_worker_thread(const zb_worker_t *w, unsigned index, pid_t *tid, int *cpu) {
     return zb::guard([&] {
         if (!w || !tid || !cpu) fail(ZB_EINVAL, "zb_worker_thread: worker, tid or cpu is NULL");
-        if (index >= w->ctl->nthreads)
+        if (index >= w->nthreads)
             fail(ZB_EINVAL, "zb_worker_thread: index " + std::to_string(index) +
-                                " >= " + std::to_string(w->ctl->nthreads) + " threads");
+                                " >= " + std::to_string(w->nthreads) + " threads");
         *tid = w->ctl->tids[index];
         *cpu = w->ctl->thread_cpus[index];
     });

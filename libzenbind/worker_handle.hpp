@@ -19,6 +19,10 @@ struct zb_worker {
     zb::shm::Arena group_memory{"zenflow parameter groups"}; // before groups: it outlives them
     std::vector<zb::shm::Region> groups;
     std::vector<uint64_t> moments; // each group's moments' address in the worker
+    // Each group's descriptor and the thread count as this side wrote them: the worker can write
+    // the control block too, so sizes and offsets are never read back from it.
+    std::vector<zb::proto::GroupDesc> descs;
+    unsigned nthreads = 0;
     std::vector<int> mems;
     pid_t owner = -1; // the process that spawned the worker; a forked child only reads its copy
     pid_t pid = -1;
@@ -66,6 +70,10 @@ namespace zb::worker_client {
 
 // "exited with status N", "was killed by signal 9 (Killed)": from a waitid() result.
 std::string describe_exit(int code, int status);
+
+// The error the worker reported in Control::status: one it can report, else ZB_EINTERNAL (a
+// worker that answers garbage, or ZB_OK with a failure).
+zb_status worker_error(int32_t status);
 
 // The handle of a state command (reading or writing a group's state, its ranges, removing it):
 // the caller's own, the worker alive, no step in flight, `group` registered; else throws,

@@ -27,6 +27,18 @@ std::string describe_exit(int code, int status) {
     return how;
 }
 
+zb_status worker_error(int32_t status) {
+    switch (status) {
+    case ZB_EINVAL:
+    case ZB_ENOMEM:
+    case ZB_ESYS:
+    case ZB_EINTERNAL:
+        return static_cast<zb_status>(status);
+    default:
+        return ZB_EINTERNAL;
+    }
+}
+
 } // namespace zb::worker_client
 
 void zb_worker::check_alive() {
@@ -71,10 +83,13 @@ void zb_worker::wait_response(int64_t timeout_ns) {
     if (done != seq)
         zb::fail(ZB_EINTERNAL, "the worker answered request " + std::to_string(done) +
                                    ", expected " + std::to_string(seq));
-    const auto status = static_cast<zb_status>(ctl->status);
+    const int32_t status = ctl->status;
     if (status != ZB_OK) {
-        ctl->message[zb::proto::kMessageSize - 1] = '\0';
-        zb::fail(status, std::string("optimizer worker: ") + ctl->message);
+        // Bounded: the worker may write the message while it is read.
+        const char *m = ctl->message;
+        zb::fail(zb::worker_client::worker_error(status),
+                 std::string("optimizer worker: ") +
+                     std::string(m, strnlen(m, zb::proto::kMessageSize)));
     }
 }
 

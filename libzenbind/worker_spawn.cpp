@@ -207,9 +207,10 @@ void await_ready(zb_worker &w, const std::string &path) {
         const uint32_t ready = proto::atomic(w.ctl->ready).load(std::memory_order_acquire);
         if (ready == static_cast<uint32_t>(proto::Ready::ready)) return;
         if (ready == static_cast<uint32_t>(proto::Ready::failed)) {
-            w.ctl->message[proto::kMessageSize - 1] = '\0';
-            fail(static_cast<zb_status>(w.ctl->status),
-                 std::string("optimizer worker could not start: ") + w.ctl->message);
+            const char *m = w.ctl->message;
+            fail(zb::worker_client::worker_error(w.ctl->status),
+                 std::string("optimizer worker could not start: ") +
+                     std::string(m, strnlen(m, proto::kMessageSize)));
         }
         try {
             w.check_alive();
@@ -301,6 +302,7 @@ zb_status zb_worker_spawn(const zb_worker_attr *attr, unsigned long flags, zb_wo
         *w->header = proto::make_header();
         w->ctl->trainer_pid = w->owner;
         w->ctl->nthreads = threads;
+        w->nthreads = threads;
         w->ctl->nmems = static_cast<uint32_t>(w->mems.size());
         w->ctl->worker_spin_us = a.worker_spin_us;
         for (unsigned t = 0; t < threads; ++t)

@@ -86,7 +86,7 @@ struct MomentsAt {
 };
 MomentsAt moments_at(const zb_worker &w, unsigned group) {
     const uint64_t m = w.moments[group];
-    return {m, m + proto::page_round(4 * w.ctl->groups[group].numel)};
+    return {m, m + proto::page_round(4 * w.descs[group].numel)};
 }
 
 // A read or write of the worker's memory (zb::remote); a worker that died during it is ZB_EDEAD
@@ -113,7 +113,7 @@ bool load_in_place(zb_worker &w, unsigned group, size_t n, const zb_state_range 
 // The group's moments read straight from the worker into exp_avg and exp_avg_sq (numel floats
 // each; null: not read); false if the system refuses.
 bool read_moments(zb_worker &w, unsigned group, float *exp_avg, float *exp_avg_sq) {
-    const size_t n = w.ctl->groups[group].numel;
+    const size_t n = w.descs[group].numel;
     const MomentsAt at = moments_at(w, group);
     std::vector<zb::remote::Piece> pieces;
     if (exp_avg) pieces.push_back({at.exp_avg, exp_avg, 4 * n});
@@ -173,7 +173,7 @@ void load_state(zb_worker_t *worker, unsigned group, const zb_state_range *range
                 int64_t step, const char *fn) {
     zb_worker &w = state_handle(worker, group, fn);
     if (step < 0) fail(ZB_EINVAL, std::string(fn) + ": step must be >= 0");
-    const size_t n = w.ctl->groups[group].numel;
+    const size_t n = w.descs[group].numel;
     check_ranges(ranges, count, n, fn);
     // No range: the worker zeroes the moments itself.
     proto::Transfer how = proto::Transfer::none;
@@ -207,7 +207,7 @@ zb_status zb_worker_group_get_state(zb_worker_t *worker, unsigned group, float *
                                     float *exp_avg_sq, int64_t *step) {
     return zb::guard([&] {
         zb_worker &w = state_handle(worker, group, "zb_worker_group_get_state");
-        const size_t n = w.ctl->groups[group].numel;
+        const size_t n = w.descs[group].numel;
         const proto::TransferLayout t = proto::transfer_layout(n);
         std::optional<zb::shm::Segment> seg;
         if ((exp_avg || exp_avg_sq) && !read_moments(w, group, exp_avg, exp_avg_sq))
@@ -228,7 +228,7 @@ zb_status zb_worker_group_take_state(zb_worker_t *worker, unsigned group, zb_wor
         zb_worker &w = state_handle(worker, group, "zb_worker_group_take_state");
         if (!state || !exp_avg || !exp_avg_sq)
             fail(ZB_EINVAL, "zb_worker_group_take_state: state, exp_avg or exp_avg_sq is NULL");
-        const proto::TransferLayout t = proto::transfer_layout(w.ctl->groups[group].numel);
+        const proto::TransferLayout t = proto::transfer_layout(w.descs[group].numel);
         // Memory of the caller's own, which the moments are read into; its pages are faulted in
         // by the reading threads.
         zb::shm::check_memory_cgroup("memory", "zenflow optimizer state", t.size, 0);
@@ -265,7 +265,7 @@ zb_status zb_worker_group_set_state(zb_worker_t *worker, unsigned group, const f
     return zb::guard([&] {
         const char *fn = "zb_worker_group_set_state";
         const zb_worker &w = state_handle(worker, group, fn);
-        const zb_state_range whole{0, w.ctl->groups[group].numel, exp_avg, exp_avg_sq};
+        const zb_state_range whole{0, w.descs[group].numel, exp_avg, exp_avg_sq};
         const bool any = exp_avg || exp_avg_sq;
         load_state(worker, group, any ? &whole : nullptr, any ? 1 : 0, step, fn);
     });

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <string>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -56,6 +57,11 @@ int main(int argc, char **argv) {
     const std::string why =
         proto::accept_header(*static_cast<proto::Header *>(base), static_cast<size_t>(st.st_size));
     if (!why.empty()) refuse(why);
+    // After the version check (a trainer of another layout is told that first): a control block
+    // its trainer could still shrink would turn our next read of it into SIGBUS.
+    const int seals = fcntl(proto::kControlFd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK))
+        refuse("fd 3 is not sealed against shrinking (start me through zb_worker_spawn)");
     proto::Control &ctl = *proto::control_of(base);
 
     // Watch the trainer through a pidfd, then confirm it is still our parent: if it died before

@@ -10,6 +10,7 @@
 #include <zbproto/numa.hpp>
 #include <zenbind/zenbind.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -17,6 +18,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fcntl.h>
+#include <new>
 #include <omp.h>
 #include <poll.h>
 #include <sched.h>
@@ -30,6 +33,17 @@ namespace zb::opt::worker {
 namespace {
 
 namespace proto = zb::proto;
+
+// The longest busy wait for a command that the worker accepts, whatever worker_spin_us says: it
+// checks that its trainer lives only between spins (libzenbind allows no more either).
+constexpr int64_t kMaxSpinNs = 50'000'000;
+
+// Whether the trainer can no longer shrink the memfd `fd` (libzenbind seals each one it sends):
+// a page of a mapping cut off by a later ftruncate would kill the worker with SIGBUS.
+bool cannot_shrink(int fd) {
+    const int seals = fcntl(fd, F_GET_SEALS);
+    return seals >= 0 && (seals & F_SEAL_SHRINK) != 0;
+}
 
 // One parameter group. Each thread updates its adam_slice of every group, so a thread's share of a
 // group's moments is the share it zeroed (first touch) when the group was added: NUMA-local on
@@ -72,6 +86,12 @@ struct Team {
     size_t first = 0, end = 0; // the groups the step in progress covers: [first, end)
     Work work = Work::answered;
     uint32_t seq = 0; // the request being served
+    // The request's fields the work uses after the master checked them, read from the control
+    // block once: the trainer may write it at any time.
+    int64_t step = 0;
+    float grad_scale = 1;
+    uint32_t flags = 0;
+    float max_grad_norm = 0;
     std::atomic<uint64_t> nonfinite{0};
     TeamShare share; // how the team shares out each group's step
     std::chrono::steady_clock::time_point step_start;
@@ -118,11 +138,13 @@ Work add_group(Team &t) {
     }
     struct stat st {};
     const bool known = index < proto::kMaxGroups && index == t.ctl.ngroups &&
-                       index == t.groups.size() && fstat(fd, &st) == 0 && st.st_size > 0;
+                       index == t.groups.size() && fstat(fd, &st) == 0 && st.st_size > 0 &&
+                       cannot_shrink(fd);
     const proto::GroupDesc d = known ? t.ctl.groups[index] : proto::GroupDesc{};
     const size_t n = d.numel;
     const char *why = known ? proto::group_fits(d, static_cast<uint64_t>(st.st_size))
-                            : "it is not the next group, or its shared memory is empty";
+                            : "it is not the next group, or its shared memory is empty or not "
+                              "sealed against shrinking";
     if (why) {
         close(fd);
         t.answer(ZB_EINTERNAL,
@@ -229,26 +251,28 @@ std::string cut_at_ranges(Group &g) {
     return "";
 }
 
-// Master only: the segment sent with a command about group `index` when ctl.transfer says one
-// was, received, checked to be that group's and `size` bytes (`valid`: the command's own
-// fields hold), and mapped into `base` (null when none was sent). False once it has answered
-// why not.
-bool map_transfer(Team &t, uint32_t index, bool valid, uint64_t size, const std::string &what,
-                  char *&base) {
+// Master only: the segment sent with a command about group `index` when `transfer` (the
+// command's, read once) says one was, received, checked to be that group's, sealed and `size`
+// bytes (`valid`: the command's own fields hold), and mapped into `base` (null when none was
+// sent). False once it has answered why not.
+bool map_transfer(Team &t, proto::Transfer transfer, uint32_t index, bool valid, uint64_t size,
+                  const std::string &what, char *&base) {
     base = nullptr;
     uint32_t tag = 0;
-    const bool sent = t.ctl.transfer == proto::Transfer::segment;
+    const bool sent = transfer == proto::Transfer::segment;
     const int fd = sent ? proto::receive_fd(t.sock, tag) : -1;
     if (sent && fd < 0) {
         t.answer(ZB_EINTERNAL, ("no shared-memory fd arrived with the " + what).c_str());
         return false;
     }
     struct stat st {};
-    if (!valid ||
-        (fd >= 0 && (tag != index || fstat(fd, &st) != 0 || uint64_t(st.st_size) != size))) {
+    if (!valid || (fd >= 0 && (tag != index || fstat(fd, &st) != 0 ||
+                               uint64_t(st.st_size) != size || !cannot_shrink(fd)))) {
         if (fd >= 0) close(fd);
-        t.answer(ZB_EINTERNAL,
-                 ("the " + what + "'s group, size or segment does not match").c_str());
+        t.answer(ZB_EINTERNAL, ("the " + what +
+                                "'s group, size or segment does not match (or it is not "
+                                "sealed against shrinking)")
+                                   .c_str());
         return false;
     }
     if (fd < 0) return true;
@@ -268,13 +292,21 @@ bool map_transfer(Team &t, uint32_t index, bool valid, uint64_t size, const std:
 Work set_ranges(Team &t) {
     const uint32_t index = t.ctl.ngroups;
     const int64_t count = t.ctl.step;
+    const proto::Transfer transfer = t.ctl.transfer;
     const bool valid = index < t.groups.size() && count >= 0 &&
                        uint64_t(count) <= t.groups[index].numel &&
-                       (count > 0) == (t.ctl.transfer == proto::Transfer::segment);
+                       (count > 0) == (transfer == proto::Transfer::segment);
     const uint64_t size = valid ? uint64_t(count) * sizeof(proto::StepRange) : 0;
     char *base = nullptr;
-    if (!map_transfer(t, index, valid, size, "step ranges", base)) return Work::answered;
-    std::vector<proto::StepRange> ranges(static_cast<size_t>(valid ? count : 0));
+    if (!map_transfer(t, transfer, index, valid, size, "step ranges", base)) return Work::answered;
+    std::vector<proto::StepRange> ranges;
+    try {
+        ranges.resize(static_cast<size_t>(valid ? count : 0));
+    } catch (const std::bad_alloc &) {
+        if (base) munmap(base, size);
+        t.answer(ZB_ENOMEM, "no memory for the step ranges");
+        return Work::answered;
+    }
     if (base) {
         std::memcpy(ranges.data(), base, size);
         munmap(base, size);
@@ -310,17 +342,22 @@ Work prepare_step(Team &t) {
         t.answer(ZB_OK, "");
         return Work::answered;
     }
-    if (ctl.step < 0) {
+    // Each field read once: what is checked is what is used.
+    const uint32_t first = ctl.first_group, count = ctl.ngroups, grad_buffer = ctl.grad_buffer;
+    t.step = ctl.step;
+    t.grad_scale = ctl.grad_scale;
+    t.flags = ctl.flags;
+    t.max_grad_norm = ctl.max_grad_norm;
+    if (t.step < 0) {
         t.answer(ZB_EINVAL, "negative step number");
         return Work::answered;
     }
-    if (ctl.ngroups == 0 || ctl.first_group > t.groups.size() ||
-        ctl.ngroups > t.groups.size() - ctl.first_group) {
+    if (count == 0 || first > t.groups.size() || count > t.groups.size() - first) {
         t.answer(ZB_EINTERNAL, "the trainer and the worker disagree on the number of groups");
         return Work::answered;
     }
-    t.first = ctl.first_group;
-    t.end = t.first + ctl.ngroups;
+    t.first = first;
+    t.end = t.first + count;
     for (size_t i = t.first; i < t.end; ++i) {
         Group &g = t.groups[i];
         const proto::GroupDesc &d = ctl.groups[i];
@@ -331,18 +368,18 @@ Work prepare_step(Team &t) {
         g.hyper.weight_decay = d.hyper.weight_decay;
         g.hyper.adamw = d.hyper.adamw != 0;
         g.hyper.bias_correction = d.hyper.bias_correction != 0;
-        if (ctl.step == 0 && g.steps == INT64_MAX) {
+        if (t.step == 0 && g.steps == INT64_MAX) {
             t.answer(ZB_EINVAL, ("group " + std::to_string(i) +
                                  "'s step count is INT64_MAX: step 0 would overflow it")
                                     .c_str());
             return Work::answered;
         }
-        g.hyper.step = ctl.step ? ctl.step : g.steps + 1;
-        g.hyper.grad_scale = ctl.grad_scale;
-        g.tensor.grad = g.grads[ctl.grad_buffer & 1];
+        g.hyper.step = t.step ? t.step : g.steps + 1;
+        g.hyper.grad_scale = t.grad_scale;
+        g.tensor.grad = g.grads[grad_buffer & 1];
         if (!g.tensor.grad) {
             t.answer(ZB_EINVAL, ("group " + std::to_string(i) + " has no gradient buffer " +
-                                 std::to_string(ctl.grad_buffer & 1))
+                                 std::to_string(grad_buffer & 1))
                                     .c_str());
             return Work::answered;
         }
@@ -352,8 +389,8 @@ Work prepare_step(Team &t) {
         }
     }
     t.nonfinite.store(0, std::memory_order_relaxed);
-    t.stats = (ctl.flags & (proto::kStepSkipNonfinite | proto::kStepGradNorm)) != 0 ||
-              ctl.max_grad_norm > 0;
+    t.stats =
+        (t.flags & (proto::kStepSkipNonfinite | proto::kStepGradNorm)) != 0 || t.max_grad_norm > 0;
     t.skip = false;
     return Work::step;
 }
@@ -361,13 +398,16 @@ Work prepare_step(Team &t) {
 // Master only: receive and map a state command's transfer segment, if one was sent.
 Work take_state(Team &t, Work work) {
     const uint32_t index = t.ctl.ngroups;
-    const bool in_place = t.ctl.transfer == proto::Transfer::in_place;
+    const proto::Transfer transfer = t.ctl.transfer;
+    t.step = t.ctl.step; // set_state's count, checked below and set by finish()
+    const bool in_place = transfer == proto::Transfer::in_place;
     const bool valid = index < t.groups.size() && (!in_place || work == Work::state_in) &&
-                       t.ctl.transfer <= proto::Transfer::in_place;
+                       transfer <= proto::Transfer::in_place;
     const uint64_t size = valid ? proto::transfer_layout(t.groups[index].numel).size : 0;
     char *base = nullptr;
-    if (!map_transfer(t, index, valid, size, "optimizer state", base)) return Work::answered;
-    if (work == Work::state_in && t.ctl.step < 0) {
+    if (!map_transfer(t, transfer, index, valid, size, "optimizer state", base))
+        return Work::answered;
+    if (work == Work::state_in && t.step < 0) {
         if (base) munmap(base, size);
         t.answer(ZB_EINVAL, "negative step count");
         return Work::answered;
@@ -402,10 +442,23 @@ Work serve(Team &t, proto::Command command) {
     return Work::answered;
 }
 
+// serve(), with what a command's bookkeeping could not allocate answered instead of escaping the
+// team's parallel region (where it would abort the worker).
+Work serve_answering(Team &t, proto::Command command) {
+    try {
+        return serve(t, command);
+    } catch (const std::bad_alloc &) {
+        t.answer(ZB_ENOMEM, "the optimizer worker ran out of memory serving the command");
+    } catch (const std::exception &e) {
+        t.answer(ZB_EINTERNAL, e.what());
+    }
+    return Work::answered;
+}
+
 // Master only: bounded sleeps on req_seq, checking between them that the trainer lives.
 proto::Command next_command(Team &t) {
     const uint32_t seen = t.seq;
-    const int64_t spin = int64_t(t.ctl.worker_spin_us) * 1000;
+    const int64_t spin = std::min<int64_t>(int64_t(t.ctl.worker_spin_us) * 1000, kMaxSpinNs);
     uint32_t v = proto::spin_for_change(t.ctl.req_seq, seen, spin);
     while (v == seen) {
         pollfd p{t.parent, POLLIN, 0};
@@ -454,7 +507,7 @@ void grad_stats_in_team(Team &t, int thread, int threads) {
     grad_stats_share(to_block - from_block, thread, threads, lo, hi);
     lo += from_block;
     hi += from_block;
-    const float scale = t.ctl.grad_scale;
+    const float scale = t.grad_scale;
     for (size_t i = t.first; i < t.end; ++i) {
         const Group &g = t.groups[i];
         const size_t first = g.first_block, end = first + grad_stats_blocks(g.numel);
@@ -469,16 +522,15 @@ void grad_stats_in_team(Team &t, int thread, int threads) {
 // Master only, after the pre-pass: skip the step, or fold the clip coefficient into the scale
 // the update pass multiplies by.
 void decide_step(Team &t) {
-    const proto::Control &ctl = t.ctl;
     size_t lo, hi;
     step_blocks(t, lo, hi);
     t.found = grad_stats_sum(t.blocks.data() + lo, hi - lo);
-    t.skip = (ctl.flags & proto::kStepSkipNonfinite) && t.found.nonfinite > 0;
-    if (t.skip || !(ctl.max_grad_norm > 0)) return;
-    const float coefficient = clip_coefficient(ctl.max_grad_norm, t.found.sum_squares);
+    t.skip = (t.flags & proto::kStepSkipNonfinite) && t.found.nonfinite > 0;
+    if (t.skip || !(t.max_grad_norm > 0)) return;
+    const float coefficient = clip_coefficient(t.max_grad_norm, t.found.sum_squares);
     for (size_t i = t.first; i < t.end; ++i) {
         Group &g = t.groups[i];
-        g.hyper.grad_scale = ctl.grad_scale * coefficient;
+        g.hyper.grad_scale = t.grad_scale * coefficient;
         for (AdamHyper &h : g.lagged)
             h.grad_scale = g.hyper.grad_scale;
     }
@@ -502,7 +554,7 @@ void finish(Team &t, Work work) {
         if (work == Work::state_out)
             ctl.state_step = g.steps;
         else
-            g.steps = ctl.step;
+            g.steps = t.step;
         if (t.transfer) munmap(t.transfer, proto::transfer_layout(g.numel).size);
         t.transfer = nullptr;
         t.in_place = false;
@@ -579,7 +631,7 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
                 while (t.work != Work::exit) {
                     const proto::Command command = next_command(t);
                     t.step_start = std::chrono::steady_clock::now();
-                    t.work = serve(t, command);
+                    t.work = serve_answering(t, command);
                     if (t.work != Work::answered) break;
                 }
             }

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <sched.h>
 #include <setjmp.h>
 #include <string>
@@ -97,9 +98,11 @@ struct ControlBlock {
     proto::Control *ctl;
 
     explicit ControlBlock(uint32_t threads) {
-        fd = memfd_create("control", 0);
+        fd = memfd_create("control", MFD_ALLOW_SEALING);
         assert_true(fd >= 0);
         assert_int_equal(ftruncate(fd, proto::kControlSegment), 0);
+        // as libzenbind seals it: the worker refuses a control block that could shrink
+        assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
         base = mmap(nullptr, proto::kControlSegment, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         assert_true(base != MAP_FAILED);
         *static_cast<proto::Header *>(base) = proto::make_header();
