@@ -4,8 +4,9 @@ bit with buckets gone back to the GPU during backward, the model untouched when 
 after some had, overlap's update one step later, the worker's buffers pinned and the model's
 parameters never staged through a GPU tensor, GradScaler unscaling the copied gradients, a model
 moved to the GPU after the optimizer was made (by hand, or by accelerate's prepare()) trained as
-one moved before, gradient accumulation over micro-batches stepping their sum. Skips without a
-CUDA device (CI has none); bench/gpu_run.sh runs it on a GPU machine."""
+one moved before, gradient accumulation over micro-batches stepping their sum, and
+DistributedDataParallel's averaged gradients stepped. Skips without a CUDA device (CI has none);
+bench/gpu_run.sh runs it on a GPU machine."""
 
 import copy
 import importlib.util
@@ -115,6 +116,12 @@ class Gpu(unittest.TestCase):
             self.assertGreaterEqual(early[0], len(batches))  # buckets went back during backward
             for p, q in zip(a.parameters(), b.parameters()):
                 self.assertTrue(torch.equal(p, q))
+
+    def test_distributed_data_parallel_steps_the_averaged_gradients(self):
+        # the hook queues each gradient's copy as backward produces it; DDP then averages it in
+        # place, on its own stream (two gloo ranks sharing this GPU)
+        from test_torch_ddp import run_parity
+        run_parity(self, "cuda")
 
     def test_gradient_accumulation_steps_the_sum(self):
         # micro-batches accumulate into .grad before one step: the hook copies each partial sum
