@@ -5,6 +5,7 @@ it. A test whose torch API this torch lacks says so and skips; CI runs this file
 2.6 and 2.14."""
 
 import copy
+import inspect
 import tempfile
 import unittest
 import warnings
@@ -319,6 +320,45 @@ class DistributedCheckpoint(unittest.TestCase):
                     self.assertEqual(opt.param_groups[0]["lr"], 1e-2)
                     self.assertEqual(float(opt.state[resumed[0].weight]["step"]), 5.0)
                     train(resumed, opt, data[5:])
+            assert_equal(self, resumed.parameters(), straight.parameters())
+
+    def test_an_async_save_while_training_goes_on(self):
+        # dcp.async_save (as torchtitan saves) returns once it has staged the state dict, and
+        # writes it from another thread while the next steps run: the checkpoint holds the
+        # step it was taken at, and resumes to the bit (bf16: the masters come from the worker)
+        # Before its async_stager argument (torch 2.6), async_save staged CPU tensors without
+        # copying them: a step while it writes changed them under it, torch's own AdamW's too.
+        need(dcp is not None and "async_stager" in inspect.signature(dcp.async_save).parameters,
+             "dcp.async_save that copies what it writes before it returns")
+        import torch.distributed as dist
+        for dtype in (torch.float32, torch.bfloat16):
+            data = [(x.to(dtype), y.to(dtype)) for x, y in batches(8)]
+            straight, first = mlp(dtype=dtype), mlp(dtype=dtype)
+            with ours(straight.parameters(), lr=1e-2) as opt:
+                train(straight, opt, data)
+            with tempfile.TemporaryDirectory() as where:
+                if not dist.is_initialized():  # async_save's thread wants a process group
+                    dist.init_process_group("gloo", store=dist.FileStore(where + "/s", 1),
+                                            rank=0, world_size=1)
+                try:
+                    with ours(first.parameters(), lr=1e-2) as opt:
+                        train(first, opt, data[:4])
+                        saving = dcp.async_save(
+                            {"model": get_model_state_dict(first),
+                             "optim": get_optimizer_state_dict(first, opt)},
+                            checkpoint_id=where + "/ckpt")
+                        train(first, opt, data[4:6])  # while it writes
+                        saving.result()
+                    resumed = mlp(seed=9, dtype=dtype)
+                    with ours(resumed.parameters(), lr=0.5) as opt:
+                        sd = {"model": get_model_state_dict(resumed),
+                              "optim": get_optimizer_state_dict(resumed, opt)}
+                        dcp.load(sd, checkpoint_id=where + "/ckpt")
+                        set_model_state_dict(resumed, sd["model"])
+                        set_optimizer_state_dict(resumed, opt, sd["optim"])
+                        train(resumed, opt, data[4:])
+                finally:
+                    dist.destroy_process_group()
             assert_equal(self, resumed.parameters(), straight.parameters())
 
     def test_a_group_made_adam_later_resumes_flattened(self):
