@@ -5,7 +5,7 @@
 #   test_prerm.sh SOURCE_DIR
 set -eu
 script=$1/contrib/packaging/scripts/zenflow-bind-slurm.prerm
-root=$(mktemp -d)
+root=$(mktemp -d "${TMPDIR:-/tmp}/zb prerm.XXXXXX") # (a space in DPKG_ROOT too)
 trap 'rm -rf "$root"' EXIT
 failures=0
 required='required /usr/lib/x86_64-linux-gnu/slurm-wlm/zenflow_bind.so train=2'
@@ -46,18 +46,29 @@ expect "commented out, optional, another plugin" 0
 put /etc/slurm/plugstack.conf "include /etc/slurm/plugstack.conf.d/*.conf"
 put /etc/slurm/plugstack.conf.d/zenflow_bind.conf "  $required"
 expect "the package's snippet, included" 1
-put /etc/slurm/plugstack.conf "include site/*.conf   # the site's"
+put /etc/slurm/plugstack.conf "include plugstack.conf.d/*.conf" "include site/*.conf   # the site's"
+put /etc/slurm/plugstack.conf.d/other.conf "optional other.so"
 put /etc/slurm/site/zb.conf "required zenflow_bind.so"
-expect "a relative include, from the including file's directory" 1
+expect "relative includes, each from the including file's directory" 1
+mkdir -p "$root/etc/slurm/plugstack.conf.d"
+printf 'include /etc/slurm/plugstack.conf.d/*.conf' >"$root/etc/slurm/plugstack.conf"
+put /etc/slurm/plugstack.conf.d/zenflow_bind.conf "$required"
+expect "an include on a last line without its newline" 1
 put /etc/slurm/slurm.conf "ClusterName=c" "plugstackconfig = /opt/slurm/stack.conf # here"
 put /opt/slurm/stack.conf "include /opt/slurm/stack.d/*"
 put /opt/slurm/stack.d/a "$required"
 expect "slurm.conf's PlugStackConfig, any case, and its include" 1
+put /etc/slurm/slurm.conf 'PlugStackConfig="/opt/slurm/stack.conf"'
+put /opt/slurm/stack.conf "$required"
+expect "a quoted PlugStackConfig" 1
 put /run/slurm/conf/plugstack.conf "$required"
 expect "configless: slurmd's copy in /run/slurm/conf" 1
 put /etc/slurm/slurm.conf "SlurmdSpoolDir=/var/lib/slurm/slurmd"
 put /var/lib/slurm/slurmd/conf-cache/plugstack.conf "$required"
 expect "configless: the copy in SlurmdSpoolDir/conf-cache" 1
+put /etc/slurm/slurm.conf "SlurmdSpoolDir=/var/spool/slurmd.%n"
+put /var/spool/slurmd.node1/conf-cache/plugstack.conf "$required"
+expect "configless: SlurmdSpoolDir with the node's name (%n)" 1
 put /etc/slurm/plugstack.conf "include /etc/slurm/plugstack.conf" "optional zenflow_bind.so"
 expect "a file that includes itself ends" 0
 [ "$failures" = 0 ] || exit 1
