@@ -501,7 +501,12 @@ class AdamW(torch.optim.Optimizer):
                 has = []
                 for slot in layout.slots:
                     if slot.group.index in stream.stepped:
-                        if not slot.unchanged_since_staged(k) and slot.index not in changed:
+                        if slot.moved():
+                            # moved since the block (Module.to() moves .grad with it, values
+                            # kept): the update goes into the storage it has now, whatever an
+                            # early copy wrote into the one it left
+                            slot.early = None
+                        elif not slot.unchanged_since_staged(k) and slot.index not in changed:
                             changed.append(slot.index)
                         slot.staged = None
                         has.append(True)
@@ -539,6 +544,7 @@ class AdamW(torch.optim.Optimizer):
                 if stream.stepped and not isinstance(e, ZenbindError):
                     self._torn = True
             raise
+        self._follow_moves()  # a model moved since the block, once its step is whole
         if changed:
             raise RuntimeError(f"the gradients of parameters {changed[:8]} changed after their "
                                "buckets had been stepped during backward (an edit after "

@@ -268,6 +268,25 @@ class BucketSteps(unittest.TestCase):
                     loss_of(a, x, y).backward()
                 oa.step(grad_scale=0.25)
 
+    def test_a_model_cast_between_the_block_and_step(self):
+        # Module.to() between step_during_backward() and step() (a move to another device, a
+        # cast here, with no GPU): the buckets took backward's gradients, so the step completes
+        # into the parameters as they are now (not a "gradients changed" error), and the cast,
+        # which the worker's buffers cannot follow, is refused after it
+        a, b, oa, ob = self.twins()
+        x, y = batches(1)[0]
+        with oa, ob:
+            with oa.step_during_backward():
+                loss_of(a, x, y).backward()
+            self.assertTrue(oa._stream.stepped)
+            a.to(torch.float64)
+            with self.assertRaisesRegex(ValueError, "make the optimizer after casting"):
+                oa.step()
+            loss_of(b, x, y).backward()
+            ob.step()
+            for p, q in zip(a.parameters(), b.parameters()):
+                self.assertTrue(torch.equal(p.detach(), q.detach().double()))
+
     def test_a_second_backward_in_the_block_is_an_error(self):
         a, b, oa, ob = self.twins()
         x, y = batches(1)[0]
