@@ -130,8 +130,6 @@ class Gpu:
             for s in slots:
                 local(s.param).copy_(s.copy if s.copy is not None else s.master,
                                      non_blocking=True)
-                # a model moved off before step() frees this storage: not reused before the copy
-                local(s.param).record_stream(self.back)
         self.back_done = True
 
     def restore(self, slots, k):
