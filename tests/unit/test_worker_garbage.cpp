@@ -87,6 +87,17 @@ void failed_start_with_ok_status(void **) {
     assert_non_null(std::strstr(zb_last_error(), "all is well"));
 }
 
+// The attributes of an fp32 group of n elements without copy-out.
+zb_group_attr fp32_group(uint64_t n) {
+    zb_group_attr g;
+    std::memset(&g, 0, sizeof g);
+    g.numel = n;
+    g.grad = ZB_DTYPE_FP32;
+    g.copy_out = ZB_DTYPE_NONE;
+    zb_adam_hyper_init(&g.hyper);
+    return g;
+}
+
 // A worker answering a status that no zb_status is: ZB_EINTERNAL, its message bounded.
 void undefined_status(void **) {
     const std::string path = self();
@@ -96,12 +107,7 @@ void undefined_status(void **) {
     const zb_status spawned = zb_worker_spawn(&attr, 0, &w);
     unsetenv("ZB_FAKE_WORKER");
     assert_int_equal(spawned, ZB_OK);
-    zb_group_attr g;
-    std::memset(&g, 0, sizeof g);
-    g.numel = 1000;
-    g.grad = ZB_DTYPE_FP32;
-    g.copy_out = ZB_DTYPE_NONE;
-    zb_adam_hyper_init(&g.hyper);
+    const zb_group_attr g = fp32_group(1000);
     unsigned group = 0;
     assert_int_equal(zb_worker_group_add(w, &g, &group), ZB_EINTERNAL);
     const std::string message = zb_last_error();
@@ -117,12 +123,7 @@ void scribbled_control_block(void **) {
     attr.threads = 1;
     zb_worker_t *w = nullptr;
     if (zb_worker_spawn(&attr, 0, &w) != ZB_OK) fail_msg("spawn: %s", zb_last_error());
-    zb_group_attr g;
-    std::memset(&g, 0, sizeof g);
-    g.numel = 1000;
-    g.grad = ZB_DTYPE_FP32;
-    g.copy_out = ZB_DTYPE_NONE;
-    zb_adam_hyper_init(&g.hyper);
+    const zb_group_attr g = fp32_group(1000);
     unsigned group = 0;
     assert_int_equal(zb_worker_group_add(w, &g, &group), ZB_OK);
     zb_group_buffers before{}, after{};
