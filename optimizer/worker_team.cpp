@@ -69,6 +69,10 @@ struct Group {
     std::vector<proto::StepRange> ranges;
     std::vector<AdamTensor> pieces;
     std::vector<AdamHyper> lagged;
+    // With idle ranges, the pieces are fewer elements than the group: each thread's slice of them
+    // (TeamShare::slice_next), the elements of its slice of the group, whose pages it first
+    // touched. Empty: the pieces' own adam_slices, which are the group's.
+    std::vector<size_t> skipped, bounds;
 };
 
 // What the whole team does once the master has taken a command. Commands the master answers on
@@ -82,6 +86,8 @@ struct Team {
     proto::Control &ctl;
     int sock;
     int parent;
+    int threads = 0;           // the team's, checked at its start (not ctl.nthreads, which the
+                               // trainer may rewrite)
     std::vector<Group> groups; // capacity reserved: no reallocation, pointers stay valid
     size_t first = 0, end = 0; // the groups the step in progress covers: [first, end)
     Work work = Work::answered;
@@ -217,9 +223,11 @@ Work remove_group(Team &t) {
 // Master only: the group cut at its ranges for this step (no cut without any): a lagging range
 // stepped with its own step number, an idle one not at all. Returns why the step cannot be
 // taken, or "".
-std::string cut_at_ranges(Group &g) {
+std::string cut_at_ranges(Group &g, int threads) {
     g.pieces.clear();
     g.lagged.clear();
+    g.skipped.clear();
+    g.bounds.clear();
     g.lagged.reserve(g.ranges.size()); // no reallocation: the pieces point into it
     const size_t grad_size = g.grad == GradType::f32 ? 4 : 2;
     const auto piece = [&](size_t from, size_t n, const AdamHyper *hyper) {
@@ -238,7 +246,11 @@ std::string cut_at_ranges(Group &g) {
     for (const proto::StepRange &r : g.ranges) {
         if (r.offset > at) piece(at, r.offset - at, &g.hyper);
         at = r.offset + r.numel;
-        if (r.idle) continue;
+        if (r.idle) {
+            g.skipped.push_back(r.offset);
+            g.skipped.push_back(at);
+            continue;
+        }
         if (r.lag >= g.hyper.step)
             return "the range at element " + std::to_string(r.offset) + " lags " +
                    std::to_string(r.lag) + " steps behind its group: step number " +
@@ -248,6 +260,11 @@ std::string cut_at_ranges(Group &g) {
         piece(r.offset, r.numel, &h);
     }
     if (!g.ranges.empty() && at < g.numel) piece(at, g.numel - at, &g.hyper);
+    if (!g.skipped.empty() && TeamShare::fits(g.numel, threads)) {
+        g.bounds.resize(static_cast<size_t>(threads) + 1);
+        TeamShare::slices_skipping(g.numel, threads, g.skipped.data(), g.skipped.size() / 2,
+                                   g.bounds.data());
+    }
     return "";
 }
 
@@ -383,7 +400,7 @@ Work prepare_step(Team &t) {
                                     .c_str());
             return Work::answered;
         }
-        if (const std::string why = cut_at_ranges(g); !why.empty()) {
+        if (const std::string why = cut_at_ranges(g, t.threads); !why.empty()) {
             t.answer(ZB_EINVAL, ("group " + std::to_string(i) + ": " + why).c_str());
             return Work::answered;
         }
@@ -589,10 +606,12 @@ std::string team_problem(int threads, int pin_failures) {
 proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
     Team t(ctl, socket_fd, parent_pidfd);
     t.groups.reserve(proto::kMaxGroups);
-    const int threads = static_cast<int>(ctl.nthreads);
-    if (threads < 1 || ctl.nthreads > proto::kMaxThreads) {
+    const uint32_t nthreads = ctl.nthreads; // read once: the trainer may rewrite it
+    const int threads = static_cast<int>(nthreads);
+    t.threads = threads;
+    if (threads < 1 || nthreads > proto::kMaxThreads) {
         ctl.status = ZB_EINVAL;
-        std::snprintf(ctl.message, sizeof ctl.message, "bad thread count %u", ctl.nthreads);
+        std::snprintf(ctl.message, sizeof ctl.message, "bad thread count %u", nthreads);
         publish_ready(ctl, proto::Ready::failed);
         return proto::Exit::failure;
     }
@@ -654,6 +673,7 @@ proto::Exit run_team(proto::Control &ctl, int socket_fd, int parent_pidfd) {
                     const Group &g = t.groups[i];
                     const bool cut = !g.ranges.empty();
                     if (cut && g.pieces.empty()) continue; // every element idle (all threads)
+                    t.share.slice_next(me, g.bounds.empty() ? nullptr : g.bounds.data());
                     bad += adam_step_in_team(AdamBatch{g.grad, g.copy,
                                                        cut ? g.pieces.data() : &g.tensor,
                                                        cut ? g.pieces.size() : 1},

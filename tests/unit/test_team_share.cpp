@@ -5,6 +5,7 @@
 
 #include <zbadam/adam.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -27,8 +28,10 @@ constexpr size_t kChunk = TeamShare::kChunk;
 // Runs `steps` steps of `total` elements with `threads` threads, no barrier between steps, and
 // counts how often each element of each step was claimed; `late` sleeps before its first step.
 // Returns the counts, [step * total + element], and the chunks each thread stole in the last step.
+// With `bounds` (TeamShare::slice_next), thread k's own slice is [bounds[k], bounds[k + 1]).
 std::vector<unsigned> run(size_t total, int threads, int steps, int late,
-                          std::vector<size_t> &stolen, std::vector<size_t> &own) {
+                          std::vector<size_t> &stolen, std::vector<size_t> &own,
+                          const size_t *bounds = nullptr) {
     std::vector<std::atomic<unsigned>> hits(total * static_cast<size_t>(steps));
     TeamShare share;
     std::atomic<bool> bad{false};
@@ -39,11 +42,16 @@ std::vector<unsigned> run(size_t total, int threads, int steps, int late,
     const auto thread = [&](int me) {
         if (me == late) std::this_thread::sleep_for(std::chrono::milliseconds(200));
         for (int s = 0; s < steps; ++s) {
+            share.slice_next(me, bounds);
             share.begin(total, me, threads);
             size_t lo, hi, mine_lo, mine_hi, claimed = 0;
             zb::opt::adam_slice(total, me, threads, mine_lo, mine_hi);
+            if (bounds) {
+                mine_lo = bounds[me];
+                mine_hi = bounds[me + 1];
+            }
             while (share.claim(me, lo, hi)) {
-                if (lo >= hi || hi > total || (lo % 16 && lo != 0)) {
+                if (lo >= hi || hi > total || (!bounds && lo % 16 && lo != 0)) {
                     bad.store(true);
                     return;
                 }
@@ -96,12 +104,88 @@ void test_late_thread_is_helped(void **) {
     assert_int_equal(stolen[0], 0);
 }
 
+// A step that leaves out idle ranges steps the rest concatenated: each thread's own slice of them
+// must hold the elements of its adam_slice of the whole group (the pages it first touched), not
+// the concatenation's adam_slice, which moves every slice by the idle elements before it.
+void test_slices_skipping_follow_first_touch(void **) {
+    size_t bounds[6];
+    const size_t front[] = {0, 500};
+    TeamShare::slices_skipping(1000, 2, front, 1, bounds); // slices [0, 496) and [496, 1000)
+    assert_int_equal(bounds[0], 0);
+    assert_int_equal(bounds[1], 0); // thread 0's slice is all idle: it owns nothing
+    assert_int_equal(bounds[2], 500);
+    const size_t two[] = {100, 200, 600, 700};
+    TeamShare::slices_skipping(1000, 2, two, 2, bounds);
+    assert_int_equal(bounds[1], 396);
+    assert_int_equal(bounds[2], 800);
+
+    // Every element that is stepped, at its place in the concatenation, belongs to the thread that
+    // first touched it, for ranges that straddle slice boundaries, begin or end the group.
+    unsigned seed = 12345;
+    const auto next = [&seed](size_t n) {
+        seed = seed * 1103515245u + 12345u;
+        return static_cast<size_t>(seed >> 8) % n;
+    };
+    for (int round = 0; round < 300; ++round) {
+        const size_t numel = 1 + next(5000);
+        const int threads = 1 + static_cast<int>(next(5));
+        std::vector<size_t> skip;
+        for (size_t at = next(200); at < numel; at += 1 + next(600)) {
+            const size_t end = std::min(numel, at + 1 + next(400));
+            skip.push_back(at);
+            skip.push_back(end);
+            at = end;
+        }
+        TeamShare::slices_skipping(numel, threads, skip.data(), skip.size() / 2, bounds);
+        size_t pos = 0, r = 0;
+        for (size_t e = 0; e < numel; ++e) {
+            while (r < skip.size() / 2 && skip[2 * r + 1] <= e)
+                ++r;
+            if (r < skip.size() / 2 && skip[2 * r] <= e) continue; // idle
+            int owner = 0;
+            for (int k = 0; k < threads; ++k) {
+                size_t lo, hi;
+                zb::opt::adam_slice(numel, k, threads, lo, hi);
+                if (e >= lo && e < hi) owner = k;
+            }
+            if (pos < bounds[owner] || pos >= bounds[owner + 1])
+                fail_msg("%zu elements, %d threads: element %zu (stepped as %zu) is thread %d's, "
+                         "whose slice is [%zu, %zu)",
+                         numel, threads, e, pos, owner, bounds[owner], bounds[owner + 1]);
+            ++pos;
+        }
+        assert_int_equal(bounds[0], 0);
+        assert_int_equal(bounds[threads], pos);
+    }
+}
+
+// Slices given by slice_next, of any length (empty ones too): every element still claimed once,
+// each thread's own chunks inside its slice, a late thread's taken by the others.
+void test_given_slices(void **) {
+    const size_t total = 7 * kChunk + 1000;
+    const size_t bounds[] = {0, 0, 3 * kChunk + 5, 3 * kChunk + 5, total};
+    for (int late : {-1, 1}) {
+        std::vector<size_t> stolen, own;
+        const auto hits = run(total, 4, 5, late, stolen, own, bounds);
+        for (size_t i = 0; i < hits.size(); ++i)
+            if (hits[i] != 1) fail_msg("element %zu claimed %u times", i, hits[i]);
+        size_t claimed = 0;
+        for (size_t c : own)
+            claimed += c;
+        assert_true(claimed <= total);
+        assert_int_equal(own[0], 0);
+        assert_int_equal(own[2], 0);
+    }
+}
+
 } // namespace
 
 int main() {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_element_once),
         cmocka_unit_test(test_late_thread_is_helped),
+        cmocka_unit_test(test_slices_skipping_follow_first_touch),
+        cmocka_unit_test(test_given_slices),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -34,6 +34,20 @@ class TeamShare {
     // before a barrier (the worker's groups are disjoint, and it passes one after each step).
     void begin(size_t total, int me, int threads);
 
+    // Makes thread `me`'s next begin() give thread k the slice [bounds[k], bounds[k + 1]) of the
+    // step's elements instead of its adam_slice (null: adam_slice again). A step that leaves
+    // elements out (idle ranges) keeps each thread on the elements of the pages it first touched
+    // this way: slices_skipping(). Every thread of the team passes the same `threads` + 1
+    // ascending bounds, from 0 to the step's total, each slice within fits()'s limit; they must
+    // outlive the step.
+    void slice_next(int me, const size_t *bounds) { slots_[me].next_bounds = bounds; }
+
+    // The bounds (threads + 1 of them) that give each thread the elements of its adam_slice of
+    // `numel` elements that a step steps, when it leaves out the `count` ranges [skip[2 i],
+    // skip[2 i + 1]) (sorted, disjoint, inside [0, numel)) and steps the others concatenated.
+    static void slices_skipping(size_t numel, int threads, const size_t *skip, size_t count,
+                                size_t *bounds);
+
     // Claims the next chunk for thread `me`: its own first, then another's. False when every
     // chunk of the step is claimed.
     bool claim(int me, size_t &lo, size_t &hi);
@@ -54,9 +68,12 @@ class TeamShare {
         size_t total = 0;
         int threads = 0;
         size_t stolen = 0;
+        const size_t *bounds = nullptr;      // this step's slices (slice_next), or null
+        const size_t *next_bounds = nullptr; // the next begin()'s
     };
 
-    uint64_t opened(int slot, uint32_t epoch, size_t total, int threads);
+    static void slice(const Slot &mine, int slot, size_t &lo, size_t &hi);
+    uint64_t opened(int slot, const Slot &mine);
     bool take(int slot, const Slot &mine, bool front, size_t &lo, size_t &hi);
 
     Slot slots_[kMaxThreads];
