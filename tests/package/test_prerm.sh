@@ -71,4 +71,13 @@ put /var/spool/slurmd.node1/conf-cache/plugstack.conf "$required"
 expect "configless: SlurmdSpoolDir with the node's name (%n)" 1
 put /etc/slurm/plugstack.conf "include /etc/slurm/plugstack.conf" "optional zenflow_bind.so"
 expect "a file that includes itself ends" 0
+# The same file is the RPM's %preun, which rpmbuild macro-expands: it must come out as it is.
+if command -v rpm >/dev/null; then
+  if [ "$(rpm --eval "$(cat "$script")" 2>&1)" = "$(cat "$script")" ]; then
+    echo "ok: rpmbuild's macro expansion leaves it as it is"
+  else
+    echo "FAIL: rpm --eval changes it: $(rpm --eval "$(cat "$script")" 2>&1 | head -3)"
+    failures=$((failures + 1))
+  fi
+fi
 [ "$failures" = 0 ] || exit 1
