@@ -68,6 +68,9 @@ int main(int argc, char **argv) {
         return zb::cli::kOk;
     }
     if (first == "help") {
+        if (argc > 3)
+            return zb::cli::error(zb::cli::kUsage, "help takes one command, not '" +
+                                                       std::string(argv[3]) + "' after it");
         const Command *c = find(argv[2]);
         if (!c) return zb::cli::error(zb::cli::kUsage, std::string("no command '") + argv[2] + "'");
         std::printf("%s\n", c->usage);

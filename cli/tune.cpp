@@ -291,6 +291,16 @@ void check_monotonic(const NodeResult &r, Trust &trust) {
     }
 }
 
+// `path` as an absolute one, as profile= takes it: the working directory before a relative one
+// (links are kept, not resolved).
+std::string absolute(const std::string &path) {
+    if (!path.empty() && path[0] == '/') return path;
+    char *cwd = getcwd(nullptr, 0);
+    const std::string out = cwd ? std::string(cwd) + "/" + path : path;
+    std::free(cwd);
+    return out;
+}
+
 int run(const TuneArgs &a) {
     zb_topology_t *topology = nullptr;
     hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
@@ -374,7 +384,7 @@ int run(const TuneArgs &a) {
     if (rc == 0) {
         if (a.json) {
             std::printf("{\"profile\": %s, \"isa\": \"%s\", \"trusted\": %s, \"nodes\": [",
-                        zb::cli::json_string(a.output).c_str(),
+                        zb::cli::json_string(absolute(a.output)).c_str(),
                         zb::opt::isa_name(zb::opt::active_isa()),
                         trust.why.empty() ? "true" : "false");
             for (size_t i = 0; i < results.size(); ++i) {
@@ -393,7 +403,7 @@ int run(const TuneArgs &a) {
                 std::printf("%-6u %-8zu %-10u %.2f\n", r.node, r.cpus.size(),
                             zb_profile_saturation(profile, r.node),
                             *std::max_element(r.gbps.begin(), r.gbps.end()));
-            std::printf("profile written to %s\n", a.output.c_str());
+            std::printf("profile written to %s\n", absolute(a.output).c_str());
             if (!trust.why.empty())
                 std::printf("NOT TRUSTWORTHY: %s; measure again on an idle node\n",
                             trust.why.c_str());

@@ -335,6 +335,14 @@ class Tune(unittest.TestCase):
             r = run("tune", "--output", odd, "--json", *quick)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertEqual(json.loads(r.stdout)["profile"], odd)
+            # A relative FILE is named by the absolute path that profile= takes.
+            r = subprocess.run([ZENBIND, "tune", "--output", "rel.profile", *quick], cwd=d,
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            written = os.path.join(os.path.realpath(d), "rel.profile")  # (getcwd's path)
+            self.assertIn(f"profile written to {written}\n", r.stdout)
+            p = plan("--tasks", "1", "--options", "profile=" + written)
+            self.assertEqual(len(p["tasks"]), 1)
             # A link is followed: the file it names is replaced, the link stays.
             target, link = os.path.join(d, "target.profile"), os.path.join(d, "link.profile")
             with open(target, "w") as f:
@@ -434,6 +442,9 @@ class Errors(unittest.TestCase):
     def test_help_and_version(self):
         self.assertEqual(run("--help").returncode, 0)
         self.assertIn("--tasks", run("help", "plan").stdout)
+        extra = run("help", "plan", "--tasks")  # help plan --tasks: not a plan, not ignored
+        self.assertEqual((extra.returncode, extra.stdout), (2, ""))
+        self.assertIn("help takes one command", extra.stderr)
         self.assertRegex(run("--version").stdout, r"^zenbind \d+\.\d+\.\d+")
 
 
