@@ -97,14 +97,14 @@ class Slot:
             self.watch(*self.watching)
 
     def check_shape(self):
-        """The parameter's local tensor, unless it was given another shape, device or dtype
-        (.data =, as Module.to() re-seats it)."""
+        """The parameter's local tensor, unless it was given another shape (.data =). Its device
+        and dtype are the layout's: every caller follows moves first (Layout.follow_moves),
+        which refuses a cast."""
         shard = local(self.param)
         if shard.shape != self.master.shape:
             raise ValueError(f"parameter {self.index} was {list(self.master.shape)} and is now "
                              f"{list(shard.shape)}: an optimizer's parameters keep their "
                              "shape (make a new optimizer for a resized model)")
-        check_place(self, shard)
         return shard
 
     def refresh_if_changed(self):
@@ -222,19 +222,15 @@ def shared_grad(buffer):
     return buffer.view(buffer.shape)
 
 
-def check_place(slot, shard):
+def check_dtype(slot, shard):
     """The gradient buffers and the copy-out were made for the dtype the parameter had when its
-    group was added, and the hook for its device: a parameter cast since (model.half()) is
-    refused, saying so; one moved to another device is followed (Layout.follow_moves) between
-    steps, and refused only in the middle of one."""
+    group was added: a parameter cast since (model.half()) is refused, saying so (one moved to
+    another device is followed: Layout.follow_moves)."""
     if shard.dtype != slot.dtype:
         raise ValueError(f"parameter {slot.index} was {slot.dtype} when its param group was "
                          f"added and is now {shard.dtype}: make the optimizer after casting "
                          "the model, or make a new one and load this one's state dict into "
                          "it (a model moved to another device is followed, not one cast)")
-    if shard.device != slot.device:
-        raise ValueError(f"parameter {slot.index} was on {slot.device} when this step began "
-                         f"and is now on {shard.device}: move the model between steps")
 
 
 @eager  # dynamo would trace it under torch.compile
@@ -376,8 +372,7 @@ class Layout:
         anything changes."""
         moved = [s for s in self.slots if s.moved()]
         for s in moved:
-            if local(s.param).dtype != s.dtype:
-                check_place(s, local(s.param))
+            check_dtype(s, local(s.param))
         if moved:
             gpu.adopt(self)
         for s in moved:
