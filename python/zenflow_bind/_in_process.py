@@ -16,7 +16,7 @@ import weakref
 
 import torch
 
-from . import _native
+from . import _ddp, _native
 from ._amp import forget, forgotten_on_error, scaler_mismatch, scaler_step, skipped
 from ._compile import eager, eager_context
 from ._global_stats import clip_scale, complete_grads, sharded, stats
@@ -385,6 +385,15 @@ class InProcessAdamW(AdamW):
 
     def synchronize(self):
         """Nothing to wait for: every step completed in step()."""
+
+    def register_ddp(self, model, hook=None, state=None):
+        """Nothing to register: step() reads the gradients DDP has averaged into .grad, in
+        place, so that a loop written for the worker runs unchanged. model is checked as the
+        worker's register_ddp() checks it; DDP's own hook (or `hook`, registered as DDP's with
+        its state) reduces them."""
+        hook, state = _ddp.checked(model, hook, state)
+        if hook is not None:
+            model.register_comm_hook(state, hook)
 
     def state_dict(self):
         """torch's state dict of torch's optimizer.state: the worker's format."""

@@ -64,6 +64,8 @@ class Slot:
         # hook copied
         self.staged = None
         self.hook = None    # the handle of that hook (watch())
+        self.ddp = False    # its gradient comes from DistributedDataParallel's reduction
+        # (take_reduced()), not from the hook, which it replaces
         self.watching = None  # watch()'s arguments, to watch again after a move
         self.early = None   # buffer k when its bucket went back early (_cuda.Gpu.early): its
         # gradient slot there holds the parameter's old values until the step is whole
@@ -145,8 +147,39 @@ class Slot:
             self.param.grad = shared_grad(dst)
 
     def streamable(self):
-        """Whether watch() copies its gradient during backward."""
-        return self.hook is not None
+        """Whether its gradient is copied during backward: by watch()'s hook, or as DDP's
+        reduction of it completes (take_reduced())."""
+        return self.hook is not None or self.ddp
+
+    def reduced_by_ddp(self):
+        """From now on its gradient is the one DistributedDataParallel averages: taken when its
+        reduction completes (take_reduced()), no longer by the hook, whose copy (made before the
+        average) DDP would overwrite."""
+        self.ddp = True
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+
+    def take_reduced(self, k, src, writes_after, gpu):
+        """DDP reduced this parameter's gradient: src, its slice of the reduced bucket, into
+        buffer k (a CUDA one through gpu's copy stream), recorded as staged for the gradient
+        the parameter will hold after backward, which DDP writes `writes_after` more times (1:
+        it copies the bucket into .grad, 0: .grad is the bucket's view). False if the
+        parameter has no gradient to take (a globally unused one, or one moved since)."""
+        g = self.param.grad
+        if g is None or g.is_sparse or self.moved():
+            return False
+        dst, event = self.grads[k], None
+        if src.device.type == "cuda":
+            event = gpu.grad_out(src, dst, unless_early=self)
+            if event is None:  # its bucket went back: landing again is what step() refuses
+                return True
+        elif src.data_ptr() != dst.data_ptr():
+            with torch.no_grad():
+                dst.copy_(src)
+        g = self.param.grad  # (dst may be it: CPU, DDP without bucket views)
+        self.staged = (k, weakref.ref(g), g._version + writes_after, event, g.data_ptr())
+        return True
 
     def can_go_early(self, k):
         """Whether its gradient slot in buffer k can hold its values (a CUDA parameter of the
@@ -176,6 +209,8 @@ class Slot:
         that retains its gradient (torch has no such hook for it): step() copies theirs."""
         p = self.param
         self.watching = (buffer_now, landed, gpu)
+        if self.ddp:
+            return
         register = getattr(p, "register_post_accumulate_grad_hook", None)
         device = local(p).device.type
         if register is None or self.sharded or not p.requires_grad or not p.is_leaf or \

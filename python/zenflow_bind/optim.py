@@ -22,6 +22,7 @@ import torch
 
 from ._amp import (SUPPORTED as _AMP_SCALING, forget, forgotten_on_error, scaler_mismatch,
                    scaler_step, skipped)
+from . import _ddp
 from ._compile import eager, eager_context
 from ._cuda import Gpu
 from ._global_stats import clip_scale, complete_grads, sharded, stats
@@ -136,6 +137,8 @@ class AdamW(torch.optim.Optimizer):
         self._stream_open = False  # inside step_during_backward(): hooks submit buckets
         self._stream_scale = None  # the grad_scale step_during_backward() was given
         self._torn = False      # some buckets took a step that cannot be completed
+        self._ddp_reduced = {}  # id -> weakref of each parameter DDP reduces (register_ddp())
+        self._ddp_slots = {}    # id(parameter) -> its slot, for those of them optimized here
         self._worker = Worker(cpus=cpus, threads=threads, mems=mems)
         self._gpu = Gpu()  # pinned buffers and copy streams, once a CUDA parameter comes
         # Dropped without close(), the optimizer still gives the model its gradients' private
@@ -269,6 +272,8 @@ class AdamW(torch.optim.Optimizer):
             raise
         self._layouts.append(layout)
         self._held.append((group["params"], tuple(map(id, group["params"]))))
+        for slot in layout.slots if layout and self._ddp_reduced else ():
+            _ddp.adopt(self, slot)
         for p in group["params"]:
             _OWNERS[id(p)] = me  # the optimizer holds p: its id is not reused meanwhile
 
@@ -594,6 +599,27 @@ class AdamW(torch.optim.Optimizer):
             raise RuntimeError(f"cannot {what} between step_during_backward() and step(): "
                                "buckets may take this step during backward; read it before "
                                "the block or after step()")
+
+    def register_ddp(self, model, hook=None, state=None):
+        """Take the gradients of model, a DistributedDataParallel, as DDP reduces them: its
+        communication hook becomes `hook` (DDP's averaging over its process group by default;
+        a hook of torch.distributed.algorithms.ddp_comm_hooks with its state, say) followed by
+        the copy of each reduced bucket into the worker's buffer, while backward goes on. Each
+        gradient then leaves the GPU once, not twice, and step_during_backward() steps DDP's
+        averages. Call it once (DDP takes one hook per model). See zenflow_bind.optim(3), section
+        DISTRIBUTED DATA PARALLEL."""
+        with self._exclusive("register_ddp"):
+            self._live()
+            if self._ddp_reduced:
+                raise RuntimeError("register_ddp() was called already: DDP takes one "
+                                   "communication hook per model, and this optimizer one model")
+            _ddp.register(self, model, hook, state)
+
+    def _take_reduced(self, params):
+        """A bucket DDP reduced (_ddp.py), from the thread that completed the reduction."""
+        if not self._worker.closed:
+            me = weakref.ref(self)
+            _ddp.take(self, self._buffer, params, functools.partial(_landed, me))
 
     def synchronize(self):
         """Wait for the step in flight (overlap mode) and bring its update into the model."""

@@ -123,6 +123,13 @@ class Gpu(unittest.TestCase):
         from test_torch_ddp import run_parity
         run_parity(self, "cuda")
 
+    def test_register_ddp_takes_each_reduced_gradient_once(self):
+        # each bucket's average leaves the GPU as DDP's reduction completes (its future's
+        # callback, on streams that wait for the reduction), once, and the buckets step and go
+        # back during backward
+        from test_torch_ddp import run_registered
+        run_registered(self, "cuda")
+
     def test_gradient_accumulation_steps_the_sum(self):
         # micro-batches accumulate into .grad before one step: the hook copies each partial sum
         # as it lands, and the step must take the last (with the last backward in

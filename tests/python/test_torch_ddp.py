@@ -2,9 +2,12 @@
 two gloo ranks, each with its own batches, with and without gradient_as_bucket_view, and with
 buckets small enough that DDP averages several per backward. Each step must take DDP's averaged
 gradients, though the worker's hook copies each gradient as soon as backward produces it, before
-DDP has averaged it: training matches torch.optim.AdamW on the same model. test_gpu.py runs the
-same on a CUDA model."""
+DDP has averaged it: training matches torch.optim.AdamW on the same model. With register_ddp()
+the gradients are taken as DDP reduces them: once each (none copied again at step() unless edited
+after backward), stepped during backward, through a user's hook, under no_sync(), with an
+unused layer and with static_graph, always as torch's AdamW steps. test_gpu.py runs the same on a CUDA model."""
 
+import contextlib
 import os
 import tempfile
 import unittest
@@ -44,6 +47,107 @@ def parity(rank, world, store, device, view, out):
         dist.destroy_process_group()
 
 
+class Net(torch.nn.Module):
+    """mlp() with a layer used only when asked (find_unused_parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.spare = mlp(0), torch.nn.Linear(16, 4)
+        self.use_spare = True
+
+    def forward(self, x):
+        y = self.body(x)
+        return y + self.spare(x) if self.use_spare else y
+
+
+def clone_hook(world, bucket):
+    """A communication hook whose result is a new tensor, not the bucket (as compression hooks'
+    can be): the average of a copy."""
+    copy = bucket.buffer().div(world)
+    return dist.all_reduce(copy, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def registered(rank, world, store, device, view, out):
+    """Each case of register_ddp() against torch's AdamW on the same DDP model and batches;
+    rank 0 saves {case: (ours, torch's, how many gradients step() found as DDP's hook left
+    them, how many buckets stepped during backward)}."""
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank,
+                            world_size=world)
+    try:
+        import zenflow_bind.optim as zt
+        data = [(x.to(device), y.to(device)) for x, y in batches(STEPS, seed=11 + rank)]
+        cases = {}
+        for case in ("plain", "during", "clip", "no_sync", "hook", "unused", "added",
+                     "in_process", "static"):
+            got = []
+            for name in ("ours", "torch"):
+                net = Net().to(device)
+                net.use_spare = case != "unused"
+                model = torch.nn.parallel.DistributedDataParallel(
+                    net, gradient_as_bucket_view=view, bucket_cap_mb=0.001,
+                    find_unused_parameters=case == "unused", static_graph=case == "static")
+                if name == "ours":
+                    first = net.body.parameters() if case == "added" else model.parameters()
+                    opt = zt.AdamW(first, lr=1e-2, weight_decay=0.05, threads=1,
+                                   bucket_elements=256, worker=case != "in_process")
+                    opt.register_ddp(model, **({"hook": clone_hook, "state": world}
+                                               if case == "hook" else {}))
+                    if case == "added":  # a param group after register_ddp() is taken too
+                        opt.add_param_group({"params": list(net.spare.parameters())})
+                else:
+                    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
+                    if case == "hook":
+                        model.register_comm_hook(world, clone_hook)
+                kept, during = 0, 0
+                for x, y in data:
+                    opt.zero_grad()
+                    if case == "no_sync":
+                        with model.no_sync():
+                            torch.nn.functional.mse_loss(model(x * 0.5), y).backward()
+                    block = opt.step_during_backward() if name == "ours" and \
+                        case == "during" else contextlib.nullcontext()
+                    with block:
+                        torch.nn.functional.mse_loss(model(x), y).backward()
+                    if case == "clip":
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+                    if name == "ours" and opt.worker is not None:
+                        slots = opt._ddp_slots.values()
+                        kept += sum(s.unchanged_since_staged(opt._buffer) for s in slots)
+                        during += len(opt._stream.stepped) if opt._stream else 0
+                    opt.step()
+                got.append([p.detach().cpu().clone() for p in model.parameters()])
+                if name == "ours":
+                    got.append((kept, during))
+                    opt.close()
+            cases[case] = got
+        if rank == 0:
+            torch.save(cases, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_registered(test, device):
+    import torch.multiprocessing as mp
+    for view in (False, True):
+        with tempfile.TemporaryDirectory() as where:
+            out = os.path.join(where, "registered.pt")
+            mp.spawn(registered, args=(2, os.path.join(where, "store"), device, view, out),
+                     nprocs=2)
+            cases = torch.load(out)
+        grads = 8 * STEPS  # 4 Linear layers, a weight and a bias each
+        for case, (ours, (kept, during), theirs) in cases.items():
+            with test.subTest(gradient_as_bucket_view=view, case=case):
+                for a, b in zip(ours, theirs):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+                # every gradient DDP reduced was taken once, as it stands after backward
+                # (clip_grad_norm_ rewrote them all: taken again; the spare layer, unused,
+                # has none)
+                want = {"clip": 0, "unused": grads - 2 * STEPS, "in_process": 0}.get(case,
+                                                                                    grads)
+                test.assertEqual(kept, want)
+                test.assertEqual(during > 0, case == "during")
+
+
 def run_parity(test, device):
     import torch.multiprocessing as mp
     for view in (False, True):
@@ -56,9 +160,83 @@ def run_parity(test, device):
 
 
 @unittest.skipUnless(dist.is_available() and dist.is_gloo_available(), "no gloo")
+class RegisterRefusals(unittest.TestCase):
+    """register_ddp()'s refusals, before anything changes (one gloo rank in this process)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.where = tempfile.TemporaryDirectory()
+        dist.init_process_group("gloo", store=dist.FileStore(cls.where.name + "/s", 1),
+                                rank=0, world_size=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        dist.destroy_process_group()
+        cls.where.cleanup()
+
+    def test_refusals(self):
+        import zenflow_bind.optim as zt
+        for worker in (True, False):
+            model = torch.nn.parallel.DistributedDataParallel(mlp(0))
+            other = torch.nn.parallel.DistributedDataParallel(mlp(1))
+            with self.subTest(worker=worker), \
+                    zt.AdamW(model.parameters(), threads=1, worker=worker) as opt:
+                with self.assertRaisesRegex(TypeError, "DistributedDataParallel.*not a Seq"):
+                    opt.register_ddp(model.module)
+                with self.assertRaisesRegex(ValueError, "state of the hook"):
+                    opt.register_ddp(model, state=dist.group.WORLD)
+                with self.assertRaisesRegex(TypeError, "communication hook.*not a int"):
+                    opt.register_ddp(model, hook=3)
+                if worker:
+                    with self.assertRaisesRegex(ValueError, "none of the DDP model's"):
+                        opt.register_ddp(other)
+                    opt.register_ddp(model)
+                    with self.assertRaisesRegex(RuntimeError, "called already"):
+                        opt.register_ddp(model)
+                    # the first registration stands: one backward and step go through it
+                    self.assertEqual(taken_once(model, opt), 6)
+
+    def test_a_new_optimizer_takes_the_hook_over(self):
+        # DDP takes one communication hook per model, for good: an optimizer made to resume
+        # (its worker died, say) takes the hook of the one before over, once that one is closed
+        import zenflow_bind.optim as zt
+        model = torch.nn.parallel.DistributedDataParallel(mlp(0))
+        first = zt.AdamW(model.parameters(), threads=1)
+        first.register_ddp(model)
+        self.assertEqual(taken_once(model, first), 6)
+        first.close()
+        with zt.AdamW(model.parameters(), threads=1) as again:
+            again.register_ddp(model)
+            self.assertEqual(taken_once(model, again), 6)
+        params = list(model.parameters())
+        with zt.AdamW(params[1:], threads=1) as split, zt.AdamW(params[:1], threads=1) as other:
+            split.register_ddp(model)
+            self.assertEqual(taken_once(model, split), 5)  # the other's weight keeps its hook
+            with self.assertRaisesRegex(RuntimeError, "another zenflow_bind.optim.AdamW, "
+                                                      "still open"):
+                other.register_ddp(model)
+            split.close()
+            other.register_ddp(model)
+            self.assertEqual(taken_once(model, other), 1)
+
+
+def taken_once(model, opt):
+    """One backward and step() of a one-rank DDP model: how many of opt's gradients step()
+    found as DDP's hook left them."""
+    torch.nn.functional.mse_loss(model(torch.ones(2, 16)), torch.zeros(2, 4)).backward()
+    kept = sum(s.unchanged_since_staged(opt._buffer) for s in opt._ddp_slots.values())
+    opt.step()
+    opt.zero_grad()
+    return kept
+
+
+@unittest.skipUnless(dist.is_available() and dist.is_gloo_available(), "no gloo")
 class DataParallel(unittest.TestCase):
     def test_training_matches_torch_adamw(self):
         run_parity(self, "cpu")
+
+    def test_register_ddp_takes_each_reduced_gradient_once(self):
+        run_registered(self, "cpu")
 
 
 if __name__ == "__main__":
