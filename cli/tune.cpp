@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -206,6 +207,63 @@ class NodeBuffers {
     float *arrays_[4] = {};
 };
 
+// Bytes of `node` the buffers may take without the OOM killer ending a process of the node's
+// (another job's, on a node tuned while in use): its free memory and the file pages it can drop
+// first (MemFree + Inactive(file) in sysfs' node meminfo), or less if the memory cgroup of this
+// process (a job's, under srun) has less headroom; `why` says which bound. SIZE_MAX when the
+// node's meminfo cannot be read (a kernel without it: no bound known).
+size_t node_room(unsigned node, std::string &why) {
+    char path[96];
+    std::snprintf(path, sizeof path, "/sys/devices/system/node/node%u/meminfo", node);
+    size_t room = SIZE_MAX;
+    if (FILE *f = std::fopen(path, "r")) {
+        unsigned long long kb = 0, free_kb = 0, inactive_kb = 0;
+        char line[256], name[64];
+        unsigned id = 0;
+        int found = 0;
+        while (std::fgets(line, sizeof line, f))
+            if (std::sscanf(line, "Node %u %63s %llu", &id, name, &kb) == 3) {
+                if (!std::strcmp(name, "MemFree:")) free_kb = kb, found |= 1;
+                if (!std::strcmp(name, "Inactive(file):")) inactive_kb = kb, found |= 2;
+            }
+        std::fclose(f);
+        if (found == 3) {
+            room = static_cast<size_t>((free_kb + inactive_kb) << 10);
+            why = "free memory and reclaimable page cache of node " + std::to_string(node);
+        }
+    }
+    uint64_t headroom = 0;
+    char source[256] = "";
+    if (zb_cgroup_memory_headroom(nullptr, 0, &headroom, nullptr, nullptr, source, sizeof source) ==
+            ZB_OK &&
+        headroom < room) {
+        room = static_cast<size_t>(headroom);
+        why = std::string("headroom under the memory cgroup limit of ") + source;
+    }
+    return room;
+}
+
+// Whether `elements` of fp32 Adam state fit on `node`, saying why not. A margin stays for the
+// rest of the process and the kernel.
+bool fits(size_t elements, unsigned node) {
+    constexpr size_t kMargin = size_t(64) << 20;
+    std::string why;
+    const size_t room = node_room(node, why);
+    const size_t need = elements * 16;
+    if (room == SIZE_MAX || (room > kMargin && need <= room - kMargin)) return true;
+    const size_t most = room > kMargin ? (room - kMargin) / 16 : 0;
+    std::fprintf(stderr,
+                 "zenbind: tune: %zu elements need %zu MiB on node %u, which has %zu MiB to give "
+                 "(%s): ",
+                 elements, need >> 20, node, room >> 20, why.c_str());
+    if (most >= kMinElements)
+        std::fprintf(stderr, "give --elements %zu or fewer\n", most);
+    else
+        std::fprintf(stderr, "tuning needs at least %zu MiB there\n",
+                     (kMinElements * 16 + kMargin) >> 20);
+    return false;
+}
+
 void pin_self(unsigned cpu) {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -338,6 +396,10 @@ int run(const TuneArgs &a) {
                 std::fprintf(stderr, "zenbind: tune: node %u, %zu cores, %zu elements (%.0f MiB)\n",
                              r.node, cpus.size(), elements,
                              static_cast<double>(elements * 16) / (1 << 20));
+            if (!fits(elements, r.node)) {
+                rc = 1;
+                break;
+            }
             NodeBuffers buf(elements, r.node);
             first_touch(buf, cpus);
             const auto started = std::chrono::steady_clock::now();

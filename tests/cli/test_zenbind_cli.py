@@ -32,6 +32,29 @@ def plan(*args):
     return json.loads(r.stdout)
 
 
+def memory_cgroup(limit):
+    """A new memory cgroup (v1's memory hierarchy, else cgroup v2) limited to `limit` bytes, as
+    (directory, limit file name); None where none can be made (not root, no hierarchy)."""
+    for mount, limit_file in (("/sys/fs/cgroup/memory", "memory.limit_in_bytes"),
+                              ("/sys/fs/cgroup", "memory.max")):
+        if not os.path.exists(os.path.join(mount, limit_file if "memory" in mount else
+                                           "cgroup.controllers")):
+            continue
+        directory = os.path.join(mount, f"zb-cli-tune-{os.getpid()}")
+        try:
+            os.mkdir(directory)
+        except OSError:
+            return None
+        try:
+            with open(os.path.join(directory, limit_file), "w") as f:
+                f.write(f"{limit}\n")
+            return directory, limit_file
+        except OSError:
+            os.rmdir(directory)
+            return None
+    return None
+
+
 class Plan(unittest.TestCase):
     def test_json_contract_on_the_seed_machine(self):
         p = plan("--tasks", "2", "--synthetic", SEED)
@@ -378,6 +401,39 @@ class Tune(unittest.TestCase):
             self.assertEqual(r.returncode, 1, r.stderr)
             self.assertIn("OpenMP ran 1 threads where 2 cores", r.stderr)
             self.assertFalse(os.path.exists(os.path.join(d, "p")))
+
+    def test_tune_refuses_more_than_the_node_holds(self):
+        # checked before anything is allocated: 256 GiB of state is more than any test machine
+        # has (without the check: an allocation refused or, with overcommit, the OOM killer)
+        with tempfile.TemporaryDirectory() as d:
+            r = run("tune", "--output", os.path.join(d, "p"), "--elements", str(1 << 34))
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertRegex(r.stderr, r"17179869184 elements need 262144 MiB on node \d+, "
+                                       r"which has \d+ MiB to give \(")
+            self.assertRegex(r.stderr, r"give --elements \d+ or fewer|needs at least 320 MiB")
+            self.assertFalse(os.path.exists(os.path.join(d, "p")))
+
+    def test_tune_refuses_what_its_memory_cgroup_cannot_hold(self):
+        # as under srun in a job with ConstrainRAMSpace=yes: 256 MiB of state in a cgroup of
+        # 200 MiB is refused, naming the limit (without the check the kernel kills tune)
+        group = memory_cgroup(200 << 20)
+        if group is None:
+            self.skipTest("needs root and a writable memory cgroup hierarchy")
+        directory, limit_file = group
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                r = subprocess.run(
+                    ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', directory,
+                     ZENBIND, "tune", "--output", os.path.join(d, "p"), "--elements",
+                     "16777216", "--max-cores", "1", "--steps", "1"],
+                    capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("16777216 elements need 256 MiB on node", r.stderr)
+            self.assertIn("headroom under the memory cgroup limit of " +
+                          os.path.join(directory, limit_file), r.stderr)
+            self.assertIn("tuning needs at least 320 MiB there", r.stderr)
+        finally:
+            os.rmdir(directory)
 
     def test_tune_errors(self):
         r = run("tune")
