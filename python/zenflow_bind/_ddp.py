@@ -55,7 +55,7 @@ def register(optimizer, model, hook, state):
                          "give register_ddp() the model whose parameters it was made with")
     taker = _TAKERS.get(model)
     if taker is None:
-        taker = _Taker(hook, state, optimizer)
+        taker = _Taker(model, hook, state, optimizer)
         # DDP refuses a second hook (before this optimizer changes anything)
         model.register_comm_hook(state, taker)
         _TAKERS[model] = taker
@@ -77,7 +77,8 @@ class _Taker:
     its worker died) takes it over; the state DDP passes is the first registration's, so the
     reduction's own is kept here."""
 
-    def __init__(self, hook, state, optimizer):
+    def __init__(self, model, hook, state, optimizer):
+        self.model = weakref.ref(model)
         self.retarget(hook, state, optimizer)
         # DDP logs a hook by its name, and checks by it that the NCCL it runs on can take bf16
         self.__name__ = getattr(hook, "__name__", type(hook).__name__)
@@ -87,7 +88,24 @@ class _Taker:
         self.hook, self.state, self.optimizer = hook, state, weakref.ref(optimizer)
 
     def __call__(self, state, bucket):  # (DDP wants these names)
-        return _reduce_then_take(self.optimizer, self.hook, self.state, bucket)
+        buffer = bucket.buffer()
+        if buffer.layout != torch.strided:  # sparse gradients (nn.Embedding(sparse=True)):
+            return self.hook(self.state, bucket)  # another optimizer's, never ours
+        model = self.model()
+        if self.hook is _average and model is not None and _active_ranks_divide(model):
+            raise RuntimeError("register_ddp()'s averaging divides by the number of ranks; DDP's "
+                               "join(divide_by_initial_world_size=False) divides by those still "
+                               "training, which a communication hook cannot know: join with "
+                               "divide_by_initial_world_size=True (DDP's default)")
+        future = self.hook(self.state, bucket)
+        # Views of the bucket's buffer, one per parameter, taken now: the bucket object is
+        # DDP's and is only valid inside the hook.
+        params = list(zip(bucket.parameters(), bucket.gradients()))
+        # Without bucket views DDP copies the bucket into each .grad at the end of backward:
+        # once into every one it has, unless it may find a parameter unused on every rank
+        # (whose .grad it leaves alone)
+        once = model is not None and not model.find_unused_parameters
+        return future.then(functools.partial(_take, self.optimizer, params, buffer, once))
 
 
 # DDP model -> its _Taker
@@ -107,20 +125,24 @@ def _average(group, bucket):
     """DDP's own reduction: the bucket divided by the number of ranks, then summed over them."""
     buffer = bucket.buffer()
     buffer.div_(dist.get_world_size(group))
-    return dist.all_reduce(buffer, group=group, async_op=True).get_future()
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(_first)
 
 
-def _reduce_then_take(optimizer_ref, hook, state, bucket):
-    """DDP's communication hook: the reduction, then the copy of its result."""
-    future = hook(state, bucket)
-    # Views of the bucket's buffer, one per parameter, taken now: the bucket object is DDP's
-    # and is only valid inside the hook.
-    params = list(zip(bucket.parameters(), bucket.gradients()))
-    return future.then(functools.partial(_take, optimizer_ref, params, bucket.buffer()))
+def _first(future):
+    """A collective's future holds a list of tensors; DDP takes a hook's tensor."""
+    return future.value()[0]
+
+
+def _active_ranks_divide(model):
+    """Whether DDP divides by the ranks still training (join(divide_by_initial_world_size=
+    False)), not by the number of ranks."""
+    join = getattr(model, "_join_config", None)
+    return bool(join is not None and join.enable and
+                not getattr(model, "_divide_by_initial_world_size", True))
 
 
 @eager
-def _take(optimizer_ref, params, buffer, future):
+def _take(optimizer_ref, params, buffer, once, future):
     """The reduced bucket, returned to DDP after its gradients went to the worker."""
     result = future.value()
     if isinstance(result, (list, tuple)):  # (a hook's Future[List[Tensor]], as c10d's are)
@@ -137,21 +159,36 @@ def _take(optimizer_ref, params, buffer, future):
         result = buffer
     optimizer = optimizer_ref()
     if optimizer is not None:
-        optimizer._take_reduced(params)
+        optimizer._take_reduced(params, once)
     return result
 
 
-def take(optimizer, k, params, landed):
+def take(optimizer, k, params, once, landed):
     """Each of the optimizer's parameters in a reduced bucket into gradient buffer k; landed(slot)
-    after each (inside step_during_backward(), its bucket may go)."""
+    after each (inside step_during_backward(), its bucket may go). A gradient whose writes by DDP
+    after backward cannot be told from an edit is left to step() to copy."""
     slots = optimizer._ddp_slots
     for p, view in params:
         slot = slots.get(id(p))
         if slot is None or slot.param is not p:
             continue
         g = p.grad
-        # DDP copies the bucket into .grad at the end of backward, unless .grad is the bucket's
-        # view (gradient_as_bucket_view)
-        writes_after = 0 if g is not None and g.data_ptr() == view.data_ptr() else 1
+        if g is None:
+            continue
+        if g.data_ptr() == view.data_ptr():
+            writes_after = 0  # .grad is the bucket's view (gradient_as_bucket_view)
+        elif once and _alone(g):
+            writes_after = 1  # DDP's copy into .grad
+        else:
+            continue
         if slot.take_reduced(k, view, writes_after, optimizer._gpu):
             landed(slot)
+
+
+def _alone(grad):
+    """Whether grad is the whole of its memory, so that no write to another tensor moves its
+    version counter: the gradients of weights concatenated in forward are slices of one tensor
+    (detached: no views, yet one counter), which DDP's copies into the others move too."""
+    storage = grad.untyped_storage() if hasattr(grad, "untyped_storage") else grad.storage()
+    return grad.storage_offset() == 0 and storage.nbytes() == grad.numel() * grad.element_size()
+

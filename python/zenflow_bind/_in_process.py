@@ -387,10 +387,9 @@ class InProcessAdamW(AdamW):
         """Nothing to wait for: every step completed in step()."""
 
     def register_ddp(self, model, hook=None, state=None):
-        """Nothing to register: step() reads the gradients DDP has averaged into .grad, in
-        place, so that a loop written for the worker runs unchanged. model is checked as the
-        worker's register_ddp() checks it; DDP's own hook (or `hook`, registered as DDP's with
-        its state) reduces them."""
+        """Nothing to take: step() reads the gradients where DDP averaged them (.grad), so that
+        a loop written for the worker runs unchanged. Only checks that model is a DDP and hook
+        a callable; DDP's own reduction (or `hook`, registered as DDP's with its state) runs."""
         hook, state = _ddp.checked(model, hook, state)
         if hook is not None:
             model.register_comm_hook(state, hook)

@@ -90,7 +90,7 @@ class Slot:
         shard = local(self.param)
         self.device = shard.device
         self.grad_alias = shard.device.type == "cpu" and not self.sharded and \
-            self.grads[0].dtype == shard.dtype
+            self.grads[0].dtype == shard.dtype and not self.ddp
         self.staged = None
         if self.hook is not None:
             self.hook.remove()
@@ -156,6 +156,10 @@ class Slot:
         reduction completes (take_reduced()), no longer by the hook, whose copy (made before the
         average) DDP would overwrite."""
         self.ddp = True
+        # DDP writes .grad after backward (without bucket views): into memory of its own, not
+        # a slice of the buffer whose views share one version counter
+        self.grad_alias = False
+        self._own_grad()
         if self.hook is not None:
             self.hook.remove()
             self.hook = None
@@ -240,10 +244,14 @@ class Slot:
 
     def detach(self):
         """Give the gradient private memory again (before the worker goes), and stop watching."""
-        p = self.param
         if self.hook is not None:
             self.hook.remove()
             self.hook = None
+        self._own_grad()
+
+    def _own_grad(self):
+        """A .grad that is a slice of our gradient buffers gets private memory (a copy)."""
+        p = self.param
         g = p.grad
         if g is not None and g.layout == torch.strided and \
                 any(g.data_ptr() == mine.data_ptr() for mine in self.grads):

@@ -615,11 +615,11 @@ class AdamW(torch.optim.Optimizer):
                                    "communication hook per model, and this optimizer one model")
             _ddp.register(self, model, hook, state)
 
-    def _take_reduced(self, params):
+    def _take_reduced(self, params, once):
         """A bucket DDP reduced (_ddp.py), from the thread that completed the reduction."""
         if not self._worker.closed:
             me = weakref.ref(self)
-            _ddp.take(self, self._buffer, params, functools.partial(_landed, me))
+            _ddp.take(self, self._buffer, params, once, functools.partial(_landed, me))
 
     def synchronize(self):
         """Wait for the step in flight (overlap mode) and bring its update into the model."""

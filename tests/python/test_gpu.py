@@ -127,8 +127,9 @@ class Gpu(unittest.TestCase):
         # each bucket's average leaves the GPU as DDP's reduction completes (its future's
         # callback, on streams that wait for the reduction), once, and the buckets step and go
         # back during backward
-        from test_torch_ddp import run_registered
+        from test_torch_ddp import run_awkward, run_registered
         run_registered(self, "cuda")
+        run_awkward(self, "cuda")
 
     def test_gradient_accumulation_steps_the_sum(self):
         # micro-batches accumulate into .grad before one step: the hook copies each partial sum
