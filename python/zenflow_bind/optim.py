@@ -139,6 +139,7 @@ class AdamW(torch.optim.Optimizer):
         self._torn = False      # some buckets took a step that cannot be completed
         self._ddp_reduced = {}  # id -> weakref of each parameter DDP reduces (register_ddp())
         self._ddp_slots = {}    # id(parameter) -> its slot, for those of them optimized here
+        self._ddp_lock = threading.Lock()  # a reduced bucket's copy against close() unmapping
         self._worker = Worker(cpus=cpus, threads=threads, mems=mems)
         self._gpu = Gpu()  # pinned buffers and copy streams, once a CUDA parameter comes
         # Dropped without close(), the optimizer still gives the model its gradients' private
@@ -617,9 +618,10 @@ class AdamW(torch.optim.Optimizer):
 
     def _take_reduced(self, params, once):
         """A bucket DDP reduced (_ddp.py), from the thread that completed the reduction."""
-        if not self._worker.closed:
-            me = weakref.ref(self)
-            _ddp.take(self, self._buffer, params, once, functools.partial(_landed, me))
+        with self._ddp_lock:  # (a reduction that outlived a failed backward, say)
+            if not self._worker.closed:
+                me = weakref.ref(self)
+                _ddp.take(self, self._buffer, params, once, functools.partial(_landed, me))
 
     def synchronize(self):
         """Wait for the step in flight (overlap mode) and bring its update into the model."""
@@ -878,7 +880,8 @@ class AdamW(torch.optim.Optimizer):
             self._finish()
         finally:
             self._snapshot = None
-            self._finalizer()
+            with self._ddp_lock:  # no reduced bucket is being copied into the buffers
+                self._finalizer()
 
     def _live(self):
         if self._worker.closed:
