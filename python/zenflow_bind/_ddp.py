@@ -45,9 +45,12 @@ def register(optimizer, model, hook, state):
     hook, state = checked(model, hook, state)
     if hook is None:
         hook, state = _average, model.process_group
-    ignored = getattr(model, "parameters_to_ignore", ())  # (DDP leaves them alone)
-    reduced = {id(p): weakref.ref(p) for name, p in model.module.named_parameters()
-               if p.requires_grad and name not in ignored}
+    # What DDP's reducer takes, named as it names them ("module.param", ".param" at the top)
+    # against the names it was told to leave alone
+    ignored = getattr(model, "parameters_to_ignore", ())
+    reduced = {id(p): weakref.ref(p) for prefix, module in model.module.named_modules()
+               for name, p in module.named_parameters(recurse=False)
+               if p.requires_grad and f"{prefix}.{name}" not in ignored}
     mine = [s for layout in optimizer._layouts if layout is not None for s in layout.slots
             if id(s.param) in reduced]
     if not mine:

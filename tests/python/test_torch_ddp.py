@@ -354,6 +354,32 @@ class RegisterRefusals(unittest.TestCase):
             self.assertEqual(taken_once(model, other), 1)
 
 
+    def test_parameters_ddp_is_told_to_leave_alone_keep_the_hook(self):
+        # named as DDP's reducer names them: ".top" for a parameter of the wrapped module
+        # itself (which "top" does not name there), "sub.weight" below it
+        import zenflow_bind.optim as zt
+
+        class Top(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.top = torch.nn.Parameter(torch.ones(16))
+                self.sub = mlp(0)
+
+            def forward(self, x):
+                return self.sub(x * self.top)
+
+        for ignored, want in ((["top"], {"top", "sub.0.weight"}), (["sub.0.weight"], {"top"}),
+                              ([".top"], {"sub.0.weight"})):
+            net = Top()
+            net._ddp_params_and_buffers_to_ignore = ignored
+            model = torch.nn.parallel.DistributedDataParallel(net)
+            with zt.AdamW(model.parameters(), threads=1) as opt:
+                opt.register_ddp(model)
+                taken = {n for n, p in net.named_parameters() if id(p) in opt._ddp_slots}
+                self.assertEqual(taken & {"top", "sub.0.weight"}, want, ignored)
+                self.assertEqual(len(taken), 7 - (len(want) < 2))
+
+
 def taken_once(model, opt):
     """One backward and step() of a one-rank DDP model: how many of opt's gradients step()
     found as DDP's hook left them."""
