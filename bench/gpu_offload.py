@@ -13,6 +13,12 @@ tokens per step; prints a table and the GPU, CPU and load. Not a test.
   fsdp2-bf16  the same on the bf16 model as it is: bf16 parameters and moments on the CPU (half
               the bytes; updates below bf16's resolution are lost)
   naive       gradients .cpu(), torch's fused CPU AdamW on an fp32 master, parameters copied back
+  ddp         zenflow's optimizer under DistributedDataParallel (one NCCL rank) without
+              register_ddp(): what a DDP user gets, a plain step after backward that copies DDP's
+              averages (the hooks' copies, made before DDP averaged, are dropped)
+  ddp-registered  the same with opt.register_ddp(model) and step_during_backward(): each bucket's
+              average taken as DDP reduces it, buckets stepped during backward (not in the
+              default set: --variants gpu-fused,ddp,ddp-registered)
 
 Each optimizer runs in its own child process (its memory is its own), all token counts in turn.
 Columns: step time (forward + backward + step, CUDA synchronised, median) and its parts:
@@ -97,7 +103,7 @@ def run_variant(args):
     master = None
     if args.variant == "gpu-fused":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    elif args.variant.startswith("zenflow"):
+    elif args.variant.startswith(("zenflow", "ddp")):
         import zenflow_bind.optim
         if args.variant == "zenflow-whole":
             from zenflow_bind._layout import Slot
@@ -106,9 +112,17 @@ def run_variant(args):
         trainer = cpus[:args.trainer_cpus]
         os.sched_setaffinity(0, trainer)
         worker_cpus = cpus[args.trainer_cpus:] or cpus
+        if args.variant.startswith("ddp"):
+            import torch.distributed as dist
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29534")
+            dist.init_process_group("nccl", rank=0, world_size=1)
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
         opt = zenflow_bind.optim.AdamW(model.parameters(), lr=1e-5,
                                        cpus=",".join(map(str, worker_cpus)),
                                        threads=len(worker_cpus))
+        if args.variant == "ddp-registered":
+            opt.register_ddp(model)
     elif args.variant.startswith("fsdp2"):
         import torch.distributed as dist
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -137,7 +151,7 @@ def run_variant(args):
         logits = model(tokens[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
                                                  tokens[:, 1:].flatten())
-        if args.variant.startswith("zenflow"):
+        if args.variant.startswith("zenflow") or args.variant == "ddp-registered":
             with opt.step_during_backward():
                 loss.backward()
         else:
@@ -174,11 +188,12 @@ def run_variant(args):
                   flush=True)
             return
         extra = 0
-        if args.variant.startswith("zenflow"):
+        ours = args.variant.startswith(("zenflow", "ddp"))
+        if ours:
             extra = opt.worker.memory()["worker_rss_anon"]
         row = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
         row.update(spike=max(r["spike"] for r in runs), peak_gpu=max(r["peak"] for r in runs))
-        if args.variant.startswith("zenflow"):
+        if ours:
             row["worker_step_s"] = opt.last_step_seconds
         print(json.dumps({"variant": args.variant, "numel": numel, "tokens": batch * args.seq,
                           "host_bytes_per_param": (host_bytes() - base + extra) / numel, **row}),
@@ -195,7 +210,7 @@ def describe():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(VARIANTS))  # (ddp, ddp-registered: ask)
     ap.add_argument("--layers", type=int, default=20)
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=16)
@@ -205,7 +220,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--trainer-cpus", type=int, default=2,
-                    help="zenflow: CPUs kept for this process; the worker gets the others")
+                    help="zenflow, ddp: CPUs kept for this process; the worker gets the others")
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.batches = [int(b) for b in str(args.batches).split(",")]
@@ -242,13 +257,13 @@ def main():
             if r is None:
                 continue
             if r.get("oom"):
-                print(f"{tokens:7d} tokens  {variant:10s} out of GPU memory")
+                print(f"{tokens:7d} tokens  {variant:14s} out of GPU memory")
                 continue
             ratio = f"{r['step_s'] / ref['step_s']:.2f}x" if ref else "-"
             parts = "+".join(f"{r[k] * 1e3:.0f}" for k in ("fwd_bwd_s", "host_s", "gpu_after_s"))
             worker = r.get("worker_step_s")
             worker = f"  worker {worker * 1e3:.0f} ms" if worker is not None else ""
-            print(f"{tokens:7d} tokens  {variant:10s} {r['step_s'] * 1e3:8.1f} ms ({ratio:>6s})"
+            print(f"{tokens:7d} tokens  {variant:14s} {r['step_s'] * 1e3:8.1f} ms ({ratio:>6s})"
                   f" = {parts:15s} peak {r['peak_gpu'] / 2**30:6.1f}"
                   f"  spike {r['spike'] / 2**20:8.1f}"
                   f"  host {r['host_bytes_per_param']:5.1f}{worker}")
