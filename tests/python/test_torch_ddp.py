@@ -232,14 +232,18 @@ def awkward(rank, world, store, device, view, out):
         dist.destroy_process_group()
 
 
-def run_awkward(test, device):
+def on_two_ranks(fn, device, view):
+    """fn(rank, world, store, device, view, out) on two gloo ranks: what rank 0 saved in out."""
     import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as where:
+        out = os.path.join(where, "out.pt")
+        mp.spawn(fn, args=(2, os.path.join(where, "store"), device, view, out), nprocs=2)
+        return torch.load(out)
+
+
+def run_awkward(test, device):
     for view in (False, True):
-        with tempfile.TemporaryDirectory() as where:
-            out = os.path.join(where, "awkward.pt")
-            mp.spawn(awkward, args=(2, os.path.join(where, "store"), device, view, out),
-                     nprocs=2)
-            cases = torch.load(out)
+        cases = on_two_ranks(awkward, device, view)
         for case, got in cases.items():
             with test.subTest(gradient_as_bucket_view=view, case=case):
                 if case == "join_active":  # DDP divides by the ranks left: no hook can
@@ -260,13 +264,8 @@ def run_awkward(test, device):
 
 
 def run_registered(test, device):
-    import torch.multiprocessing as mp
     for view in (False, True):
-        with tempfile.TemporaryDirectory() as where:
-            out = os.path.join(where, "registered.pt")
-            mp.spawn(registered, args=(2, os.path.join(where, "store"), device, view, out),
-                     nprocs=2)
-            cases = torch.load(out)
+        cases = on_two_ranks(registered, device, view)
         grads = 8 * STEPS  # 4 Linear layers, a weight and a bias each
         for case, (ours, (kept, during), theirs) in cases.items():
             with test.subTest(gradient_as_bucket_view=view, case=case):
@@ -283,12 +282,9 @@ def run_registered(test, device):
 
 
 def run_parity(test, device):
-    import torch.multiprocessing as mp
     for view in (False, True):
-        with test.subTest(gradient_as_bucket_view=view), tempfile.TemporaryDirectory() as where:
-            out = os.path.join(where, "parity.pt")
-            mp.spawn(parity, args=(2, os.path.join(where, "store"), device, view, out), nprocs=2)
-            got = torch.load(out)
+        with test.subTest(gradient_as_bucket_view=view):
+            got = on_two_ranks(parity, device, view)
             for a, b in zip(got["ours"], got["torch"]):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
