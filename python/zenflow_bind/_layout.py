@@ -363,7 +363,10 @@ def cut_buckets(sizes, elements, limit=MAX_BUCKETS):
             cuts.append((first, i + 1))
             first, filled = i + 1, 0
     if first < len(sizes):
-        cuts.append((first, len(sizes)))
+        if filled or not cuts:
+            cuts.append((first, len(sizes)))
+        else:  # only parameters without elements left: the last bucket takes them (a worker
+            cuts[-1] = (cuts[-1][0], len(sizes))  # group holds at least one element)
     return cuts
 
 

@@ -61,6 +61,19 @@ class Cuts(unittest.TestCase):
         self.assertEqual(cuts, [(0, 2), (2, 3), (3, 6), (6, 7)])  # 12, 30, 10, 2 elements
         self.assertEqual([i for a, b in cuts for i in range(a, b)], list(range(len(sizes))))
 
+    def test_parameters_without_elements_after_a_cut_join_the_last_bucket(self):
+        # (FSDP2 leaves a small parameter's shard empty on the last ranks): a bucket of them
+        # alone would be a worker group of no element, which the worker refuses
+        self.assertEqual(cut_buckets([300, 0, 0], 300), [(0, 3)])
+        self.assertEqual(cut_buckets([300, 0, 5], 300), [(0, 1), (1, 3)])
+        self.assertEqual(cut_buckets([0, 300], 300), [(0, 2)])
+        with ours([torch.nn.Parameter(torch.ones(300)), torch.nn.Parameter(torch.ones(0))],
+                  bucket_elements=300) as opt:
+            for p in opt.param_groups[0]["params"]:
+                p.grad = torch.ones_like(p)
+            opt.step()
+            self.assertEqual(len(opt._layouts[0].buckets), 1)
+
     def test_at_most_16_buckets(self):
         sizes = [1000] * 100
         cuts = cut_buckets(sizes, 1)
