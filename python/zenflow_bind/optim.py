@@ -790,8 +790,9 @@ class AdamW(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """Load a state dict of this class or of torch.optim.AdamW (moments cast to fp32). The
-        fp32 master of a bf16/fp16 parameter comes from "master_param" when present, else from
-        the model: load the model's state dict first. Everything is checked before anything
+        fp32 master of a bf16/fp16 parameter comes from "master_param" where the model holds
+        what it rounds to at the next step (the model's checkpoint loaded before or after),
+        else from the model. Everything is checked before anything
         changes: a refused state dict leaves the optimizer as it was."""
         with self._exclusive("load_state_dict"):
             forget(self)  # a GradScaler's attributes, if a step it began raised
@@ -807,6 +808,12 @@ class AdamW(torch.optim.Optimizer):
             for group, layout, ready in zip(self.param_groups, self._layouts, prepared):
                 if layout is not None:
                     self._apply_group_state(layout, ready)
+                    for slot, master in zip(layout.slots, ready[2]):
+                        if master is not None:
+                            # a load never changes the weights: the next step keeps the saved
+                            # master only if the model holds what it rounds to (the model's
+                            # checkpoint loaded too), as worker=False does
+                            slot.seen = None
                     continue
                 for p, count in zip(group["params"], ready):
                     self._steps.pop(p, None)

@@ -130,6 +130,36 @@ class StateDict(unittest.TestCase):
                 self.assertTrue(torch.equal(got[i][k], want[i][k]), (i, k))
         opt.close()
 
+    def test_an_earlier_optimizer_state_alone_keeps_the_models_weights(self):
+        # bf16: the optimizer's state dict of step 2 (its fp32 masters then) loaded into an
+        # optimizer whose model went on to step 6, without the model's: the weights stay the
+        # model's (as torch's AdamW, and worker=False), not the step-2 masters
+        data = [(x.bfloat16(), y) for x, y in batches(7)]
+
+        def steps(model, opt, batches):
+            for x, y in batches:
+                opt.zero_grad()
+                (model(x).float() - y).square().mean().backward()
+                opt.step()
+        got = {}
+        for worker in (True, False):
+            model = mlp(dtype=torch.bfloat16)
+            with ours(model.parameters(), lr=1e-2, worker=worker) as opt:
+                steps(model, opt, data[:2])
+                early = {"state": {k: {n: t.clone() for n, t in v.items()}
+                                   for k, v in opt.state_dict()["state"].items()},
+                         "param_groups": opt.state_dict()["param_groups"]}
+                steps(model, opt, data[2:6])
+                before = [p.detach().clone() for p in model.parameters()]
+                opt.load_state_dict(early)
+                steps(model, opt, data[6:])
+                got[worker] = [p.detach().clone() for p in model.parameters()]
+            # one step of Adam moves each weight by about lr
+            moved = max(float((a.float() - b.float()).abs().max())
+                        for a, b in zip(got[worker], before))
+            self.assertLess(moved, 0.02, f"worker={worker}")
+        assert_equal(self, got[True], got[False])
+
     def test_mismatched_state_dict_is_refused(self):
         a, _ = twins()
         with ours(groups_of(a)) as opt:
