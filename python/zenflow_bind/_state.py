@@ -95,13 +95,13 @@ class Snapshot:
                 # no element here (an FSDP2 shard left empty on this rank): torch's state all the
                 # same, so every rank's state dict has the same entries for DCP's collectives
                 for p in param_groups[i]["params"]:
-                    if steps.get(p, 0):
+                    if p in steps:
                         self.state[p] = _empty_entry(p, steps[p])
                 continue
             for slot in layout.slots:
                 self._groups[slot.param] = i
             for group, bucket in zip(layout.group.groups, layout.buckets):
-                stepped = [s for s in bucket if steps.get(s.param, 0)]
+                stepped = [s for s in bucket if s.param in steps]  # (step 0 included)
                 if not stepped:
                     continue
                 # the moments are copied once into memory that the entries then view
@@ -161,13 +161,14 @@ def _count(value, where):
 def prepare_group_state(layout, states, where, keys=None):
     """One param group's state from torch-format entries (None or {} for no state), checked
     whole before anything is changed: the moments as ranges (offset, numel, exp_avg, exp_avg_sq)
-    of the group, flat fp32 (the entries' own tensors where they are that already), the steps and
-    the fp32 masters (None: take the model's) in slot order."""
+    of the group, flat fp32 (the entries' own tensors where they are that already), the steps
+    (None: no state; 0 is a state, torch's after a reset) and the fp32 masters (None: take the
+    model's) in slot order."""
     moments, steps, masters = [], [], []
     for index, (slot, state) in enumerate(zip(layout.slots, states)):
         here = f"{where}, {_name(keys, index)}"
         if not state:
-            steps.append(0)
+            steps.append(None)
             masters.append(None)
             continue
         if not isinstance(state, collections.abc.Mapping):

@@ -127,7 +127,8 @@ class AdamW(torch.optim.Optimizer):
         self._layouts = []      # one per param_group (None for one without local elements)
         self._held = []         # per param_group: its params list as the layout took it, and
         # their ids (torch's Optimizer follows param_groups edited in place; the worker cannot)
-        self._steps = {}        # param -> steps it took with a gradient: torch's state["step"]
+        self._steps = {}        # param -> steps it took with a gradient: torch's state["step"]; a
+        # parameter with a state is here, at 0 too (a reset), one without none
         self._snapshot = None   # optimizer.state as last brought out of the worker
         self._in_flight = None  # what to do once the submitted step is done
         self._decided = None    # (non-finite, norm) counted over every rank for it (FSDP2)
@@ -817,7 +818,7 @@ class AdamW(torch.optim.Optimizer):
                     continue
                 for p, count in zip(group["params"], ready):
                     self._steps.pop(p, None)
-                    if count:
+                    if count is not None:
                         self._steps[p] = count
             self._snapshot = None
             # every master, moment and count rewritten: a step begun in a failed backward is gone
@@ -835,7 +836,7 @@ class AdamW(torch.optim.Optimizer):
             if layout is None:  # no element here: only the step counts
                 prepared.append([_count(saved_state[k]["step"], f"param group {i} of the "
                                         f"state dict, parameter {k!r}")
-                                 if saved_state.get(k) else 0 for k in saved["params"]])
+                                 if saved_state.get(k) else None for k in saved["params"]])
                 continue
             prepared.append(prepare_group_state(
                 layout, [saved_state.get(k) for k in saved["params"]],
@@ -853,8 +854,9 @@ class AdamW(torch.optim.Optimizer):
             else:
                 slot.master.copy_(master.view_as(slot.master))
         for slot, count in zip(layout.slots, steps):
-            if count:
+            if count is not None:  # a state, step 0 included (torch's after a reset)
                 self._steps[slot.param] = count
+        steps = [c or 0 for c in steps]
         count = max(steps, default=0)
         layout.group.load_state(moments, count)
         layout.set_ranges([count - c for c in steps])  # (and none idle)

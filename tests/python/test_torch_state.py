@@ -160,6 +160,35 @@ class StateDict(unittest.TestCase):
             self.assertLess(moved, 0.02, f"worker={worker}")
         assert_equal(self, got[True], got[False])
 
+    def test_a_step_count_reset_to_zero_keeps_the_moments(self):
+        # opt.state[p]["step"] = 0 (a warmup restart that keeps the moments, as torch allows):
+        # the entry stays in optimizer.state and in the state dict, an edit of another
+        # parameter of its group after a state_dict() keeps its moments, and a checkpoint taken
+        # then resumes as torch's AdamW goes on
+        data = batches(6)
+        ref, a = mlp(), mlp()
+        theirs = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        with ours(a.parameters(), lr=1e-2) as opt:
+            for model, o in ((ref, theirs), (a, opt)):
+                train(model, o, data[:3])
+                first, second = list(model.parameters())[:2]
+                o.state[first]["step"] = torch.tensor(0.0)
+                saved = o.state_dict()
+                o.state[second]["exp_avg"].mul_(0.5)
+            self.assertEqual(float(saved["state"][0]["step"]), 0.0)
+            mine = opt.state_dict()["state"]
+            for k, entry in theirs.state_dict()["state"].items():
+                for key in ("step", "exp_avg", "exp_avg_sq"):
+                    assert_close(self, [mine[k][key]], [entry[key]])
+            saved, model_saved = opt.state_dict(), a.state_dict()
+        resumed = mlp(seed=5)
+        resumed.load_state_dict(model_saved)
+        with ours(resumed.parameters(), lr=1e-2) as opt:
+            opt.load_state_dict(saved)
+            train(resumed, opt, data[3:])
+        train(ref, theirs, data[3:])
+        assert_close(self, list(resumed.parameters()), list(ref.parameters()))
+
     def test_mismatched_state_dict_is_refused(self):
         a, _ = twins()
         with ours(groups_of(a)) as opt:
