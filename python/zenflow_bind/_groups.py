@@ -2,6 +2,7 @@
 group may hold (checked before anything changes), torch.optim.AdamW's keys for the saved groups,
 so that a checkpoint moves both ways, and torch's load_state_dict hooks."""
 
+import collections.abc
 import contextlib
 import ctypes
 
@@ -154,18 +155,40 @@ def read_saved(param_groups, state_dict):
         saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
     except (KeyError, TypeError):
         raise ValueError("a state dict has 'state' and 'param_groups'") from None
+    if not isinstance(saved_groups, (list, tuple)) or \
+            not isinstance(saved_state, collections.abc.Mapping):
+        raise TypeError(f"a state dict's 'param_groups' is a list and its 'state' a dict, not "
+                        f"a {type(saved_groups).__name__} and a {type(saved_state).__name__}")
     if len(saved_groups) != len(param_groups):
         raise ValueError(f"the state dict has {len(saved_groups)} param groups, this optimizer "
                          f"{len(param_groups)}")
-    updates = []
+    updates, maximize = [], set()
     for i, (group, saved) in enumerate(zip(param_groups, saved_groups)):
+        if not isinstance(saved, collections.abc.Mapping) or \
+                not isinstance(saved.get("params"), (list, tuple)):
+            raise ValueError(f"param group {i} of the state dict is not a dict with a 'params' "
+                             "list")
         if len(saved["params"]) != len(group["params"]):
             raise ValueError(f"param group {i} has {len(group['params'])} parameters, the state "
                              f"dict's {len(saved['params'])}")
         update = _from_saved(saved)
         check_group({**group, **update})
         updates.append(update)
+        maximize.add(bool({**group, **update}.get("maximize", False)))
+    if len(maximize) > 1:  # (torch's AdamW takes it: every step() here would refuse it)
+        raise ValueError("maximize differs between the state dict's param groups: this "
+                         "optimizer negates every gradient of a step at once, in every group")
     return saved_groups, saved_state, updates
+
+
+def saved_entry(saved_state, key, where):
+    """A parameter's entry in a state dict's 'state': None for no state, else a dict."""
+    entry = saved_state.get(key)
+    if entry is None:
+        return None
+    if not isinstance(entry, collections.abc.Mapping):
+        raise TypeError(f"{where}: its state is a {type(entry).__name__}, not a dict")
+    return entry or None
 
 
 @contextlib.contextmanager

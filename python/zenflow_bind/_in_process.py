@@ -27,7 +27,7 @@ from ._signals import deferred_interrupts
 from ._state import _count
 from ._groups import (MATH_KEYS, adamw_of, apply_saved, as_torch_groups, check_group,
                       check_unique, corrected, group_math, load_post_hooks,
-                      load_pre_hooks, read_saved, set_math)
+                      load_pre_hooks, read_saved, saved_entry, set_math)
 from .optim import AdamW
 
 _FLOAT16 = (torch.bfloat16, torch.float16)
@@ -440,7 +440,7 @@ class InProcessAdamW(AdamW):
         params, saved = [], []
         for group, theirs in zip(self.param_groups, groups):
             for key, p in zip(theirs["params"], group["params"]):
-                entry = states.get(key)
+                entry = saved_entry(states, key, f"parameter {key!r}")
                 if entry:
                     missing = [k for k in ("step", "exp_avg", "exp_avg_sq") if k not in entry]
                     if missing:

@@ -28,7 +28,7 @@ from ._cuda import Gpu
 from ._global_stats import clip_scale, complete_grads, sharded, stats
 from ._groups import (adamw_of, apply_saved, as_torch_groups, check_group, check_unique,
                       corrected, group_math, load_post_hooks, load_pre_hooks,
-                      read_saved, set_math)
+                      read_saved, saved_entry, set_math)
 from ._layout import Layout, local, shared_grad
 from .functional import _number, torch_threads
 from ._native import MAX_GROUPS, STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
@@ -833,14 +833,15 @@ class AdamW(torch.optim.Optimizer):
         for i, (saved, layout) in enumerate(zip(saved_groups, self._layouts)):
             for slot in layout.slots if layout else ():
                 slot.check_shape()  # a master may come from the model
+            where = f"param group {i} of the state dict"
+            entries = [saved_entry(saved_state, k, f"{where}, parameter {k!r}")
+                       for k in saved["params"]]
             if layout is None:  # no element here: only the step counts
-                prepared.append([_count(saved_state[k]["step"], f"param group {i} of the "
-                                        f"state dict, parameter {k!r}")
-                                 if saved_state.get(k) else None for k in saved["params"]])
+                prepared.append([None if e is None else
+                                 _count(e.get("step"), f"{where}, parameter {k!r}")
+                                 for k, e in zip(saved["params"], entries)])
                 continue
-            prepared.append(prepare_group_state(
-                layout, [saved_state.get(k) for k in saved["params"]],
-                f"param group {i} of the state dict", keys=saved["params"]))
+            prepared.append(prepare_group_state(layout, entries, where, keys=saved["params"]))
         return updates, prepared
 
     def _apply_group_state(self, layout, prepared):

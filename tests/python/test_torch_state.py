@@ -200,6 +200,39 @@ class StateDict(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "amsgrad"):
                 opt.load_state_dict(sd)
 
+    def test_malformed_state_dicts_are_refused_saying_why(self):
+        # refused whole, with nothing changed, in torch's terms rather than a KeyError from
+        # inside; maximize differing between groups too (torch's AdamW takes it, but every step
+        # here would refuse it)
+        import copy
+        cases = [
+            ("a group without params", lambda d: d["param_groups"][1].pop("params"),
+             ValueError, "param group 1 of the state dict is not a dict with a 'params' list"),
+            ("state as a list", lambda d: d.__setitem__("state", list(d["state"].values())),
+             TypeError, "'state' a dict, not a list and a list"),
+            ("an entry that is a tensor", lambda d: d["state"].__setitem__(0, torch.zeros(3)),
+             TypeError, "parameter 0: its state is a Tensor, not a dict"),
+            ("maximize in one group", lambda d: d["param_groups"][2].__setitem__("maximize",
+                                                                                   True),
+             ValueError, "maximize differs between the state dict's param groups"),
+        ]
+        for worker in (True, False):
+            a = mlp()
+            with ours(groups_of(a), lr=1e-2, worker=worker) as opt:
+                train(a, opt, batches(2))
+                good = copy.deepcopy(opt.state_dict())
+                for name, spoil, error, message in cases:
+                    bad = copy.deepcopy(good)
+                    spoil(bad)
+                    with self.subTest(worker=worker, case=name):
+                        with self.assertRaisesRegex(error, message):
+                            opt.load_state_dict(bad)
+                        now = opt.state_dict()
+                        self.assertEqual(now["param_groups"], good["param_groups"])
+                        for k, entry in good["state"].items():
+                            assert_equal(self, list(now["state"][k].values()),
+                                         list(entry.values()))
+
 
 class Overflow(unittest.TestCase):
     def snapshot(self, model, opt):
