@@ -3,9 +3,11 @@
 
     test_plugin.py PLUGIN_SO --task-plugin cgroup|affinity [unittest args]
 """
+import math
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -36,6 +38,43 @@ class WorkloadOnSlurm(ClusterCase):
         worker_cpus = {int(c) for c in re.findall(r"\(\d+, (\d+)\)", p.stdout)}
         self.assertEqual(worker_cpus, cpus(planned.group(1)),
                          "the worker's threads run on the optimizer CPUs the plugin planned")
+
+
+    def test_data_parallel_ranks_step_their_averages_on_their_own_cores(self):
+        # contrib/examples/python/train_ddp.py: one srun task per DDP rank (gloo), each rank's
+        # worker on its planned optimizer CPUs, DDP's averages taken by register_ddp() and
+        # stepped during backward; the ranks end equal, and equal to torch's AdamW's run
+        lib, optimizer = os.environ.get("ZB_TEST_BIND_LIB"), os.environ.get("ZB_TEST_OPTIMIZER")
+        self.assertTrue(lib and optimizer, "CMake passes ZB_TEST_BIND_LIB and ZB_TEST_OPTIMIZER")
+        example = os.path.join(HERE, "..", "..", "contrib", "examples", "python", "train_ddp.py")
+        sums = {}
+        for name in ("zenflow", "torch"):
+            env = dict(self.env, ZENFLOW_BIND_LIB=lib, ZENFLOW_OPTIMIZER=optimizer,
+                       PYTHONPATH=os.path.join(HERE, "..", "..", "python"),
+                       MASTER_PORT=str(free_port()))
+            p = subprocess.run(["srun", "-n2", "-c1", "--zenflow-bind=verbose",
+                                "/usr/bin/python3", example, "--steps", "20", "--optimizer",
+                                name], env=env, capture_output=True, text=True, timeout=240)
+            out = p.stdout + p.stderr
+            self.assertEqual(p.returncode, 0, out)
+            ranks = dict(re.findall(r"rank (\d+): parameters sum (\S+)", p.stdout))
+            self.assertEqual(set(ranks), {"0", "1"}, out)
+            self.assertEqual(ranks["0"], ranks["1"], "DDP keeps the ranks equal")
+            sums[name] = float(ranks["0"])
+            if name == "zenflow":
+                workers = re.findall(r"rank (\d+): ZENFLOW_OPT_CPUS=(\S+) worker threads on "
+                                     r"\[([0-9, ]*)\]", p.stdout)
+                self.assertEqual(len(workers), 2, out)
+                for _, planned, threads in workers:
+                    self.assertEqual({int(c) for c in threads.split(",")}, cpus(planned))
+        self.assertTrue(math.isclose(sums["zenflow"], sums["torch"], rel_tol=1e-5), sums)
+
+
+def free_port():
+    """A TCP port free on this host now, for the ranks to meet at."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class PluginOnSlurm(ClusterCase):
