@@ -55,6 +55,16 @@ def _empty_entry(p, step):
     return entry
 
 
+# The keys of an AdamW state entry; the worker holds what they hold. Other keys (a library's own,
+# beside them) are kept by the optimizer in this process (extras()).
+ADAM_KEYS = ("step", "exp_avg", "exp_avg_sq", "master_param")
+
+
+def extras(entry):
+    """The keys of a state entry that are not AdamW's, as they are."""
+    return {k: v for k, v in (entry or {}).items() if k not in ADAM_KEYS}
+
+
 def _version(tensor):
     """A tensor's version counters: a DTensor's own and its local shard's. An in-place op on the
     DTensor (opt.state[p]["exp_avg"].zero_() under FSDP2) counts on the first, a write through
@@ -70,11 +80,14 @@ def _versions(entry):
 
 
 def _unchanged(entry, versions):
-    """Whether entry holds the very objects `versions` recorded, no tensor written since. By
-    identity: comparing tensors with == would compare their elements."""
-    if entry.keys() != versions.keys():
+    """Whether entry holds the very objects `versions` recorded under AdamW's keys, no tensor
+    written since (a library's keys beside them are not the worker's). By identity: comparing
+    tensors with == would compare their elements."""
+    mine = {k for k in entry if k in ADAM_KEYS}
+    if mine != {k for k in versions if k in ADAM_KEYS}:
         return False
-    for key, value in entry.items():
+    for key in mine:
+        value = entry[key]
         old, version = versions[key]
         if value is not old:
             return False
@@ -86,7 +99,7 @@ def _unchanged(entry, versions):
 class Snapshot:
     """optimizer.state as brought out of the worker, and how to tell what was written since."""
 
-    def __init__(self, layouts, steps, param_groups):
+    def __init__(self, layouts, steps, param_groups, extra):
         self.state = collections.defaultdict(dict)
         self._taken = {}   # param -> (group index, its entry, {key: (value, version)})
         self._groups = {}  # param -> group index, for every parameter the worker holds
@@ -96,8 +109,12 @@ class Snapshot:
                 # same, so every rank's state dict has the same entries for DCP's collectives
                 for p in param_groups[i]["params"]:
                     if p in steps:
-                        self.state[p] = _empty_entry(p, steps[p])
+                        self.state[p] = {**_empty_entry(p, steps[p]), **extra.get(p, {})}
                 continue
+            for slot in layout.slots:  # a library's keys, beside the worker's state or alone
+                if slot.param in extra and slot.param not in steps:
+                    entry = self.state[slot.param] = dict(extra[slot.param])
+                    self._taken[slot.param] = (i, entry, _versions(entry))
             for slot in layout.slots:
                 self._groups[slot.param] = i
             for group, bucket in zip(layout.group.groups, layout.buckets):
@@ -115,20 +132,27 @@ class Snapshot:
                     if slot.param.dtype != torch.float32:
                         entry["master_param"] = _like_param(slot.master.reshape(-1).clone(),
                                                             slot)
+                    entry.update(extra.get(slot.param, {}))
                     self.state[slot.param] = entry
                     self._taken[slot.param] = (i, entry, _versions(entry))
 
     def edited_groups(self):
-        """Indices of the param groups whose state was written since the snapshot was taken."""
+        """Indices of the param groups whose AdamW state was written since the snapshot was
+        taken."""
         edited = set()
         for param, (i, entry, versions) in self._taken.items():
             now = self.state.get(param)
-            if now is not entry or not _unchanged(now, versions):
+            if not _unchanged(now or {}, versions):
                 edited.add(i)
         for param, entry in self.state.items():
-            if param not in self._taken and entry and param in self._groups:
+            if param not in self._taken and param in self._groups and \
+                    any(k in entry for k in ADAM_KEYS):
                 edited.add(self._groups[param])
         return sorted(edited)
+
+    def held(self):
+        """(parameter, its entry now) for every parameter the worker holds."""
+        return [(p, self.state.get(p)) for p in self._groups]
 
 
 def _name(keys, index):
@@ -167,12 +191,12 @@ def prepare_group_state(layout, states, where, keys=None):
     moments, steps, masters = [], [], []
     for index, (slot, state) in enumerate(zip(layout.slots, states)):
         here = f"{where}, {_name(keys, index)}"
-        if not state:
+        if state is not None and not isinstance(state, collections.abc.Mapping):
+            raise TypeError(f"{here}: its state is a {type(state).__name__}, not a dict")
+        if not state or not any(k in state for k in ADAM_KEYS):  # none, or a library's keys
             steps.append(None)
             masters.append(None)
             continue
-        if not isinstance(state, collections.abc.Mapping):
-            raise TypeError(f"{here}: its state is a {type(state).__name__}, not a dict")
         missing = [k for k in ("step", "exp_avg", "exp_avg_sq") if k not in state]
         if missing:
             raise ValueError(f"{here}: its state has no {', '.join(missing)} (it has "

@@ -33,7 +33,7 @@ from ._layout import Layout, local, shared_grad
 from .functional import _number, torch_threads
 from ._native import MAX_GROUPS, STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
 from ._signals import deferred_interrupts
-from ._state import Snapshot, _count, prepare_group_state
+from ._state import Snapshot, _count, extras, prepare_group_state
 from ._stream import Stream
 from .worker import StepResult, Worker
 
@@ -129,6 +129,7 @@ class AdamW(torch.optim.Optimizer):
         # their ids (torch's Optimizer follows param_groups edited in place; the worker cannot)
         self._steps = {}        # param -> steps it took with a gradient: torch's state["step"]; a
         # parameter with a state is here, at 0 too (a reset), one without none
+        self._extra = {}        # param -> the keys of its state entry that are not AdamW's
         self._snapshot = None   # optimizer.state as last brought out of the worker
         self._in_flight = None  # what to do once the submitted step is done
         self._decided = None    # (non-finite, norm) counted over every rank for it (FSDP2)
@@ -183,7 +184,8 @@ class AdamW(torch.optim.Optimizer):
                 self._live()
                 self._not_mid_step("read optimizer.state", reads_state=True)
                 self._finish()
-                self._snapshot = Snapshot(self._layouts, self._steps, self.param_groups)
+                self._snapshot = Snapshot(self._layouts, self._steps, self.param_groups,
+                                          self._extra)
         return self._snapshot.state
 
     @state.setter
@@ -211,8 +213,18 @@ class AdamW(torch.optim.Optimizer):
             prepared = prepare_group_state(layout, [states.get(s.param) for s in layout.slots],
                                            f"optimizer.state of param group {i}")
             self._apply_group_state(layout, prepared)
+        self._keep_extras(snapshot.held())  # (written or not: a library's keys are its own)
         if edited or not keep:
             self._snapshot = None
+
+    def _keep_extras(self, entries):
+        """Each (parameter, state entry): the keys that are not AdamW's, kept here."""
+        for p, entry in entries:
+            kept = extras(entry)
+            if kept:
+                self._extra[p] = kept
+            else:
+                self._extra.pop(p, None)
 
     # -- groups -----------------------------------------------------------------------------
 
@@ -802,7 +814,7 @@ class AdamW(torch.optim.Optimizer):
             self._finish()  # writes into optimizer.state since it was read: the load replaces them
             self._follow_moves()  # (accelerate's prepare() moves the model, then loads)
             state_dict = load_pre_hooks(self, state_dict)
-            updates, prepared = self._check_state_dict(state_dict)
+            updates, prepared, entries = self._check_state_dict(state_dict)
             self._snapshot = None  # stale from here, even if applying fails midway
             for group, update in zip(self.param_groups, updates):
                 apply_saved(group, update)
@@ -820,6 +832,8 @@ class AdamW(torch.optim.Optimizer):
                     self._steps.pop(p, None)
                     if count is not None:
                         self._steps[p] = count
+            for group, saved in zip(self.param_groups, entries):
+                self._keep_extras(zip(group["params"], saved))
             self._snapshot = None
             # every master, moment and count rewritten: a step begun in a failed backward is gone
             self._torn, self._stream, self._stream_scale = False, None, None
@@ -829,20 +843,21 @@ class AdamW(torch.optim.Optimizer):
         """Each group's new settings and its state ready to apply, or an error naming what is
         wrong; nothing is changed here."""
         saved_groups, saved_state, updates = read_saved(self.param_groups, state_dict)
-        prepared = []
+        prepared, loaded = [], []
         for i, (saved, layout) in enumerate(zip(saved_groups, self._layouts)):
             for slot in layout.slots if layout else ():
                 slot.check_shape()  # a master may come from the model
             where = f"param group {i} of the state dict"
             entries = [saved_entry(saved_state, k, f"{where}, parameter {k!r}")
                        for k in saved["params"]]
+            loaded.append(entries)
             if layout is None:  # no element here: only the step counts
                 prepared.append([None if e is None else
                                  _count(e.get("step"), f"{where}, parameter {k!r}")
                                  for k, e in zip(saved["params"], entries)])
                 continue
             prepared.append(prepare_group_state(layout, entries, where, keys=saved["params"]))
-        return updates, prepared
+        return updates, prepared, loaded
 
     def _apply_group_state(self, layout, prepared):
         self._gpu.settle()  # the masters may be what a copy to the GPU still reads

@@ -189,6 +189,40 @@ class StateDict(unittest.TestCase):
         train(ref, theirs, data[3:])
         assert_close(self, list(resumed.parameters()), list(ref.parameters()))
 
+    def test_a_librarys_own_state_keys_are_kept(self):
+        # keys a library adds to an entry (an EMA of the weights, a note) stay in
+        # optimizer.state and the state dict across steps and a checkpoint, as torch's AdamW
+        # keeps them
+        data = batches(5)
+        ref, a = mlp(), mlp()
+        theirs = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        with ours(a.parameters(), lr=1e-2) as opt:
+            for model, o in ((ref, theirs), (a, opt)):
+                train(model, o, data[:2])
+                first = next(model.parameters())
+                o.state[first]["ema"] = first.detach().clone()
+                o.state[first]["note"] = "warm"
+                train(model, o, data[2:4])
+                o.state[first]["ema"].mul_(0.5)
+            saved = opt.state_dict()
+            want = theirs.state_dict()
+            for k, entry in want["state"].items():
+                self.assertEqual(sorted(saved["state"][k]), sorted(entry), k)
+                for key, value in entry.items():
+                    if isinstance(value, torch.Tensor):
+                        assert_close(self, [saved["state"][k][key]], [value])
+                    else:
+                        self.assertEqual(saved["state"][k][key], value)
+            model_saved = a.state_dict()
+        resumed = mlp(seed=5)
+        resumed.load_state_dict(model_saved)
+        with ours(resumed.parameters(), lr=1e-2) as opt:
+            opt.load_state_dict(saved)
+            train(resumed, opt, data[4:])
+            self.assertEqual(opt.state[next(resumed.parameters())]["note"], "warm")
+        train(ref, theirs, data[4:])
+        assert_close(self, list(resumed.parameters()), list(ref.parameters()))
+
     def test_mismatched_state_dict_is_refused(self):
         a, _ = twins()
         with ours(groups_of(a)) as opt:
