@@ -604,6 +604,13 @@ class AdamW(torch.optim.Optimizer):
         moment of its backward, and a snapshot taken before them would outlive them."""
         if self._torn and not torn_ok:
             raise RuntimeError(_TORN)
+        if reads_state and self._stream_open and self.overlap and self._in_flight is not None:
+            # (no buckets in overlap mode) reading the state brings the step in flight into
+            # the model first, which backward must not see
+            raise RuntimeError(f"cannot {what} inside step_during_backward() while the step "
+                               "before is in flight (overlap=True): reading it lands that step "
+                               "in the weights backward is using; read it before the block or "
+                               "after step()")
         if self._stream is None or self._torn:
             return
         if self._stream.started():

@@ -106,6 +106,30 @@ class Cuts(unittest.TestCase):
             self.assertIn("not registered", str(e.exception))
 
 
+class OverlapBlock(unittest.TestCase):
+    """step_during_backward() in overlap mode (any torch: nothing steps during backward)."""
+
+    def test_overlap_refuses_a_state_read_inside_the_block(self):
+        # overlap=True steps nothing during backward, but a step is in flight: reading the
+        # state would land it in the weights backward is using (an in-place write autograd
+        # then refuses)
+        model = mlp()
+        data = batches(3)
+        with ours(model.parameters(), lr=1e-2, overlap=True) as opt:
+            for x, y in data:
+                opt.zero_grad()
+                with opt.step_during_backward():
+                    loss = loss_of(model, x, y)
+                    if opt._in_flight is not None:
+                        for read in (opt.state_dict, lambda: opt.state):
+                            with self.assertRaisesRegex(RuntimeError, "read it before the "
+                                                                      "block or after step"):
+                                read()
+                    loss.backward()
+                opt.step()
+            self.assertIn("state", opt.state_dict())
+
+
 @unittest.skipUnless(HAS_HOOKS, f"torch {torch.__version__} has no post-accumulate-grad hooks")
 class BucketSteps(unittest.TestCase):
     def twins(self, **kwargs):
