@@ -135,10 +135,16 @@ def as_torch_groups(groups):
     return groups
 
 
+# How torch's AdamW ran, not what it computed or saved: a checkpoint of one that ran so loads here,
+# and the groups keep this optimizer's (False)
+_EXECUTION_KEYS = ("capturable", "differentiable")
+
+
 def _from_saved(saved):
     """A saved param group's settings in this optimizer's keys; what a group saved by
     torch.optim.AdamW lacks is torch's math."""
-    return in_torch_keys({k: v for k, v in saved.items() if k != "params"})
+    return in_torch_keys({k: v for k, v in saved.items()
+                          if k != "params" and k not in _EXECUTION_KEYS})
 
 
 def apply_saved(group, update):
@@ -146,6 +152,9 @@ def apply_saved(group, update):
     for key in MATH_KEYS:
         group.pop(key, None)
     group.update(update)
+    for key in _EXECUTION_KEYS:  # (torch's own load, worker=False's, put the saved ones there)
+        if key in group:
+            group[key] = False
 
 
 def read_saved(param_groups, state_dict):

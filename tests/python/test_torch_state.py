@@ -234,6 +234,28 @@ class StateDict(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "amsgrad"):
                 opt.load_state_dict(sd)
 
+    def test_a_checkpoint_of_a_capturable_torch_adamw_loads(self):
+        # capturable and differentiable say how torch's AdamW ran (CUDA graphs, autograd), not
+        # what it saved: its checkpoint loads, and this optimizer's groups keep False
+        data = batches(4)
+        ref, a, b = mlp(), mlp(), mlp()
+        theirs = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        train(ref, theirs, data[:2])
+        plain = theirs.state_dict()
+        flagged = {"state": plain["state"],
+                   "param_groups": [dict(g, capturable=True, differentiable=True)
+                                    for g in plain["param_groups"]]}
+        a.load_state_dict(ref.state_dict())
+        b.load_state_dict(ref.state_dict())
+        for model, sd in ((a, plain), (b, flagged)):
+            for worker in (True, False):
+                with ours(model.parameters(), lr=1e-2, worker=worker) as opt:
+                    opt.load_state_dict(sd)
+                    self.assertFalse(opt.param_groups[0]["capturable"])
+                    self.assertFalse(opt.param_groups[0]["differentiable"])
+                    train(model, opt, data[2:3])
+        assert_equal(self, list(a.parameters()), list(b.parameters()))
+
     def test_malformed_state_dicts_are_refused_saying_why(self):
         # refused whole, with nothing changed, in torch's terms rather than a KeyError from
         # inside; maximize differing between groups too (torch's AdamW takes it, but every step
