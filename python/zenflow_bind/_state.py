@@ -65,6 +65,20 @@ def extras(entry):
     return {k: v for k, v in (entry or {}).items() if k not in ADAM_KEYS}
 
 
+def cast_like(param, value):
+    """A loaded value of a library's key as torch's load_state_dict makes it: a floating-point
+    tensor in the parameter's dtype, any tensor on its device, containers item by item."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and param.is_floating_point():
+            return value.to(dtype=param.dtype, device=param.device)
+        return value.to(device=param.device)
+    if isinstance(value, dict):
+        return {k: cast_like(param, v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(cast_like(param, v) for v in value)
+    return value
+
+
 def _version(tensor):
     """A tensor's version counters: a DTensor's own and its local shard's. An in-place op on the
     DTensor (opt.state[p]["exp_avg"].zero_() under FSDP2) counts on the first, a write through
@@ -103,13 +117,17 @@ class Snapshot:
         self.state = collections.defaultdict(dict)
         self._taken = {}   # param -> (group index, its entry, {key: (value, version)})
         self._groups = {}  # param -> group index, for every parameter the worker holds
+        self._elsewhere = []  # the parameters of groups with no element here
         for i, layout in enumerate(layouts):
             if layout is None:
                 # no element here (an FSDP2 shard left empty on this rank): torch's state all the
                 # same, so every rank's state dict has the same entries for DCP's collectives
                 for p in param_groups[i]["params"]:
+                    self._elsewhere.append(p)
                     if p in steps:
                         self.state[p] = {**_empty_entry(p, steps[p]), **extra.get(p, {})}
+                    elif p in extra:
+                        self.state[p] = dict(extra[p])
                 continue
             for slot in layout.slots:  # a library's keys, beside the worker's state or alone
                 if slot.param in extra and slot.param not in steps:
@@ -151,8 +169,8 @@ class Snapshot:
         return sorted(edited)
 
     def held(self):
-        """(parameter, its entry now) for every parameter the worker holds."""
-        return [(p, self.state.get(p)) for p in self._groups]
+        """(parameter, its entry now) for every parameter of the optimizer."""
+        return [(p, self.state.get(p)) for p in (*self._groups, *self._elsewhere)]
 
 
 def _name(keys, index):
@@ -171,6 +189,9 @@ def _flat(value, slot, key, where):
     return value.to(device="cpu", dtype=torch.float32).reshape(-1).contiguous()
 
 
+_MAX_STEP = 2 ** 53
+
+
 def _count(value, where):
     try:
         count = float(value)
@@ -179,6 +200,8 @@ def _count(value, where):
                         f"{value!r}") from None
     if not (math.isfinite(count) and count >= 0 and count == int(count)):
         raise ValueError(f"{where}: step must be a whole number >= 0, not {count}")
+    if count > _MAX_STEP:  # (the worker takes an int64; a float holds whole numbers to 2^53)
+        raise ValueError(f"{where}: step must be at most 2^53, not {count:.0f}")
     return int(count)
 
 

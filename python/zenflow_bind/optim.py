@@ -33,7 +33,7 @@ from ._layout import Layout, local, shared_grad
 from .functional import _number, torch_threads
 from ._native import MAX_GROUPS, STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
 from ._signals import deferred_interrupts
-from ._state import Snapshot, _count, extras, prepare_group_state
+from ._state import Snapshot, _count, cast_like, extras, prepare_group_state
 from ._stream import Stream
 from .worker import StepResult, Worker
 
@@ -217,10 +217,13 @@ class AdamW(torch.optim.Optimizer):
         if edited or not keep:
             self._snapshot = None
 
-    def _keep_extras(self, entries):
-        """Each (parameter, state entry): the keys that are not AdamW's, kept here."""
+    def _keep_extras(self, entries, cast=False):
+        """Each (parameter, state entry): the keys that are not AdamW's, kept here (loaded ones
+        cast as torch's load casts them)."""
         for p, entry in entries:
             kept = extras(entry)
+            if cast:
+                kept = {k: cast_like(p, v) for k, v in kept.items()}
             if kept:
                 self._extra[p] = kept
             else:
@@ -609,8 +612,8 @@ class AdamW(torch.optim.Optimizer):
             # the model first, which backward must not see
             raise RuntimeError(f"cannot {what} inside step_during_backward() while the step "
                                "before is in flight (overlap=True): reading it lands that step "
-                               "in the weights backward is using; read it before the block or "
-                               "after step()")
+                               "in the weights backward is using; read it before the forward "
+                               "pass or after step()")
         if self._stream is None or self._torn:
             return
         if self._stream.started():
@@ -840,7 +843,7 @@ class AdamW(torch.optim.Optimizer):
                     if count is not None:
                         self._steps[p] = count
             for group, saved in zip(self.param_groups, entries):
-                self._keep_extras(zip(group["params"], saved))
+                self._keep_extras(zip(group["params"], saved), cast=True)
             self._snapshot = None
             # every master, moment and count rewritten: a step begun in a failed backward is gone
             self._torn, self._stream, self._stream_scale = False, None, None

@@ -123,7 +123,7 @@ class OverlapBlock(unittest.TestCase):
                     if opt._in_flight is not None:
                         for read in (opt.state_dict, lambda: opt.state):
                             with self.assertRaisesRegex(RuntimeError, "read it before the "
-                                                                      "block or after step"):
+                                                                      "forward pass or after"):
                                 read()
                     loss.backward()
                 opt.step()

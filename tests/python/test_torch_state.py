@@ -223,6 +223,34 @@ class StateDict(unittest.TestCase):
         train(ref, theirs, data[4:])
         assert_close(self, list(resumed.parameters()), list(ref.parameters()))
 
+    def test_a_librarys_keys_load_as_torchs_load_casts_them(self):
+        # a floating-point tensor in the parameter's dtype (on its device), as torch's load
+        # makes it; and kept in a group with no element here (an FSDP2 shard left empty)
+        model = mlp(dtype=torch.bfloat16)
+        empty = torch.nn.Parameter(torch.ones(0))
+        groups = [{"params": list(model.parameters())}, {"params": [empty]}]
+        for kind in ("torch", True, False):
+            opt = torch.optim.AdamW(groups, lr=1e-2) if kind == "torch" else \
+                ours(groups, lr=1e-2, worker=kind)
+            for step in range(3):
+                for p in (*model.parameters(), empty):
+                    p.grad = torch.ones_like(p)
+                opt.step()
+                if step == 0:
+                    opt.state[empty]["ema"] = torch.zeros(0)
+            with self.subTest(kind=kind):
+                self.assertIn("ema", opt.state[empty])  # two steps later
+                first = next(model.parameters())
+                sd = opt.state_dict()
+                sd["state"][0]["ema"] = torch.zeros(first.shape, dtype=torch.float32)
+                sd["state"][0]["steps_seen"] = [torch.ones(2, dtype=torch.float64), 3]
+                opt.load_state_dict(sd)
+                self.assertEqual(opt.state[first]["ema"].dtype, torch.bfloat16)
+                seen = opt.state[first]["steps_seen"]
+                self.assertEqual((seen[0].dtype, seen[1]), (torch.bfloat16, 3))
+                self.assertIn("ema", opt.state_dict()["state"][len(list(model.parameters()))])
+            getattr(opt, "close", lambda: None)()
+
     def test_mismatched_state_dict_is_refused(self):
         a, _ = twins()
         with ours(groups_of(a)) as opt:
@@ -271,6 +299,9 @@ class StateDict(unittest.TestCase):
             ("maximize in one group", lambda d: d["param_groups"][2].__setitem__("maximize",
                                                                                    True),
              ValueError, "maximize differs between the state dict's param groups"),
+            ("a step beyond 2^53", lambda d: d["state"][5].__setitem__("step",
+                                                                       torch.tensor(1e19)),
+             ValueError, "step must be at most 2\\^53"),  # (the worker's int64 wrapped it)
         ]
         for worker in (True, False):
             a = mlp()
