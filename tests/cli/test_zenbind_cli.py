@@ -414,6 +414,7 @@ class Tune(unittest.TestCase):
             self.assertIn("OpenMP ran 1 threads where 2 cores", r.stderr)
             self.assertFalse(os.path.exists(os.path.join(d, "p")))
 
+    @unittest.skipIf(os.environ.get("ZB_TEST_QEMU_USER"), "qemu-user has no NUMA system calls")
     def test_tune_refuses_more_than_the_node_holds(self):
         # checked before anything is allocated: 256 GiB of state, the most --elements takes
         # (without the check: an allocation refused or, with overcommit, the OOM killer)
@@ -427,6 +428,7 @@ class Tune(unittest.TestCase):
             self.assertRegex(r.stderr, r"give --elements \d+ or fewer|needs at least 320 MiB")
             self.assertFalse(os.path.exists(os.path.join(d, "p")))
 
+    @unittest.skipIf(os.environ.get("ZB_TEST_QEMU_USER"), "qemu-user has no NUMA system calls")
     def test_tune_refuses_what_its_memory_cgroup_cannot_hold(self):
         # as under srun in a job with ConstrainRAMSpace=yes: 256 MiB of state in a cgroup of
         # 200 MiB is refused, naming the limit (without the check the kernel kills tune)
