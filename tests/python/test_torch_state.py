@@ -18,6 +18,31 @@ def moved_state(opt):
     return {i: {k: v.clone() for k, v in s.items()} for i, s in opt.state_dict()["state"].items()}
 
 
+def edited_alike(edit):
+    """torch's AdamW on one mlp() and ours on another, each given edit(model, optimizer): (the
+    model, torch's, ours, our optimizer), which the caller closes."""
+    ref, a = mlp(), mlp()
+    theirs = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = ours(a.parameters(), lr=1e-2)
+    for model, o in ((ref, theirs), (a, opt)):
+        edit(model, o)
+    return ref, theirs, a, opt
+
+
+def resumes_as_torch(test, saved, model_saved, ref, theirs, rest):
+    """A new model and optimizer loaded from (model_saved, saved) train on rest as torch's AdamW
+    (theirs, on ref) goes on; the new optimizer's state dict after."""
+    resumed = mlp(seed=5)
+    resumed.load_state_dict(model_saved)
+    with ours(resumed.parameters(), lr=1e-2) as opt:
+        opt.load_state_dict(saved)
+        train(resumed, opt, rest)
+        after = opt.state_dict()
+    train(ref, theirs, rest)
+    assert_close(test, list(resumed.parameters()), list(ref.parameters()))
+    return after
+
+
 class StateDict(unittest.TestCase):
     def test_moves_both_ways_with_torch(self):
         data = batches(20)
@@ -166,44 +191,37 @@ class StateDict(unittest.TestCase):
         # parameter of its group after a state_dict() keeps its moments, and a checkpoint taken
         # then resumes as torch's AdamW goes on
         data = batches(6)
-        ref, a = mlp(), mlp()
-        theirs = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-        with ours(a.parameters(), lr=1e-2) as opt:
-            for model, o in ((ref, theirs), (a, opt)):
-                train(model, o, data[:3])
-                first, second = list(model.parameters())[:2]
-                o.state[first]["step"] = torch.tensor(0.0)
-                saved = o.state_dict()
-                o.state[second]["exp_avg"].mul_(0.5)
-            self.assertEqual(float(saved["state"][0]["step"]), 0.0)
+
+        def reset(model, o):
+            train(model, o, data[:3])
+            first, second = list(model.parameters())[:2]
+            o.state[first]["step"] = torch.tensor(0.0)
+            self.assertEqual(float(o.state_dict()["state"][0]["step"]), 0.0)
+            o.state[second]["exp_avg"].mul_(0.5)
+        ref, theirs, a, opt = edited_alike(reset)
+        with opt:
             mine = opt.state_dict()["state"]
             for k, entry in theirs.state_dict()["state"].items():
                 for key in ("step", "exp_avg", "exp_avg_sq"):
                     assert_close(self, [mine[k][key]], [entry[key]])
             saved, model_saved = opt.state_dict(), a.state_dict()
-        resumed = mlp(seed=5)
-        resumed.load_state_dict(model_saved)
-        with ours(resumed.parameters(), lr=1e-2) as opt:
-            opt.load_state_dict(saved)
-            train(resumed, opt, data[3:])
-        train(ref, theirs, data[3:])
-        assert_close(self, list(resumed.parameters()), list(ref.parameters()))
+        resumes_as_torch(self, saved, model_saved, ref, theirs, data[3:])
 
     def test_a_librarys_own_state_keys_are_kept(self):
         # keys a library adds to an entry (an EMA of the weights, a note) stay in
         # optimizer.state and the state dict across steps and a checkpoint, as torch's AdamW
         # keeps them
         data = batches(5)
-        ref, a = mlp(), mlp()
-        theirs = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-        with ours(a.parameters(), lr=1e-2) as opt:
-            for model, o in ((ref, theirs), (a, opt)):
-                train(model, o, data[:2])
-                first = next(model.parameters())
-                o.state[first]["ema"] = first.detach().clone()
-                o.state[first]["note"] = "warm"
-                train(model, o, data[2:4])
-                o.state[first]["ema"].mul_(0.5)
+
+        def annotate(model, o):
+            train(model, o, data[:2])
+            first = next(model.parameters())
+            o.state[first]["ema"] = first.detach().clone()
+            o.state[first]["note"] = "warm"
+            train(model, o, data[2:4])
+            o.state[first]["ema"].mul_(0.5)
+        ref, theirs, a, opt = edited_alike(annotate)
+        with opt:
             saved = opt.state_dict()
             want = theirs.state_dict()
             for k, entry in want["state"].items():
@@ -214,14 +232,8 @@ class StateDict(unittest.TestCase):
                     else:
                         self.assertEqual(saved["state"][k][key], value)
             model_saved = a.state_dict()
-        resumed = mlp(seed=5)
-        resumed.load_state_dict(model_saved)
-        with ours(resumed.parameters(), lr=1e-2) as opt:
-            opt.load_state_dict(saved)
-            train(resumed, opt, data[4:])
-            self.assertEqual(opt.state[next(resumed.parameters())]["note"], "warm")
-        train(ref, theirs, data[4:])
-        assert_close(self, list(resumed.parameters()), list(ref.parameters()))
+        after = resumes_as_torch(self, saved, model_saved, ref, theirs, data[4:])
+        self.assertEqual(after["state"][0]["note"], "warm")
 
     def test_a_librarys_keys_load_as_torchs_load_casts_them(self):
         # a floating-point tensor in the parameter's dtype (on its device), as torch's load
