@@ -205,6 +205,20 @@ def _count(value, where):
     return int(count)
 
 
+def saved_step(state, where):
+    """The step count of a torch-format entry, None where it holds no AdamW state (None, {}, or
+    only a library's keys); an entry with part of AdamW's keys is refused."""
+    if state is not None and not isinstance(state, collections.abc.Mapping):
+        raise TypeError(f"{where}: its state is a {type(state).__name__}, not a dict")
+    if not state or not any(k in state for k in ADAM_KEYS):
+        return None
+    missing = [k for k in ("step", "exp_avg", "exp_avg_sq") if k not in state]
+    if missing:
+        raise ValueError(f"{where}: its state has no {', '.join(missing)} (it has "
+                         f"{', '.join(map(str, state)) or 'nothing'})")
+    return _count(state["step"], where)
+
+
 def prepare_group_state(layout, states, where, keys=None):
     """One param group's state from torch-format entries (None or {} for no state), checked
     whole before anything is changed: the moments as ranges (offset, numel, exp_avg, exp_avg_sq)
@@ -214,21 +228,15 @@ def prepare_group_state(layout, states, where, keys=None):
     moments, steps, masters = [], [], []
     for index, (slot, state) in enumerate(zip(layout.slots, states)):
         here = f"{where}, {_name(keys, index)}"
-        if state is not None and not isinstance(state, collections.abc.Mapping):
-            raise TypeError(f"{here}: its state is a {type(state).__name__}, not a dict")
-        if not state or not any(k in state for k in ADAM_KEYS):  # none, or a library's keys
-            steps.append(None)
+        count = saved_step(state, here)
+        steps.append(count)
+        if count is None:
             masters.append(None)
             continue
-        missing = [k for k in ("step", "exp_avg", "exp_avg_sq") if k not in state]
-        if missing:
-            raise ValueError(f"{here}: its state has no {', '.join(missing)} (it has "
-                             f"{', '.join(map(str, state)) or 'nothing'})")
         m = _flat(state["exp_avg"], slot, "exp_avg", here)
         v = _flat(state["exp_avg_sq"], slot, "exp_avg_sq", here)
         if slot.numel:
             moments.append((slot.offset, slot.numel, m, v))
-        steps.append(_count(state["step"], here))
         master = state.get("master_param")
         masters.append(None if master is None else _flat(master, slot, "master_param", here))
     return moments, steps, masters

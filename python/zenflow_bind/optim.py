@@ -33,7 +33,7 @@ from ._layout import Layout, local, shared_grad
 from .functional import _number, torch_threads
 from ._native import MAX_GROUPS, STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
 from ._signals import deferred_interrupts
-from ._state import Snapshot, _count, cast_like, extras, prepare_group_state
+from ._state import Snapshot, cast_like, extras, prepare_group_state, saved_step
 from ._stream import Stream
 from .worker import StepResult, Worker
 
@@ -862,8 +862,7 @@ class AdamW(torch.optim.Optimizer):
                        for k in saved["params"]]
             loaded.append(entries)
             if layout is None:  # no element here: only the step counts
-                prepared.append([None if e is None else
-                                 _count(e.get("step"), f"{where}, parameter {k!r}")
+                prepared.append([saved_step(e, f"{where}, parameter {k!r}")
                                  for k, e in zip(saved["params"], entries)])
                 continue
             prepared.append(prepare_group_state(layout, entries, where, keys=saved["params"]))
