@@ -45,6 +45,16 @@ grep -q "task 0 (rank 0): train" "$work/srun.err" || { cat "$work/srun.err"; exi
 case "$line" in "train="?*" opt="?*) echo "ok   srun --zenflow-bind through the installed plugin: $line" ;;
 *) echo "FAIL srun --zenflow-bind printed '$line'"; cat "$work/srun.err"; exit 1 ;; esac
 
+# The installed DDP example, as a user runs it: the package's optimizer with register_ddp(), one
+# rank per task, nothing pointing into the source tree
+example=/usr/share/doc/python3-zenflow-bind/examples/train_ddp.py
+port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+ddp=$(cd "$work" && "${clean_env[@]}" MASTER_PORT="$port" srun -n2 -c1 --zenflow-bind \
+  /usr/bin/python3 "$example" --steps 5 2>&1) || { echo "$ddp"; exit 1; }
+sums=$(printf '%s\n' "$ddp" | sed -n 's/^rank [01]: parameters sum //p' | sort -u)
+[ "$(printf '%s\n' "$sums" | wc -l)" = 1 ] && [ -n "$sums" ] || { echo "FAIL $example:"; echo "$ddp"; exit 1; }
+echo "ok   the installed train_ddp.py on two srun tasks (both ranks end at $sums)"
+
 # Removing the plugin while the snippet loads it as required would fail every srun on the host:
 # refused, saying what to do; once the line is commented out, removal and purge go through, and
 # leave no byte-code behind (root's import above made some).
