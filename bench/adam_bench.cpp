@@ -3,6 +3,7 @@
 // with --vs-isa or --vs-prefetch, against a second configuration of the kernel on the same buffers.
 #include "roofline.hpp"
 #include <zbadam/adam.hpp>
+#include <zbadam/team_share.hpp>
 
 #include "affinity.hpp"
 #include "measure.hpp"
@@ -278,8 +279,17 @@ int bench_adam(int argc, char **argv) {
         zb::opt::adam_step(batch, o.threads);
         return now() - t0;
     };
-    const int warmup = 2;
+    // Two warm-up steps, and more while the run-time prefetch choice is being made (it times
+    // kCalibrationPairs pairs of large steps): the timed steps run in the mode it chose.
+    const bool choosing = o.kernel.prefetch == zb::opt::Prefetch::automatic ||
+                          (vs && vs->prefetch == zb::opt::Prefetch::automatic);
+    const int most = 2 + 2 * zb::opt::kCalibrationPairs * (vs ? 2 : 1);
+    int warmup = 2;
     for (int s = 0; s < warmup + o.steps; ++s) {
+        if (s == warmup && choosing && warmup < most &&
+            zb::opt::chosen_prefetch() == zb::opt::Prefetch::automatic &&
+            n >= 64 * zb::opt::TeamShare::kChunk)
+            ++warmup;
         hyper.step = s + 1;
         const double b = vs && s % 2 ? timed_step(*vs) : 0;
         const double a = timed_step(o.kernel);

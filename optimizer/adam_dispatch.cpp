@@ -2,6 +2,7 @@
 // the choice of kernel at run time (one binary for every node of an architecture).
 #include "adam_kernels.hpp"
 #include "cpu_level.hpp"
+#include "prefetch_choice.hpp"
 #include <zbadam/team_share.hpp>
 
 #include <algorithm>
@@ -36,32 +37,6 @@ std::atomic<Isa> &forced() {
 std::atomic<Stores> &stores() {
     static std::atomic<Stores> mode{Stores::automatic};
     return mode;
-}
-
-std::atomic<Prefetch> &prefetch() {
-    static std::atomic<Prefetch> where{Prefetch::automatic};
-    return where;
-}
-
-// The run-time choice of automatic prefetching: off or l2 once measured, automatic before.
-std::atomic<Prefetch> &chosen() {
-    static std::atomic<Prefetch> mode{Prefetch::automatic};
-    return mode;
-}
-
-// A step this large (elements) is far out of any cache: its chunks time the memory system.
-constexpr size_t kCalibrationMinimum = size_t{64} * TeamShare::kChunk;
-
-// The calling thread's samples: chunk times without (0) and with (1) prefetching into L2.
-struct Calibration {
-    int taken = 0;
-    double seconds[2][kCalibrationSamples];
-};
-thread_local Calibration calibration;
-
-double median_of(double *v, int n) {
-    std::sort(v, v + n);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // The largest cache of cpu0 that sysfs lists (index0, index1, ... up to the last level), in bytes.
@@ -178,7 +153,8 @@ uint64_t adam_step_in_team(const AdamBatch &batch, TeamShare &share) {
         total += batch.tensors[k].n;
     const detail::RangeKernel kernel = kernel_for(active_isa());
     const bool stream = batch_stores(batch) == Stores::streaming;
-    const Prefetch prefetching = active_prefetch();
+    uint64_t call;
+    const Prefetch prefetching = call_prefetch(total, call);
     const int me = omp_get_thread_num(), threads = omp_get_num_threads();
     size_t lo, hi;
     if (!TeamShare::fits(total, threads)) {
@@ -187,25 +163,20 @@ uint64_t adam_step_in_team(const AdamBatch &batch, TeamShare &share) {
     }
     uint64_t bad = 0;
     share.begin(total, me, threads);
-    const bool calibrate = me == 0 && requested_prefetch() == Prefetch::automatic &&
-                           chosen_prefetch() == Prefetch::automatic && total >= kCalibrationMinimum;
+    // The first thread of a large call times its chunks after its first (the streams' first
+    // pages and lines: up to 2.5x slower) while the run-time choice is being made.
+    const bool timed = me == 0 && call != UINT64_MAX;
+    size_t claimed = 0, elements = 0;
+    std::chrono::steady_clock::time_point start;
     while (share.claim(me, lo, hi)) {
-        if (!calibrate || hi - lo != TeamShare::kChunk ||
-            calibration.taken >= 2 * kCalibrationSamples) {
-            bad += run_chunk(batch, kernel, stream, prefetching, lo, hi);
-            continue;
-        }
-        const int with = calibration.taken % 2;
-        const auto start = std::chrono::steady_clock::now();
-        bad += run_chunk(batch, kernel, stream, with ? Prefetch::l2 : Prefetch::off, lo, hi);
-        calibration.seconds[with][calibration.taken / 2] =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (++calibration.taken == 2 * kCalibrationSamples) {
-            const double off = median_of(calibration.seconds[0], kCalibrationSamples);
-            const double l2 = median_of(calibration.seconds[1], kCalibrationSamples);
-            chosen().store(l2 < off ? Prefetch::l2 : Prefetch::off, std::memory_order_relaxed);
-        }
+        if (timed && claimed++ == 1) start = std::chrono::steady_clock::now();
+        if (claimed > 1) elements += hi - lo;
+        bad += run_chunk(batch, kernel, stream, prefetching, lo, hi);
     }
+    if (timed && claimed > 8)
+        record_call(
+            call, elements,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     return bad;
 }
 
@@ -257,39 +228,6 @@ bool force_isa(Isa isa) {
 
 void force_stores(Stores s) {
     stores().store(s, std::memory_order_relaxed);
-}
-
-void force_prefetch(Prefetch p) {
-    prefetch().store(p, std::memory_order_relaxed);
-}
-
-Prefetch requested_prefetch() {
-    return prefetch().load(std::memory_order_relaxed);
-}
-
-Prefetch active_prefetch() {
-    const Prefetch p = requested_prefetch();
-    if (p != Prefetch::automatic) return p;
-    const Prefetch measured = chosen_prefetch();
-    return measured == Prefetch::automatic ? Prefetch::off : measured;
-}
-
-Prefetch chosen_prefetch() {
-    return chosen().load(std::memory_order_relaxed);
-}
-
-const char *prefetch_name(Prefetch p) {
-    switch (p) {
-    case Prefetch::off:
-        return "off";
-    case Prefetch::l1:
-        return "l1";
-    case Prefetch::l2:
-        return "l2";
-    case Prefetch::automatic:
-        return "auto";
-    }
-    return "unknown";
 }
 
 size_t last_level_cache() {

@@ -526,25 +526,40 @@ void test_in_team(void **) {
     assert_same(ref, p);
 }
 
-// Automatic prefetching: off until the first large step has timed its chunks both ways, then the
-// faster of off and l2 for the process; the results are the bits of a step without prefetching.
+// Automatic prefetching: made from kCalibrationPairs pairs of large steps (one without
+// prefetching and one into L2 each; small steps do not count), then the faster of off and l2 for
+// the process; the results are the bits of steps without prefetching throughout.
 void test_prefetch_chosen_at_run_time(void **) {
     using zb::opt::Prefetch;
     const Prefetch before = zb::opt::requested_prefetch();
     zb::opt::force_prefetch(Prefetch::automatic);
     assert_int_equal(static_cast<int>(zb::opt::requested_prefetch()),
                      static_cast<int>(Prefetch::automatic));
+    // (no test before this one steps a large problem in automatic mode)
+    assert_int_equal(static_cast<int>(zb::opt::chosen_prefetch()),
+                     static_cast<int>(Prefetch::automatic));
     rng_state = 11;
     Problem start({size_t{80} * zb::opt::TeamShare::kChunk}, GradType::f32, CopyType::none, false);
-    Problem ref = start;
-    Problem p = start;
-    p.step(1); // the first large step of this process with automatic prefetching
+    Problem small_start({size_t{4} * zb::opt::TeamShare::kChunk}, GradType::f32, CopyType::none,
+                        false);
+    Problem ref = start, small_ref = small_start;
+    Problem p = start, small = small_start;
+    for (int s = 0; s < 2 * zb::opt::kCalibrationPairs; ++s) {
+        assert_int_equal(static_cast<int>(zb::opt::chosen_prefetch()),
+                         static_cast<int>(Prefetch::automatic));
+        p.step(1 + s % 2);
+        small.step(1);
+    }
     const Prefetch chosen = zb::opt::chosen_prefetch();
     assert_true(chosen == Prefetch::off || chosen == Prefetch::l2);
     assert_int_equal(static_cast<int>(zb::opt::active_prefetch()), static_cast<int>(chosen));
     zb::opt::force_prefetch(Prefetch::off);
-    ref.step(1);
+    for (int s = 0; s < 2 * zb::opt::kCalibrationPairs; ++s) {
+        ref.step(1);
+        small_ref.step(1);
+    }
     assert_same(ref, p);
+    assert_same(small_ref, small);
     zb::opt::force_prefetch(before);
 }
 

@@ -90,16 +90,17 @@ const char *stores_name(Stores s);
 // (adam_kernels.hpp): into L1, into L2, or not at all (the hardware prefetchers alone). It changes
 // only when lines arrive, never a result. Which is faster depends on the machine (the same Zen 4
 // guest model has measured either way), so by default (automatic) it is chosen at run time: the
-// first thread of the team times the chunks of the first large step alternately without and with
-// prefetching into L2 (kCalibrationSamples of each), and the process keeps the faster; until
-// then the chunks run without. force_prefetch() fixes a mode (tests, benchmarks), automatic
-// returns to the run-time choice.
+// process's large calls (64 chunks or more) run in pairs, one without and one with prefetching
+// into L2, each timed on its first thread, until kCalibrationPairs pairs are timed; the process
+// then keeps L2 where the median of the pairs' ratios is below 0.97, else none. Calls that are not
+// timed run without. force_prefetch() fixes a mode (tests, benchmarks), automatic returns to the
+// run-time choice.
 enum class Prefetch : uint8_t { off, l1, l2, automatic };
 void force_prefetch(Prefetch p);
 Prefetch requested_prefetch();         // what force_prefetch() set: automatic by default
-Prefetch active_prefetch();            // what the next chunk uses: off, l1 or l2
+Prefetch active_prefetch();            // what a small call uses now: off, l1 or l2
 Prefetch chosen_prefetch();            // the run-time choice, off or l2; automatic until it is made
 const char *prefetch_name(Prefetch p); // off, l1, l2, auto
-inline constexpr int kCalibrationSamples = 8;
+inline constexpr int kCalibrationPairs = 5;
 
 } // namespace zb::opt
