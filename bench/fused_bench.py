@@ -107,7 +107,9 @@ def main():
                     help="how many tensors --elements is cut into")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=12,
+                    help="steps of each before the rounds (ours chooses its prefetch in its first "
+                         "ten large steps: zenflow-bench(1))")
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--clip", type=float, default=0.0,
                     help="clip by the global norm: max_grad_norm= against clip_grad_norm_")
