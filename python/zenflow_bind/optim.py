@@ -207,15 +207,32 @@ class AdamW(torch.optim.Optimizer):
         if snapshot is None:
             return
         states = snapshot.state
+        elsewhere = self._counts_elsewhere(states)
         edited = snapshot.edited_groups()
         for i in edited:
             layout = self._layouts[i]
             prepared = prepare_group_state(layout, [states.get(s.param) for s in layout.slots],
                                            f"optimizer.state of param group {i}")
             self._apply_group_state(layout, prepared)
+        for p, count in elsewhere:
+            self._steps.pop(p, None)
+            if count is not None:
+                self._steps[p] = count
         self._keep_extras(snapshot.held())  # (written or not: a library's keys are its own)
         if edited or not keep:
             self._snapshot = None
+
+    def _counts_elsewhere(self, states):
+        """(parameter, its step count or None) for the parameters of groups with no element
+        here, as optimizer.state holds them now: a count written there (or an entry deleted) is
+        the count the next step goes on from, as in the groups the worker holds."""
+        counts = []
+        for i, (group, layout) in enumerate(zip(self.param_groups, self._layouts)):
+            if layout is None:
+                counts += [(p, saved_step(states.get(p), f"optimizer.state of param group {i}, "
+                                                         f"parameter {k}"))
+                           for k, p in enumerate(group["params"])]
+        return counts
 
     def _keep_extras(self, entries, cast=False):
         """Each (parameter, state entry): the keys that are not AdamW's, kept here (loaded ones

@@ -263,6 +263,36 @@ class StateDict(unittest.TestCase):
                 self.assertIn("ema", opt.state_dict()["state"][len(list(model.parameters()))])
             getattr(opt, "close", lambda: None)()
 
+    def test_a_step_count_written_where_a_group_has_no_element_is_kept(self):
+        # a group with no element here (an FSDP2 shard left empty): a count written into
+        # optimizer.state, or an entry deleted, is what the next step goes on from, as in torch
+        # (the worker's optimizer kept its own count and gave 2 for 101)
+        full = torch.nn.Parameter(torch.ones(4))
+        empty = torch.nn.Parameter(torch.ones(0))
+        groups = [{"params": [full]}, {"params": [empty]}]
+        counts = {}
+        for kind in ("torch", True, False):
+            opt = torch.optim.AdamW(groups, lr=1e-2) if kind == "torch" else \
+                ours(groups, lr=1e-2, worker=kind)
+            seen = []
+            for step in range(4):
+                for p in (full, empty):
+                    p.grad = torch.ones_like(p)
+                opt.step()
+                if step == 0:
+                    opt.state[empty]["step"] = torch.tensor(100.0)
+                    opt.state[full]["step"] = torch.tensor(100.0)
+                if step == 2:
+                    del opt.state[empty]
+                seen.append([float(opt.state_dict()["state"].get(k, {}).get("step", -1))
+                             for k in (0, 1)])
+            counts[kind] = seen
+            getattr(opt, "close", lambda: None)()
+        self.assertEqual(counts["torch"], [[100.0, 100.0], [101.0, 101.0], [102.0, -1.0],
+                                           [103.0, 1.0]])
+        self.assertEqual(counts[True], counts["torch"])
+        self.assertEqual(counts[False], counts["torch"])
+
     def test_mismatched_state_dict_is_refused(self):
         a, _ = twins()
         with ours(groups_of(a)) as opt:
