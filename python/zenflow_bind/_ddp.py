@@ -70,6 +70,8 @@ def register(optimizer, model, hook, state):
                                "close() that one first")
         taker.retarget(hook, state, optimizer)
     optimizer._ddp_reduced, optimizer._ddp_slots = reduced, {}
+    optimizer._ddp_marks_use = model.find_unused_parameters and \
+        not getattr(model, "gradient_as_bucket_view", False)
     for slot in mine:
         adopt(optimizer, slot)
 
@@ -106,7 +108,7 @@ class _Taker:
         params = list(zip(bucket.parameters(), bucket.gradients()))
         # Without bucket views DDP copies the bucket into each .grad at the end of backward:
         # once into every one it has, unless it may find a parameter unused on every rank
-        # (whose .grad it leaves alone)
+        # (whose .grad it leaves alone): then into those used here for certain (Slot.used)
         once = model is not None and not model.find_unused_parameters
         return future.then(functools.partial(_take, self.optimizer, params, buffer, once))
 
@@ -121,6 +123,8 @@ def adopt(optimizer, slot):
     ref = optimizer._ddp_reduced.get(id(slot.param))
     if ref is not None and ref() is slot.param:
         slot.reduced_by_ddp()
+        if optimizer._ddp_marks_use:
+            slot.mark_use()
         optimizer._ddp_slots[id(slot.param)] = slot
 
 
@@ -175,12 +179,13 @@ def take(optimizer, k, params, once, landed):
         slot = slots.get(id(p))
         if slot is None or slot.param is not p:
             continue
+        used, slot.used = slot.used, False  # (marks since the last reduction: no_sync()'s too)
         g = p.grad
         if g is None:
             continue
         if g.data_ptr() == view.data_ptr():
             writes_after = 0  # .grad is the bucket's view (gradient_as_bucket_view)
-        elif once and _alone(g):
+        elif (once or used) and _alone(g):
             writes_after = 1  # DDP's copy into .grad
         else:
             continue

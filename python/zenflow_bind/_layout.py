@@ -66,6 +66,8 @@ class Slot:
         self.hook = None    # the handle of that hook (watch())
         self.ddp = False    # its gradient comes from DistributedDataParallel's reduction
         # (take_reduced()), not from the hook, which it replaces
+        self.used = False   # backward gave it a gradient here since DDP last took it (marked
+        self.use_hook = None  # by this hook, mark_use(): find_unused_parameters)
         self.watching = None  # watch()'s arguments, to watch again after a move
         self.early = None   # buffer k when its bucket went back early (_cuda.Gpu.early): its
         # gradient slot there holds the parameter's old values until the step is whole
@@ -164,6 +166,14 @@ class Slot:
             self.hook.remove()
             self.hook = None
 
+    def mark_use(self):
+        """Note each gradient backward computes for the parameter on this rank (used): DDP with
+        find_unused_parameters=True copies the average into the .grad of a parameter used on
+        some rank, and only then, so one used here gets that copy for certain."""
+        if self.use_hook is None and self.param.requires_grad:
+            self.use_hook = self.param.register_hook(
+                functools.partial(_used_hook, weakref.ref(self)))
+
     def take_reduced(self, k, src, writes_after, gpu):
         """DDP reduced this parameter's gradient: src, its slice of the reduced bucket, into
         buffer k (a CUDA one through gpu's copy stream), recorded as staged for the gradient
@@ -244,9 +254,10 @@ class Slot:
 
     def detach(self):
         """Give the gradient private memory again (before the worker goes), and stop watching."""
-        if self.hook is not None:
-            self.hook.remove()
-            self.hook = None
+        for hook in (self.hook, self.use_hook):
+            if hook is not None:
+                hook.remove()
+        self.hook = self.use_hook = None
         self._own_grad()
 
     def _own_grad(self):
@@ -300,6 +311,14 @@ def _landed_hook(slot, buffer_now, landed, gpu, device, p):
     slot.staged = (k, weakref.ref(g), g._version, event, g.data_ptr())
     if landed is not None:
         landed(slot)
+
+
+@eager
+def _used_hook(slot_ref, grad):
+    """Slot.mark_use's gradient hook: the parameter was used in this backward, here."""
+    slot = slot_ref()
+    if slot is not None:
+        slot.used = True
 
 
 def _remove(slots, groups):

@@ -79,15 +79,17 @@ def registered(rank, world, store, device, view, out):
         import zenflow_bind.optim as zt
         data = [(x.to(device), y.to(device)) for x, y in batches(STEPS, seed=11 + rank)]
         cases = {}
-        for case in ("plain", "during", "clip", "no_sync", "hook", "unused", "added",
-                     "in_process", "static"):
+        for case in ("plain", "during", "clip", "no_sync", "hook", "unused", "unused_here",
+                     "added", "in_process", "static"):
             got = []
             for name in ("ours", "torch"):
                 net = Net().to(device)
-                net.use_spare = case != "unused"
+                # (unused_here: the spare layer is used on rank 1 alone; rank 0 saves)
+                net.use_spare = case != "unused" and (case != "unused_here" or rank == 1)
                 model = torch.nn.parallel.DistributedDataParallel(
                     net, gradient_as_bucket_view=view, bucket_cap_mb=0.001,
-                    find_unused_parameters=case == "unused", static_graph=case == "static")
+                    find_unused_parameters=case.startswith("unused"),
+                    static_graph=case == "static")
                 if name == "ours":
                     first = net.body.parameters() if case == "added" else model.parameters()
                     opt = zt.AdamW(first, lr=1e-2, weight_decay=0.05, threads=1,
@@ -102,7 +104,8 @@ def registered(rank, world, store, device, view, out):
                         model.register_comm_hook(world, clone_hook)
                 kept, during = 0, 0
                 for x, y in data:
-                    opt.zero_grad()
+                    # (set_to_none: torch 2's default, and 1.13's here, which kept .grad)
+                    opt.zero_grad(**({"set_to_none": True} if case == "unused_here" else {}))
                     if case == "no_sync":
                         with model.no_sync():
                             torch.nn.functional.mse_loss(model(x * 0.5), y).backward()
@@ -273,10 +276,12 @@ def run_registered(test, device):
                     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
                 # every gradient DDP reduced was taken once, as it stands after backward
                 # (clip_grad_norm_ rewrote them all: taken again; the spare layer, unused, has
-                # none; with find_unused_parameters and no bucket views DDP may leave a .grad
-                # alone or copy into it: step() copies each)
-                unused = grads - 2 * STEPS if view else 0
-                want = {"clip": 0, "unused": unused, "in_process": 0}.get(case, grads)
+                # none: with find_unused_parameters and no bucket views, those used here are
+                # taken, as DDP copies into them for certain; the spare layer used on the other
+                # rank alone has no .grad here when its bucket is reduced: left to step())
+                unused = grads - 2 * STEPS
+                want = {"clip": 0, "unused": unused, "unused_here": unused,
+                        "in_process": 0}.get(case, grads)
                 test.assertEqual(kept, want)
                 test.assertEqual(during > 0, case == "during")
 
