@@ -19,23 +19,24 @@ constexpr const auto &kVariables = kTaskVariables;
 constexpr size_t kVariableCount = kTaskVariableCount;
 
 // The task's OMP_NUM_THREADS before binding, put back when binding fails half-way, so that
-// onerror=warn leaves the task exactly as Slurm started it.
+// onerror=warn leaves the task exactly as Slurm started it. A value too long to read back whole
+// (4 KiB: a list of levels is a few bytes) is left as binding set it rather than unset.
 class SavedThreads {
   public:
     explicit SavedThreads(spank_t sp) : sp_(sp) {
-        had_ = spank_getenv(sp, "OMP_NUM_THREADS", value_, sizeof value_) == ESPANK_SUCCESS;
+        found_ = spank_getenv(sp, "OMP_NUM_THREADS", value_, sizeof value_);
     }
     void restore() const {
-        if (had_)
+        if (found_ == ESPANK_SUCCESS)
             spank_setenv(sp_, "OMP_NUM_THREADS", value_, 1);
-        else
+        else if (found_ != ESPANK_NOSPACE)
             spank_unsetenv(sp_, "OMP_NUM_THREADS");
     }
 
   private:
     spank_t sp_;
-    bool had_ = false;
-    char value_[64] = {};
+    spank_err_t found_ = ESPANK_ENV_NOEXIST;
+    char value_[4096] = {};
 };
 
 bool set_affinity(const zb_cpuset_t *cpus, std::string &error) {
