@@ -70,8 +70,8 @@ def register(optimizer, model, hook, state):
                                "close() that one first")
         taker.retarget(hook, state, optimizer)
     optimizer._ddp_reduced, optimizer._ddp_slots = reduced, {}
-    optimizer._ddp_marks_use = model.find_unused_parameters and \
-        not getattr(model, "gradient_as_bucket_view", False)
+    optimizer._ddp_marks_use = weakref.ref(model) if model.find_unused_parameters and \
+        not getattr(model, "gradient_as_bucket_view", False) else None
     for slot in mine:
         adopt(optimizer, slot)
 
@@ -123,8 +123,9 @@ def adopt(optimizer, slot):
     ref = optimizer._ddp_reduced.get(id(slot.param))
     if ref is not None and ref() is slot.param:
         slot.reduced_by_ddp()
-        if optimizer._ddp_marks_use:
-            slot.mark_use()
+        model = optimizer._ddp_marks_use and optimizer._ddp_marks_use()
+        if model is not None:
+            slot.mark_use(model)
         optimizer._ddp_slots[id(slot.param)] = slot
 
 
@@ -179,7 +180,7 @@ def take(optimizer, k, params, once, landed):
         slot = slots.get(id(p))
         if slot is None or slot.param is not p:
             continue
-        used, slot.used = slot.used, False  # (marks since the last reduction: no_sync()'s too)
+        used, slot.used = slot.used, False  # (marked in this backward)
         g = p.grad
         if g is None:
             continue

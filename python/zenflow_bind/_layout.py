@@ -166,13 +166,15 @@ class Slot:
             self.hook.remove()
             self.hook = None
 
-    def mark_use(self):
-        """Note each gradient backward computes for the parameter on this rank (used): DDP with
-        find_unused_parameters=True copies the average into the .grad of a parameter used on
-        some rank, and only then, so one used here gets that copy for certain."""
+    def mark_use(self, model):
+        """Note each gradient a backward that DDP `model` reduces computes for the parameter on
+        this rank (used): DDP with find_unused_parameters=True copies the average into the .grad
+        of a parameter used on some rank, and only then, so one used here gets that copy for
+        certain. Not under no_sync(): before torch 2.4 DDP does not count those uses (a
+        parameter used there alone keeps its .grad)."""
         if self.use_hook is None and self.param.requires_grad:
             self.use_hook = self.param.register_hook(
-                functools.partial(_used_hook, weakref.ref(self)))
+                functools.partial(_used_hook, weakref.ref(self), weakref.ref(model)))
 
     def take_reduced(self, k, src, writes_after, gpu):
         """DDP reduced this parameter's gradient: src, its slice of the reduced bucket, into
@@ -314,10 +316,10 @@ def _landed_hook(slot, buffer_now, landed, gpu, device, p):
 
 
 @eager
-def _used_hook(slot_ref, grad):
+def _used_hook(slot_ref, model_ref, grad):
     """Slot.mark_use's gradient hook: the parameter was used in this backward, here."""
-    slot = slot_ref()
-    if slot is not None:
+    slot, model = slot_ref(), model_ref()
+    if slot is not None and model is not None and model.require_backward_grad_sync:
         slot.used = True
 
 

@@ -164,7 +164,8 @@ def awkward(rank, world, store, device, view, out):
     every rank that keeps a zeroed .grad (find_unused_parameters, zero_grad(set_to_none=False)),
     with an edit after backward and inside step_during_backward(); fused weights; a sparse
     embedding stepped by another optimizer; uneven inputs under join(); a step that copied the
-    gradients again (clipped), then steps during backward. Rank 0 saves {case:
+    gradients again (clipped), then steps during backward; a layer used under no_sync() alone,
+    then clipped (torch < 2.4's DDP does not count that use). Rank 0 saves {case:
     (ours, torch's)} or {case: the error ours raised}."""
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank,
                             world_size=world)
@@ -172,7 +173,7 @@ def awkward(rank, world, store, device, view, out):
         import zenflow_bind.optim as zt
         cases = {}
         for case in ("stale_edit", "stale_during", "fused_during", "sparse", "join",
-                     "join_active", "clipped_then_during"):
+                     "join_active", "clipped_then_during", "stale_no_sync_clip"):
             got = []
             for name in ("ours", "torch"):
                 net = {"fused_during": Fused, "sparse": Sparse}.get(case, Net)().to(device)
@@ -199,6 +200,12 @@ def awkward(rank, world, store, device, view, out):
                                                                "join_active"))
                             during = name == "ours" and case.endswith("during") and \
                                 (i or case != "clipped_then_during")
+                            if case == "stale_no_sync_clip":  # used in no_sync() alone,
+                                net.use_spare = True  # which torch < 2.4's DDP does not count
+                                with model.no_sync():
+                                    torch.nn.functional.mse_loss(model(x.to(device)),
+                                                                 y.to(device)).backward()
+                                net.use_spare = False
                             with opt.step_during_backward() if during else \
                                     contextlib.nullcontext():
                                 loss = torch.nn.functional.mse_loss(model(x.to(device)),
@@ -208,8 +215,9 @@ def awkward(rank, world, store, device, view, out):
                                 with torch.no_grad():
                                     for p in dense:
                                         p.grad.add_(0.5)  # one write after backward
-                            if case == "clipped_then_during" and i == 0:  # step() copies
-                                torch.nn.utils.clip_grad_norm_(dense, 0.05)  # them again
+                            if case == "clipped_then_during" and i == 0 or \
+                                    case == "stale_no_sync_clip":  # step() copies them again
+                                torch.nn.utils.clip_grad_norm_(dense, 0.05)
                             if during:  # (the later steps still take them from DDP's hook)
                                 streamed = (len(opt._stream.stepped) if opt._stream else 0,
                                             sum(len(lay.buckets) for lay in opt._layouts))
