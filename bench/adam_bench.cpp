@@ -280,15 +280,17 @@ int bench_adam(int argc, char **argv) {
         return now() - t0;
     };
     // Two warm-up steps, and more while the run-time prefetch choice is being made (it times
-    // kCalibrationPairs pairs of large steps): the timed steps run in the mode it chose.
+    // kCalibrationPairs pairs of large steps, within at most 8 times as many): the timed steps
+    // run in the mode it chose.
     const bool choosing = o.kernel.prefetch == zb::opt::Prefetch::automatic ||
                           (vs && vs->prefetch == zb::opt::Prefetch::automatic);
-    const int most = 2 + 2 * zb::opt::kCalibrationPairs * (vs ? 2 : 1);
+    const int most = 2 + 8 * zb::opt::kCalibrationPairs * (vs ? 2 : 1);
     int warmup = 2;
     for (int s = 0; s < warmup + o.steps; ++s) {
         if (s == warmup && choosing && warmup < most &&
             zb::opt::chosen_prefetch() == zb::opt::Prefetch::automatic &&
-            n >= 64 * zb::opt::TeamShare::kChunk)
+            n >= 64 * zb::opt::TeamShare::kChunk &&
+            n / static_cast<size_t>(o.threads) >= 16 * zb::opt::TeamShare::kChunk)
             ++warmup;
         hyper.step = s + 1;
         const double b = vs && s % 2 ? timed_step(*vs) : 0;

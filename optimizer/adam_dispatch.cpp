@@ -148,14 +148,17 @@ uint64_t run_chunk(const AdamBatch &batch, detail::RangeKernel kernel, bool stre
 } // namespace
 
 uint64_t adam_step_in_team(const AdamBatch &batch, TeamShare &share) {
-    size_t total = 0;
-    for (size_t k = 0; k < batch.count; ++k)
-        total += batch.tensors[k].n;
+    Kind kind{0, batch.grad, batch.copy, false, batch.count};
+    for (size_t k = 0; k < batch.count; ++k) {
+        kind.total += batch.tensors[k].n;
+        kind.stale = kind.stale || batch.tensors[k].stale;
+    }
+    const size_t total = kind.total;
     const detail::RangeKernel kernel = kernel_for(active_isa());
     const bool stream = batch_stores(batch) == Stores::streaming;
-    uint64_t call;
-    const Prefetch prefetching = call_prefetch(total, call);
     const int me = omp_get_thread_num(), threads = omp_get_num_threads();
+    uint64_t call;
+    const Prefetch prefetching = call_prefetch(kind, threads, call);
     size_t lo, hi;
     if (!TeamShare::fits(total, threads)) {
         adam_slice(total, me, threads, lo, hi);
@@ -163,7 +166,7 @@ uint64_t adam_step_in_team(const AdamBatch &batch, TeamShare &share) {
     }
     uint64_t bad = 0;
     share.begin(total, me, threads);
-    // The first thread of a large call times its chunks after its first (the streams' first
+    // The first thread of a timed call times its chunks after its first (the streams' first
     // pages and lines: up to 2.5x slower) while the run-time choice is being made.
     const bool timed = me == 0 && call != UINT64_MAX;
     size_t claimed = 0, elements = 0;
@@ -173,9 +176,9 @@ uint64_t adam_step_in_team(const AdamBatch &batch, TeamShare &share) {
         if (claimed > 1) elements += hi - lo;
         bad += run_chunk(batch, kernel, stream, prefetching, lo, hi);
     }
-    if (timed && claimed > 8)
+    if (timed)
         record_call(
-            call, elements,
+            kind, call, claimed > 8 ? elements : 0,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     return bad;
 }

@@ -527,8 +527,9 @@ void test_in_team(void **) {
 }
 
 // Automatic prefetching: made from kCalibrationPairs pairs of large steps (one without
-// prefetching and one into L2 each; small steps do not count), then the faster of off and l2 for
-// the process; the results are the bits of steps without prefetching throughout.
+// prefetching and one into L2 each; small steps, and steps whose threads' slices are small, do
+// not count), then the faster of off and l2 for the process; the results are the bits of steps
+// without prefetching throughout.
 void test_prefetch_chosen_at_run_time(void **) {
     using zb::opt::Prefetch;
     const Prefetch before = zb::opt::requested_prefetch();
@@ -544,22 +545,37 @@ void test_prefetch_chosen_at_run_time(void **) {
                         false);
     Problem ref = start, small_ref = small_start;
     Problem p = start, small = small_start;
-    for (int s = 0; s < 2 * zb::opt::kCalibrationPairs; ++s) {
+    // Six threads' slices of 80 chunks are under 16 chunks each: not timed, nothing chosen, and
+    // the steps run without prefetching
+    Problem wide = start, wide_ref = start;
+    for (int s = 0; s < 3; ++s) {
+        wide.step(6);
         assert_int_equal(static_cast<int>(zb::opt::chosen_prefetch()),
                          static_cast<int>(Prefetch::automatic));
-        p.step(1 + s % 2);
-        small.step(1);
     }
+    // At least 2 * kCalibrationPairs large steps; more where a pair was broken (a step too slow
+    // to time whole, on a loaded machine), within 8 times as many
+    int steps = 0;
+    while (zb::opt::chosen_prefetch() == Prefetch::automatic &&
+           steps < 8 * zb::opt::kCalibrationPairs) {
+        p.step(1);
+        small.step(1);
+        ++steps;
+    }
+    assert_true(steps >= 2 * zb::opt::kCalibrationPairs);
     const Prefetch chosen = zb::opt::chosen_prefetch();
     assert_true(chosen == Prefetch::off || chosen == Prefetch::l2);
     assert_int_equal(static_cast<int>(zb::opt::active_prefetch()), static_cast<int>(chosen));
     zb::opt::force_prefetch(Prefetch::off);
-    for (int s = 0; s < 2 * zb::opt::kCalibrationPairs; ++s) {
+    for (int s = 0; s < steps; ++s) {
         ref.step(1);
         small_ref.step(1);
     }
+    for (int s = 0; s < 3; ++s)
+        wide_ref.step(6);
     assert_same(ref, p);
     assert_same(small_ref, small);
+    assert_same(wide_ref, wide);
     zb::opt::force_prefetch(before);
 }
 

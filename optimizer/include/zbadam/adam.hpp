@@ -90,11 +90,12 @@ const char *stores_name(Stores s);
 // (adam_kernels.hpp): into L1, into L2, or not at all (the hardware prefetchers alone). It changes
 // only when lines arrive, never a result. Which is faster depends on the machine (the same Zen 4
 // guest model has measured either way), so by default (automatic) it is chosen at run time: the
-// process's large calls (64 chunks or more) run in pairs, one without and one with prefetching
-// into L2, each timed on its first thread, until kCalibrationPairs pairs are timed; the process
-// then keeps L2 where the median of the pairs' ratios is below 0.97, else none. Calls that are not
-// timed run without. force_prefetch() fixes a mode (tests, benchmarks), automatic returns to the
-// run-time choice.
+// process's large calls (64 chunks or more, 16 or more per thread) of each kind (elements,
+// streams, tensors) run in pairs, one without and one with prefetching into L2, each timed on the
+// team's first thread, until kCalibrationPairs pairs (two calls of a kind in a row) are timed; the
+// process then keeps L2 where the median of the pairs' ratios is below 0.97, else none (and none
+// after 8 times as many calls without them). Calls that are not timed run without. force_prefetch()
+// fixes a mode (tests, benchmarks), automatic returns to the run-time choice.
 enum class Prefetch : uint8_t { off, l1, l2, automatic };
 void force_prefetch(Prefetch p);
 Prefetch requested_prefetch();         // what force_prefetch() set: automatic by default
