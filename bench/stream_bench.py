@@ -10,7 +10,7 @@ step_during_backward() the worker starts when backward has ended; with it, each 
 soon as backward has produced its gradients. torch >= 2.1 (post-accumulate-grad hooks).
 
 --ddp wraps the model in DistributedDataParallel (one gloo rank; --bucket-view for
-gradient_as_bucket_view) and compares what a DDP user has without register_ddp(), a step after
+gradient_as_bucket_view, --find-unused for find_unused_parameters) and compares what a DDP user has without register_ddp(), a step after
 backward that copies DDP's averages, with opt.register_ddp(model) and step_during_backward(),
 which takes each bucket's average as DDP reduces it (two models and optimizers, alternated).
 
@@ -43,6 +43,8 @@ def main():
     ap.add_argument("--ddp", action="store_true", help="under DistributedDataParallel")
     ap.add_argument("--bucket-view", action="store_true",
                     help="DDP's gradient_as_bucket_view (with --ddp)")
+    ap.add_argument("--find-unused", action="store_true",
+                    help="DDP's find_unused_parameters (with --ddp)")
     args = ap.parse_args()
 
     train = [int(c) for c in args.train_cpus.split(",")]
@@ -65,7 +67,8 @@ def main():
         model = torch.nn.Sequential(*layers).to(dtype)
         if args.ddp:
             model = torch.nn.parallel.DistributedDataParallel(
-                model, gradient_as_bucket_view=args.bucket_view)
+                model, gradient_as_bucket_view=args.bucket_view,
+                find_unused_parameters=args.find_unused)
         opt = zenflow_bind.optim.AdamW(model.parameters(), lr=1e-5, cpus=args.worker_cpus,
                                        threads=len(args.worker_cpus.split(",")),
                                        bucket_elements=args.width * (args.width + 1))
@@ -82,7 +85,8 @@ def main():
     print(f"CPU: {cpu_name()}; training on CPUs {train} ({len(train)} torch threads), worker on "
           f"{args.worker_cpus}; load average {load()}")
     print(f"memory: {memory_settings()}")
-    ddp = f"; DDP, one gloo rank, gradient_as_bucket_view={args.bucket_view}" if args.ddp else ""
+    ddp = f"; DDP, one gloo rank, gradient_as_bucket_view={args.bucket_view}, " \
+        f"find_unused_parameters={args.find_unused}" if args.ddp else ""
     print(f"model: {args.layers} x Linear({args.width}, {args.width}), {numel / 1e6:.1f}M "
           f"{args.dtype} parameters in {buckets} buckets; batch {args.batch}; torch "
           f"{torch.__version__}{ddp}")
