@@ -1,9 +1,9 @@
 // zenflow-bench adam: median seconds per Adam step against a plain streaming pass over the same
 // bytes (roofline.hpp), alternated step by step in one run so both see the same machine noise; and,
 // with --vs-isa or --vs-prefetch, against a second configuration of the kernel on the same buffers.
+#include "prefetch_choice.hpp" // timed_kind(): the calls the choice times
 #include "roofline.hpp"
 #include <zbadam/adam.hpp>
-#include <zbadam/team_share.hpp>
 
 #include "affinity.hpp"
 #include "measure.hpp"
@@ -289,8 +289,7 @@ int bench_adam(int argc, char **argv) {
     for (int s = 0; s < warmup + o.steps; ++s) {
         if (s == warmup && choosing && warmup < most &&
             zb::opt::chosen_prefetch() == zb::opt::Prefetch::automatic &&
-            n >= 64 * zb::opt::TeamShare::kChunk &&
-            n / static_cast<size_t>(o.threads) >= 16 * zb::opt::TeamShare::kChunk)
+            zb::opt::timed_kind(zb::opt::Kind{n, o.grad, o.copy, o.stale, 1}, o.threads))
             ++warmup;
         hyper.step = s + 1;
         const double b = vs && s % 2 ? timed_step(*vs) : 0;

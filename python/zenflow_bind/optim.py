@@ -216,12 +216,18 @@ class AdamW(torch.optim.Optimizer):
                                            f"optimizer.state of param group {i}")
             self._apply_group_state(layout, prepared)
         for p, count in elsewhere:
-            self._steps.pop(p, None)
-            if count is not None:
-                self._steps[p] = count
+            self._set_count(p, count)
         self._keep_extras(snapshot.held())  # (written or not: a library's keys are its own)
         if edited or not keep:
             self._snapshot = None
+
+    def _set_count(self, p, count):
+        """p's step count from now on: None for no state; 0 is a state (torch's after a
+        reset)."""
+        if count is None:
+            self._steps.pop(p, None)
+        else:
+            self._steps[p] = count
 
     def _counts_elsewhere(self, states):
         """(parameter, its step count or None) for the parameters of groups with no element
@@ -857,9 +863,7 @@ class AdamW(torch.optim.Optimizer):
                             slot.seen = None
                     continue
                 for p, count in zip(group["params"], ready):
-                    self._steps.pop(p, None)
-                    if count is not None:
-                        self._steps[p] = count
+                    self._set_count(p, count)
             for group, saved in zip(self.param_groups, entries):
                 self._keep_extras(zip(group["params"], saved), cast=True)
             self._snapshot = None
@@ -889,16 +893,13 @@ class AdamW(torch.optim.Optimizer):
     def _apply_group_state(self, layout, prepared):
         self._gpu.settle()  # the masters may be what a copy to the GPU still reads
         moments, steps, masters = prepared
-        for slot in layout.slots:
-            self._steps.pop(slot.param, None)
         for slot, master in zip(layout.slots, masters):
             if master is None:
                 slot.load_from_model()
             else:
                 slot.master.copy_(master.view_as(slot.master))
         for slot, count in zip(layout.slots, steps):
-            if count is not None:  # a state, step 0 included (torch's after a reset)
-                self._steps[slot.param] = count
+            self._set_count(slot.param, count)
         steps = [c or 0 for c in steps]
         count = max(steps, default=0)
         layout.group.load_state(moments, count)
