@@ -1,26 +1,37 @@
-"""Hugging Face transformers' Trainer with zenflow_bind.optim.AdamW(overlap=True).
+"""Hugging Face transformers' Trainer with zenflow_bind.optim.AdamW: the callback it needs.
+
+    trainer = Trainer(..., optimizers=(opt, scheduler),
+                      callbacks=[zenflow_bind.hf.Synchronize()])
+
+Under DDP (torchrun, several processes) the Trainer wraps the model in DistributedDataParallel
+inside train(), through accelerate, where the user cannot reach the wrapper to call
+opt.register_ddp(): the callback does, at the model's first training forward inside it (the one
+moment the wrapper shows itself: DDP names the module it is running), so that each gradient is
+taken from DDP's reduction during backward, not copied again after it (zenflow_bind.optim(3),
+DISTRIBUTED DATA PARALLEL). A communication hook given to DDP another way is DDP's one hook: the
+callback warns and the gradients go as without it.
 
 In overlap mode the model holds the weights of the step before the last one until the optimizer
 synchronizes (zenflow_bind.optim(3), OVERLAP). The Trainer reads the model between steps: it saves
 a checkpoint (the model's file before the optimizer's state, which would then be a step apart)
 and evaluates, after a step or at an epoch's end, and a user saves or evaluates after train()
 returns. Synchronize has the optimizer finish the step in flight wherever the Trainer is about to
-do either, and when training ends:
+do either, and when training ends. A checkpoint is then whole and a run resumed from it ends where
+an uninterrupted one does. Not covered: the checkpoints transformers' JIT checkpointing
+(enable_jit_checkpoint) writes from its own callbacks, which run before this one. Without
+overlap=True that part changes nothing: a blocking step leaves nothing in flight.
 
-    trainer = Trainer(..., optimizers=(opt, scheduler),
-                      callbacks=[zenflow_bind.hf.Synchronize()])
-
-A checkpoint is then whole and a run resumed from it ends where an uninterrupted one does. The
-Trainer hands the callback the optimizer it was given; one the Trainer makes itself
-(optimizer_cls_and_kwargs) is not handed over: give it, Synchronize(optimizer), once made. Not
-covered: the checkpoints transformers' JIT checkpointing (enable_jit_checkpoint) writes from its
-own callbacks, which run before this one. Without overlap=True it changes nothing: a blocking step
-leaves nothing in flight.
+The Trainer hands the callback the optimizer it was given; one the Trainer makes itself
+(optimizer_cls_and_kwargs) is not handed over: give it, Synchronize(optimizer), once made.
 """
 
 import warnings
 
+import torch
+from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
+
+from ._compile import eager
 
 __all__ = ["Synchronize"]
 
@@ -34,19 +45,55 @@ def _ours(optimizer):
     return None
 
 
+def _unregistered(ours):
+    """Whether ours is a worker's optimizer that takes no DDP model's gradients yet (worker=False
+    reads .grad after DDP's reduction: nothing to take)."""
+    return getattr(ours, "_ddp_reduced", None) == {}
+
+
+def _take_from_ddp(ours, model):
+    """ours.register_ddp(the DistributedDataParallel running model), at model's first forward in
+    training mode: the wrapper exists by then, and an evaluation may run first, unwrapped. A
+    first forward outside DDP leaves the optimizer as it is. Returns the hook's handle."""
+    @eager
+    def first_forward(module, inputs):
+        if not module.training:
+            return
+        handle.remove()
+        # the DDP running this forward (torch 1.13 to 2.14 name it, for dynamo)
+        ddp = getattr(DistributedDataParallel, "_active_ddp_module", None)
+        if ddp is None or ddp.module is not module or not _unregistered(ours):
+            return
+        try:
+            ours.register_ddp(ddp)
+        except (RuntimeError, ValueError) as e:  # another communication hook, say
+            warnings.warn(f"zenflow_bind.hf.Synchronize: the DDP gradients are taken after "
+                          f"backward, as without register_ddp(): {e}", stacklevel=2)
+
+    handle = model.register_forward_pre_hook(first_forward)
+    return handle
+
+
 class Synchronize(TrainerCallback):
-    """Finishes the optimizer's step in flight before the Trainer saves, evaluates or stops.
-    optimizer: the zenflow_bind optimizer, where the Trainer does not hand it to callbacks."""
+    """Has the optimizer take DDP's gradients as DDP reduces them, and finishes the optimizer's
+    step in flight before the Trainer saves, evaluates or stops. optimizer: the zenflow_bind
+    optimizer, where the Trainer does not hand it to callbacks."""
 
     def __init__(self, optimizer=None):
         self.optimizer = optimizer
+        self._watch = None
 
-    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
-        if _ours(self.optimizer or optimizer) is None:
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        ours = _ours(self.optimizer or optimizer)
+        if ours is None:
             warnings.warn("zenflow_bind.hf.Synchronize: no zenflow_bind optimizer reached the "
                           "callback (the Trainer made its own?): give it, "
                           "Synchronize(optimizer); until then checkpoints may hold a model a "
                           "step behind the optimizer", stacklevel=2)
+            return
+        self._stop_watching()
+        if isinstance(model, torch.nn.Module) and _unregistered(ours):
+            self._watch = _take_from_ddp(ours, model)
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
         if control.should_save or control.should_evaluate or control.should_training_stop:
@@ -56,7 +103,13 @@ class Synchronize(TrainerCallback):
         self._synchronize(optimizer)  # epoch strategies save and evaluate right after
 
     def on_train_end(self, args, state, control, optimizer=None, **kwargs):
+        self._stop_watching()
         self._synchronize(optimizer)
+
+    def _stop_watching(self):
+        if self._watch is not None:
+            self._watch.remove()
+            self._watch = None
 
     def _synchronize(self, optimizer):
         ours = _ours(self.optimizer or optimizer)

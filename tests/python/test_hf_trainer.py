@@ -2,10 +2,13 @@
 Trainer(..., optimizers=(AdamW(...), scheduler)) on a GPT-2 built from a config (no download),
 text from this source tree with a byte-level vocabulary. It trains (the loss falls), saves a
 checkpoint, and a new Trainer with a new optimizer resumed from it ends where an uninterrupted run
-does; on the GPU where the machine has one. Skips where transformers is not installed (Debian
-forky's python3-transformers has it; CI runs this file there)."""
+does; on the GPU where the machine has one. Under DDP (two gloo ranks, as torchrun starts them)
+the Synchronize callback has the optimizer take each gradient from DDP's reduction, and training
+ends where torch's AdamW under the same Trainer does. Skips where transformers is not installed
+(Debian forky's python3-transformers has it; CI runs this file there)."""
 
 import os
+import socket
 import tempfile
 import unittest
 import warnings
@@ -68,6 +71,54 @@ def trainer(model, where, overlap=False, epochs=None, **kw):
     return Trainer(model=model, args=args, train_dataset=data, optimizers=(opt, sched), **kw), opt
 
 
+class Unedited(Trainer if transformers else object):
+    """A Trainer that leaves the gradients alone after backward, as transformers 4 does with
+    max_grad_norm=0: transformers 5 computes the norm it logs with clip_grad_norm_(inf) at every
+    step, which multiplies every .grad by 1.0 in place, an edit that step() copies again."""
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        return grad_norm
+
+
+def ddp_rank(rank, world, port, out):
+    """One rank of a Trainer under DDP, environment as torchrun sets it, CPU and gloo: the model
+    trained with torch's AdamW, ours with the callback and ours without. Rank 0 saves each run's
+    parameters, and for ours the gradients each step() found as DDP's reduction left them."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                      USE_LIBUV="0")  # Debian's torch 2.x has no libuv
+    import zenflow_bind.hf
+    got = {}
+    for case in ("torch", "ours", "ours_without_callback"):
+        model = gpt2()
+        with tempfile.TemporaryDirectory() as where:
+            # max_grad_norm=0: the Trainer's clip_grad_norm_ would edit every gradient after
+            # backward, and step() copy each again (clip in the optimizer instead; Unedited)
+            args = TrainingArguments(output_dir=where, per_device_train_batch_size=2,
+                                     max_steps=STEPS, save_strategy="no", report_to=[],
+                                     use_cpu=True, ddp_backend="gloo", max_grad_norm=0,
+                                     seed=0, data_seed=0, dataloader_num_workers=0,
+                                     disable_tqdm=True)
+            found = []
+            if case == "torch":
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+            else:
+                opt = zenflow_bind.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01,
+                                               threads=1)
+                opt.register_step_pre_hook(lambda opt, args, kwargs: found.append(
+                    sum(s.unchanged_since_staged(opt._buffer) for s in opt._ddp_slots.values())))
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / (2 * STEPS))
+            callbacks = [zenflow_bind.hf.Synchronize()] if case == "ours" else []
+            Unedited(model=model, args=args, train_dataset=text_blocks(4 * STEPS),
+                     optimizers=(opt, sched), callbacks=callbacks).train()
+            got[case] = ([p.detach().clone() for p in model.parameters()], found)
+            if case != "torch":
+                opt.close()
+    if rank == 0:
+        torch.save(got, out)
+
+
 @unittest.skipIf(transformers is None, "transformers is not installed")
 class HuggingFaceTrainer(unittest.TestCase):
     def test_trains_saves_and_resumes(self):
@@ -91,6 +142,65 @@ class HuggingFaceTrainer(unittest.TestCase):
             with self.assertWarnsRegex(UserWarning, r"Synchronize\(optimizer\)"):
                 zenflow_bind.hf.Synchronize().on_train_begin(None, state, control,
                                                              optimizer=optimizer)
+
+    @unittest.skipUnless(torch.distributed.is_available() and
+                         torch.distributed.is_gloo_available(), "no gloo")
+    def test_the_callback_takes_the_ddp_of_the_first_training_forward(self):
+        import torch.distributed as dist
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        from torch.nn.parallel import DistributedDataParallel
+        import zenflow_bind.hf
+        state, control = transformers.TrainerState(), transformers.TrainerControl()
+        x = torch.ones(2, 4)
+        with tempfile.TemporaryDirectory() as where:
+            dist.init_process_group("gloo", store=dist.FileStore(os.path.join(where, "s"), 1),
+                                    rank=0, world_size=1)
+            try:
+                for other_hook in (False, True):
+                    net = torch.nn.Linear(4, 4)
+                    ddp = DistributedDataParallel(net)
+                    if other_hook:  # DDP's one communication hook, set through accelerate
+                        ddp.register_comm_hook(None, allreduce_hook)
+                    opt = zenflow_bind.optim.AdamW(net.parameters(), threads=1)
+                    zenflow_bind.hf.Synchronize().on_train_begin(None, state, control,
+                                                                 model=net, optimizer=opt)
+                    net.eval()
+                    with torch.no_grad():
+                        ddp(x)  # an evaluation first: not the training forward
+                    self.assertFalse(opt._ddp_slots)
+                    net.train()
+                    if other_hook:
+                        with self.assertWarnsRegex(UserWarning, "taken after backward"):
+                            ddp(x).sum().backward()
+                    else:
+                        ddp(x).sum().backward()
+                    self.assertEqual(len(opt._ddp_slots), 0 if other_hook else 2)
+                    opt.step()  # training goes on either way
+                    opt.close()
+            finally:
+                dist.destroy_process_group()
+
+    @unittest.skipUnless(torch.distributed.is_available() and
+                         torch.distributed.is_gloo_available(), "no gloo")
+    def test_under_ddp_the_callback_takes_the_reduced_gradients(self):
+        import torch.multiprocessing as mp
+        with socket.socket() as s:  # a free port for the ranks' rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with tempfile.TemporaryDirectory() as where:
+            out = os.path.join(where, "out.pt")
+            mp.spawn(ddp_rank, args=(2, port, out), nprocs=2)
+            got = torch.load(out)
+        theirs, _ = got["torch"]
+        params = len(theirs)
+        for case, want in (("ours", [params] * STEPS), ("ours_without_callback", [0] * STEPS)):
+            ours, found = got[case]
+            with self.subTest(case=case):
+                for a, b in zip(ours, theirs):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+                # with the callback, every gradient step() finds is the one taken from DDP's
+                # reduction during backward: none is copied again
+                self.assertEqual(found, want)
 
     def resumes_where_a_straight_run_ends(self, epochs=False, **kw):
         with tempfile.TemporaryDirectory() as straight_dir, \
