@@ -8,8 +8,10 @@ inside train(), through accelerate, where the user cannot reach the wrapper to c
 opt.register_ddp(): the callback does, at the model's first training forward inside it (the one
 moment the wrapper shows itself: DDP names the module it is running), so that each gradient is
 taken from DDP's reduction during backward, not copied again after it (zenflow_bind.optim(3),
-DISTRIBUTED DATA PARALLEL). A communication hook given to DDP another way is DDP's one hook: the
-callback warns and the gradients go as without it.
+DISTRIBUTED DATA PARALLEL), unless edited after backward: transformers 5 multiplies every .grad
+by 1 for the norm it logs (zenflow_bind.optim(3), HUGGING FACE TRAINER). A communication hook
+given to DDP another way is DDP's one hook: the callback warns and the gradients go as without
+it.
 
 In overlap mode the model holds the weights of the step before the last one until the optimizer
 synchronizes (zenflow_bind.optim(3), OVERLAP). The Trainer reads the model between steps: it saves
@@ -26,8 +28,10 @@ The Trainer hands the callback the optimizer it was given; one the Trainer makes
 """
 
 import warnings
+import weakref
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
 
@@ -46,32 +50,39 @@ def _ours(optimizer):
 
 
 def _unregistered(ours):
-    """Whether ours is a worker's optimizer that takes no DDP model's gradients yet (worker=False
-    reads .grad after DDP's reduction: nothing to take)."""
-    return getattr(ours, "_ddp_reduced", None) == {}
+    """Whether ours is a worker's optimizer, open, that takes no DDP model's gradients yet
+    (worker=False reads .grad after DDP's reduction: nothing to take)."""
+    return getattr(ours, "_ddp_reduced", None) == {} and not ours.worker.closed
 
 
 def _take_from_ddp(ours, model):
-    """ours.register_ddp(the DistributedDataParallel running model), at model's first forward in
-    training mode: the wrapper exists by then, and an evaluation may run first, unwrapped. A
-    first forward outside DDP leaves the optimizer as it is. Returns the hook's handle."""
-    @eager
-    def first_forward(module, inputs):
-        if not module.training:
-            return
-        handle.remove()
+    """ours.register_ddp(the DistributedDataParallel that runs model), at model's first forward
+    inside it in training mode: the wrapper exists by then. Forwards outside it (an evaluation,
+    a pass of the unwrapped model) are passed over; a train() that fails before leaves the hook
+    on the model, holding the optimizer weakly, and it does nothing once that one is closed or
+    gone. Returns the hook's handle."""
+    ours = weakref.ref(ours)
+
+    def inside_ddp(module, inputs):  # (traced under torch.compile: all but the call is cheap)
         # the DDP running this forward (torch 1.13 to 2.14 name it, for dynamo)
         ddp = getattr(DistributedDataParallel, "_active_ddp_module", None)
-        if ddp is None or ddp.module is not module or not _unregistered(ours):
-            return
-        try:
-            ours.register_ddp(ddp)
-        except (RuntimeError, ValueError) as e:  # another communication hook, say
-            warnings.warn(f"zenflow_bind.hf.Synchronize: the DDP gradients are taken after "
-                          f"backward, as without register_ddp(): {e}", stacklevel=2)
+        if ddp is not None and ddp.module is module and module.training:
+            handle.remove()
+            _register(ours(), ddp)
 
-    handle = model.register_forward_pre_hook(first_forward)
+    handle = model.register_forward_pre_hook(inside_ddp)
     return handle
+
+
+@eager
+def _register(ours, ddp):
+    if ours is None or not _unregistered(ours):
+        return
+    try:
+        ours.register_ddp(ddp)
+    except (RuntimeError, ValueError) as e:  # another communication hook, say
+        warnings.warn(f"zenflow_bind.hf.Synchronize: the DDP gradients are taken after "
+                      f"backward, as without register_ddp(): {e}", stacklevel=3)
 
 
 class Synchronize(TrainerCallback):
@@ -92,7 +103,9 @@ class Synchronize(TrainerCallback):
                           "step behind the optimizer", stacklevel=2)
             return
         self._stop_watching()
-        if isinstance(model, torch.nn.Module) and _unregistered(ours):
+        # DDP needs a process group: a single process gets no hook
+        if isinstance(model, torch.nn.Module) and _unregistered(ours) and \
+                dist.is_available() and dist.is_initialized():
             self._watch = _take_from_ddp(ours, model)
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):

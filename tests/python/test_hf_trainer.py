@@ -145,13 +145,25 @@ class HuggingFaceTrainer(unittest.TestCase):
 
     @unittest.skipUnless(torch.distributed.is_available() and
                          torch.distributed.is_gloo_available(), "no gloo")
-    def test_the_callback_takes_the_ddp_of_the_first_training_forward(self):
+    def test_the_callback_takes_the_ddp_that_runs_the_model(self):
+        import gc
         import torch.distributed as dist
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
         from torch.nn.parallel import DistributedDataParallel
         import zenflow_bind.hf
         state, control = transformers.TrainerState(), transformers.TrainerControl()
         x = torch.ones(2, 4)
+
+        def begin(net, opt):
+            zenflow_bind.hf.Synchronize().on_train_begin(None, state, control, model=net,
+                                                         optimizer=opt)
+
+        # one process, no process group: no DDP can come, and the model gets no hook (one
+        # would break Module.compile(fullgraph=True))
+        net = torch.nn.Linear(4, 4)
+        with zenflow_bind.optim.AdamW(net.parameters(), threads=1) as opt:
+            begin(net, opt)
+            self.assertFalse(net._forward_pre_hooks)
         with tempfile.TemporaryDirectory() as where:
             dist.init_process_group("gloo", store=dist.FileStore(os.path.join(where, "s"), 1),
                                     rank=0, world_size=1)
@@ -161,20 +173,35 @@ class HuggingFaceTrainer(unittest.TestCase):
                     ddp = DistributedDataParallel(net)
                     if other_hook:  # DDP's one communication hook, set through accelerate
                         ddp.register_comm_hook(None, allreduce_hook)
+                    # train()s that failed before any forward left their hooks: one with its
+                    # optimizer closed, one with it dropped (held weakly: freed, its
+                    # parameters free for another)
+                    closed = zenflow_bind.optim.AdamW(net.parameters(), threads=1)
+                    begin(net, closed)
+                    closed.close()
+                    dropped = zenflow_bind.optim.AdamW(net.parameters(), threads=1)
+                    begin(net, dropped)
+                    del dropped
+                    gc.collect()
                     opt = zenflow_bind.optim.AdamW(net.parameters(), threads=1)
-                    zenflow_bind.hf.Synchronize().on_train_begin(None, state, control,
-                                                                 model=net, optimizer=opt)
-                    net.eval()
+                    begin(net, opt)
                     with torch.no_grad():
-                        ddp(x)  # an evaluation first: not the training forward
+                        net.eval()
+                        ddp(x)  # an evaluation
+                        net.train()
+                        net(x)  # a pass of the unwrapped model (a reference model's)
                     self.assertFalse(opt._ddp_slots)
-                    net.train()
-                    if other_hook:
-                        with self.assertWarnsRegex(UserWarning, "taken after backward"):
-                            ddp(x).sum().backward()
-                    else:
+                    with warnings.catch_warnings(record=True) as said:
+                        warnings.simplefilter("always")
                         ddp(x).sum().backward()
+                    said = [str(w.message) for w in said if "zenflow_bind" in str(w.message)]
+                    if other_hook:
+                        self.assertEqual(len(said), 1)
+                        self.assertIn("taken after backward", said[0])
+                    else:
+                        self.assertEqual(said, [])
                     self.assertEqual(len(opt._ddp_slots), 0 if other_hook else 2)
+                    self.assertFalse(net._forward_pre_hooks)  # each hook saw it, and went
                     opt.step()  # training goes on either way
                     opt.close()
             finally:
