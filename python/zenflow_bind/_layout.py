@@ -221,8 +221,12 @@ class Slot:
         backward goes on; step() then finds it there. buffer_now() says which buffer, or None
         once the optimizer is gone; landed(slot), when given, is told after each copy. A CUDA
         gradient's copy is queued on gpu's copy stream (_cuda.Gpu), and backward does not wait
-        for it. Not for a DTensor shard, whose gradient is FSDP2's, nor for a non-leaf tensor
-        that retains its gradient (torch has no such hook for it): step() copies theirs."""
+        for it. Not for a DTensor shard, whose gradient is FSDP2's: FSDP2 runs the hook once it
+        has set the shard's gradient (torch 2.6 and 2.14), but an edit after backward through
+        a foreach op (clip_grad_norm_'s _foreach_mul_) bumps neither the DTensor's version nor
+        its local tensor's (torch 2.14), so a copy made then could not be told stale. Nor for a
+        non-leaf tensor that retains its gradient (torch has no such hook for it): step()
+        copies theirs."""
         p = self.param
         self.watching = (buffer_now, landed, gpu)
         if self.ddp:
