@@ -95,7 +95,9 @@ def ddp_rank(rank, world, port, out):
         with tempfile.TemporaryDirectory() as where:
             # max_grad_norm=0: the Trainer's clip_grad_norm_ would edit every gradient after
             # backward, and step() copy each again (clip in the optimizer instead; Unedited)
+            # two micro-batches a step: the first under DDP's no_sync(), as the Trainer runs it
             args = TrainingArguments(output_dir=where, per_device_train_batch_size=2,
+                                     gradient_accumulation_steps=2,
                                      max_steps=STEPS, save_strategy="no", report_to=[],
                                      use_cpu=True, ddp_backend="gloo", max_grad_norm=0,
                                      seed=0, data_seed=0, dataloader_num_workers=0,
