@@ -112,6 +112,15 @@ def set_math(group, adamw, correct):
     return group
 
 
+def only_torch_flags(group):
+    """group without the execution flags this torch's AdamW lacks (torch 1.13's has no fused
+    nor differentiable), in place, so that the groups hold exactly its keys."""
+    for key in ("fused", "differentiable"):
+        if key not in _torch_group_keys():
+            group.pop(key, None)
+    return group
+
+
 def group_math(group, defaults):
     """(adamw, correct) of a group; what it does not say comes from defaults (an optimizer's:
     read before torch's add_param_group fills the group from them)."""

@@ -110,11 +110,11 @@ def _unfit(index, shard, **tensors):
             return (f"parameter {index} has {shard.numel()} elements and its {name} "
                     f"{t.numel()}: a resized parameter (.data =) needs a new optimizer, or its "
                     "state and gradient resized with it")
-        if not t.is_cpu or (name.startswith("exp_avg") and t.dtype is not torch.float32) or \
+        if not t.is_cpu or (name != "grad" and t.dtype is not torch.float32) or \
                 not t.is_contiguous():
             return (f"parameter {index}: its {name} is now a {t.dtype} tensor on {t.device}"
                     f"{'' if t.is_contiguous() else ', not contiguous'}; the kernel steps fp32 "
-                    "moments and gradients held contiguous on the CPU")
+                    "moments and master weights, and gradients, held contiguous on the CPU")
     raise AssertionError("no unfit tensor")
 
 
@@ -349,6 +349,8 @@ class InProcessAdamW(AdamW):
                 if target is not master:
                     write_back.append((target, master))
                 grad = local(grad)
+                if grad._is_zerotensor() or grad.is_neg():  # (a gradient of zeros without
+                    grad = grad.clone()  # memory; a lazily negated one): as values, as torch's
                 if grad.dtype is not dtype:
                     grad = grad.to(dtype)
                 if not grad.is_contiguous():
@@ -357,8 +359,10 @@ class InProcessAdamW(AdamW):
                 # at every step, since .data = re-seats a tensor in place (a resized model)
                 n = shard.numel()
                 if grad.numel() != n or m.numel() != n or v.numel() != n or \
-                        target.numel() != n or not (grad.is_cpu and m.is_cpu and v.is_cpu) or \
+                        target.numel() != n or \
+                        not (grad.is_cpu and m.is_cpu and v.is_cpu and target.is_cpu) or \
                         m.dtype is not torch.float32 or v.dtype is not torch.float32 or \
+                        target.dtype is not torch.float32 or \
                         not (m.is_contiguous() and v.is_contiguous()):
                     raise ValueError(_unfit(index, shard, grad=grad, exp_avg=m, exp_avg_sq=v,
                                             master_param=target))

@@ -28,7 +28,7 @@ from ._cuda import Gpu
 from ._global_stats import clip_scale, complete_grads, sharded, stats
 from ._groups import (adamw_of, apply_saved, as_torch_groups, check_group, check_unique,
                       corrected, group_math, load_post_hooks, load_pre_hooks,
-                      read_saved, saved_entry, set_math)
+                      only_torch_flags, read_saved, saved_entry, set_math)
 from ._layout import Layout, local, shared_grad
 from .functional import _number, torch_threads
 from ._native import MAX_GROUPS, STEP_GRAD_NORM, STEP_SKIP_NONFINITE, ZenbindError
@@ -94,6 +94,7 @@ class AdamW(torch.optim.Optimizer):
                                  capturable=capturable, differentiable=differentiable,
                                  fused=fused), adamw_mode, bias_correction)
         check_group(defaults)
+        only_torch_flags(defaults)
         max_grad_norm = _number("max_grad_norm", max_grad_norm)
         if not (max_grad_norm >= 0.0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"invalid max_grad_norm {max_grad_norm}: must be >= 0 (0: no clip)")

@@ -345,10 +345,16 @@ class InProcess(unittest.TestCase):
                                                           torch.zeros(8)[::2]),
                                      "not contiguous"),
         }
-        for name, (reseat, says) in cases.items():
+        # a 16-bit parameter's fp32 master (16-bit, it was written past its end)
+        for dtype in (torch.bfloat16, torch.float64):
+            cases[f"master_param made {dtype}"] = (
+                lambda p, s, dtype=dtype: setattr(s["master_param"], "data",
+                                                  torch.zeros(4, dtype=dtype)),
+                f"its master_param is now a {dtype} tensor", torch.bfloat16)
+        for name, (reseat, says, *dtype) in cases.items():
             with self.subTest(name):
-                p = torch.nn.Parameter(torch.randn(4))
-                p.grad = torch.randn(4)
+                p = torch.nn.Parameter(torch.randn(4, dtype=(dtype or [torch.float32])[0]))
+                p.grad = torch.randn(4, dtype=p.dtype)
                 opt = local_opt([p])
                 opt.step()
                 reseat(p, opt.state[p])
@@ -358,6 +364,43 @@ class InProcess(unittest.TestCase):
                 self.assertTrue(torch.equal(p.detach(), before[0]), "nothing written")
                 for a, b in zip(opt.state[p].values(), before[1]):
                     self.assertTrue(torch.equal(a, b), "nothing written")
+
+    def test_gradients_in_torchs_lazy_forms_step_as_their_values(self):
+        # A custom autograd.Function may return torch's zeros without memory (data_ptr 0; the
+        # kernel refused it, and with fp32 and bf16 parameters, two kernel calls, the fp32 ones
+        # had stepped when the bf16 one failed: a torn step), and a gradient may carry the
+        # negation flag (the kernel read the memory without it: the step went the other way)
+        class Zeros(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.clone()
+
+            @staticmethod
+            def backward(ctx, g):
+                return torch._efficientzerotensor(g.shape, dtype=g.dtype)
+
+        for form in ("zeros", "negated"):
+            with self.subTest(form):
+                got = []
+                for lazy in (True, False):
+                    torch.manual_seed(0)
+                    a = torch.nn.Parameter(torch.randn(8))
+                    b = torch.nn.Parameter(torch.randn(8).bfloat16())
+                    opt = local_opt([a, b])
+                    for _ in range(2):
+                        opt.zero_grad(set_to_none=True)  # (torch cannot zero_() those)
+                        if form == "zeros" and lazy:
+                            (Zeros.apply(a).sum() + Zeros.apply(b).float().sum()).backward()
+                            self.assertTrue(a.grad._is_zerotensor())
+                        elif form == "zeros":
+                            a.grad, b.grad = torch.zeros(8), torch.zeros(8, dtype=b.dtype)
+                        else:  # -1 everywhere, as a flag on ones or as values
+                            a.grad, b.grad = (torch._neg_view(t) if lazy else -t for t in
+                                              (torch.ones(8), torch.ones(8, dtype=b.dtype)))
+                            self.assertEqual(a.grad.is_neg(), lazy)
+                        opt.step()
+                    got.append(bits(torch.nn.ParameterList([a, b])))
+                self.assertEqual(got[0], got[1])
 
     def test_a_non_leaf_tensor_that_retains_its_gradient(self):
         # torch optimizes one; the worker has no hook for it and copies its gradient at step()

@@ -12,6 +12,7 @@ import torch
 
 from torch_cases import (assert_close, assert_equal, batches, groups_of, mapped, mlp, ours, train,
                          twins)
+import zenflow_bind.optim
 
 
 def moved_state(opt):
@@ -68,6 +69,17 @@ class StateDict(unittest.TestCase):
             self.assertEqual(opt.param_groups[0]["lr"], 1e-2)
             train(b, opt, data[10:])
             assert_close(self, b.parameters(), ref.parameters())
+
+    def test_groups_hold_exactly_the_keys_of_this_torchs_adamw(self):
+        # live and saved, in both modes (torch 1.13's AdamW has no fused nor differentiable:
+        # they were added there)
+        want = set(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))]).param_groups[0])
+        for worker in (True, False):
+            with self.subTest(worker=worker), \
+                    zenflow_bind.optim.AdamW(mlp().parameters(), threads=1,
+                                             worker=worker) as opt:
+                self.assertEqual(set(opt.param_groups[0]), want)
+                self.assertEqual(set(opt.state_dict()["param_groups"][0]), want)
 
     def test_checkpoint_resume_in_a_new_worker_is_bit_identical(self):
         # Loaded from bytes, and from a file mapped by torch.load(mmap=True) (torch >= 2.1), whose
@@ -322,7 +334,8 @@ class StateDict(unittest.TestCase):
                 with ours(model.parameters(), lr=1e-2, worker=worker) as opt:
                     opt.load_state_dict(sd)
                     self.assertFalse(opt.param_groups[0]["capturable"])
-                    self.assertFalse(opt.param_groups[0]["differentiable"])
+                    # (torch 1.13's AdamW has none)
+                    self.assertFalse(opt.param_groups[0].get("differentiable", False))
                     train(model, opt, data[2:3])
         assert_equal(self, list(a.parameters()), list(b.parameters()))
 
