@@ -101,6 +101,9 @@ def _check(what, i, t, dtypes, numel):
         raise ValueError(f"{what}[{i}] is {t.layout}: this step runs on dense tensors")
     if not t.is_contiguous():
         raise ValueError(f"{what}[{i}] is not contiguous")
+    if t.is_neg() or t._is_zerotensor():  # the kernel reads and writes memory, not the flags
+        form = "lazily negated" if t.is_neg() else "zeros without memory"
+        raise ValueError(f"{what}[{i}] is {form}: pass its values (.clone())")
     if t.numel() != numel:
         raise ValueError(f"{what}[{i}] has {t.numel()} elements, its parameter {numel}")
 
@@ -119,8 +122,9 @@ def adamw_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr=1e-3, betas=(0.9, 0
       skip_nonfinite                  a non-finite scaled gradient anywhere: nothing is written
       max_grad_norm                   > 0: clip by the global L2 norm, as clip_grad_norm_
       threads                         OpenMP threads (0: OpenMP's default)
-    Returns a StepResult. Raises before writing anything on bad input. The tensors written must
-    not overlap each other nor those read (a parameter listed twice): the result is undefined."""
+    Returns a StepResult. Raises before writing anything on bad input, a tensor written that
+    starts where another one does included (a parameter listed twice); other overlaps of the
+    tensors written with each other or with those read are undefined."""
     lists = (params, grads, exp_avgs, exp_avg_sqs) + ((copy_out,) if copy_out is not None else ())
     if len({len(x) for x in lists}) != 1:
         raise ValueError("params, grads, exp_avgs, exp_avg_sqs (and copy_out) must be lists of "
@@ -148,6 +152,7 @@ def adamw_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr=1e-3, betas=(0.9, 0
         _check("exp_avg_sqs", i, exp_avg_sqs[i], fp32, p.numel())
         if copy_out is not None:
             _check("copy_out", i, copy_out[i], (torch.bfloat16, torch.float16), p.numel())
+    _distinct(params, grads, exp_avgs, exp_avg_sqs, copy_out)
     hyper = _native.hyper(lr, (beta1, beta2), eps, weight_decay, adamw, bias_correction)
     rows = Rows()
     for i, p in enumerate(params):
@@ -156,6 +161,25 @@ def adamw_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr=1e-3, betas=(0.9, 0
     return launch(rows, grad_dtype, copy_dtype, hyper, base_step,
                   -float(grad_scale) if maximize else float(grad_scale), skip_nonfinite,
                   _number("max_grad_norm", max_grad_norm), bool(grad_norm), _threads(threads))
+
+
+def _distinct(params, grads, exp_avgs, exp_avg_sqs, copy_out):
+    """Refuse a tensor the step writes that starts where another one written or read does (a
+    parameter listed twice, exp_avg given as exp_avg_sq, a gradient that is its parameter):
+    the kernel's threads would race on it. A partial overlap stays the caller's to avoid."""
+    written = {}
+    for what, tensors in (("params", params), ("exp_avgs", exp_avgs),
+                          ("exp_avg_sqs", exp_avg_sqs), ("copy_out", copy_out or ())):
+        for i, t in enumerate(tensors):
+            if t.numel():
+                other = written.setdefault(t.data_ptr(), f"{what}[{i}]")
+                if other != f"{what}[{i}]":
+                    raise ValueError(f"{what}[{i}] is the memory of {other}: each tensor the "
+                                     "step writes must be its own")
+    for i, g in enumerate(grads):
+        other = written.get(g.data_ptr()) if g.numel() else None
+        if other is not None:
+            raise ValueError(f"grads[{i}] is the memory of {other}, which the step writes")
 
 
 def adam_args(grad_dtype, grad_scale, threads):

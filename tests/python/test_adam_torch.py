@@ -136,6 +136,14 @@ class BadInput(unittest.TestCase):
             (dict(threads=1.5), ValueError, "threads must be 0"),
             (dict(lr="0.1"), TypeError, "lr must be a number"),
             (dict(grads=[torch.ones(8).to(torch.int32)]), TypeError, "grads"),
+            # the kernel reads memory, not torch's lazy flags
+            (dict(grads=[torch._neg_view(g)]), ValueError, r"grads\[0\] is lazily negated"),
+            (dict(grads=[torch._efficientzerotensor(8)]), ValueError, "zeros without memory"),
+            # tensors written twice, or read where written: the threads would race on them
+            (dict(params=[p, p], grads=[g, g], exp_avgs=[m, torch.zeros(8)],
+                  exp_avg_sqs=[v, torch.zeros(8)]), ValueError, r"params\[1\] is the memory"),
+            (dict(exp_avg_sqs=[m]), ValueError, r"exp_avg_sqs\[0\] is the memory of exp_avgs"),
+            (dict(grads=[p]), ValueError, r"grads\[0\] is the memory of params\[0\]"),
         ]
         for change, error, says in cases:
             kw = dict(params=[p], grads=[g], exp_avgs=[m], exp_avg_sqs=[v], step=1)
