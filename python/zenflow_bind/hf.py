@@ -9,7 +9,9 @@ opt.register_ddp(): the callback does, at the model's first training forward ins
 moment the wrapper shows itself: DDP names the module it is running), so that each gradient is
 taken from DDP's reduction during backward, not copied again after it (zenflow_bind.optim(3),
 DISTRIBUTED DATA PARALLEL), unless edited after backward: transformers 5 multiplies every .grad
-by 1 for the norm it logs (zenflow_bind.optim(3), HUGGING FACE TRAINER). A communication hook
+by 1 for the norm it logs (zenflow_bind.optim(3), HUGGING FACE TRAINER). It does so for an
+optimizer that holds CUDA parameters: a CPU parameter's gradient is already where the worker
+reads it (Synchronize(register_ddp=True or False) decides otherwise). A communication hook
 given to DDP another way is DDP's one hook: the callback warns and the gradients go as without
 it.
 
@@ -36,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
 
 from ._compile import eager
+from ._layout import local
 
 __all__ = ["Synchronize"]
 
@@ -55,12 +58,20 @@ def _unregistered(ours):
     return getattr(ours, "_ddp_reduced", None) == {} and not ours.worker.closed
 
 
-def _take_from_ddp(ours, model):
+def _on_cuda(ours):
+    """Whether ours holds a CUDA parameter: the gradients register_ddp() saves a transfer for.
+    A CPU one's gradient is its slice of the shared buffer, where DDP writes the average and
+    step() copies nothing: registering would copy each (for steps during backward, which the
+    Trainer does not take)."""
+    return any(local(p).is_cuda for group in ours.param_groups for p in group["params"])
+
+
+def _take_from_ddp(ours, model, when):
     """ours.register_ddp(the DistributedDataParallel that runs model), at model's first forward
     inside it in training mode: the wrapper exists by then. Forwards outside it (an evaluation,
     a pass of the unwrapped model) are passed over; a train() that fails before leaves the hook
     on the model, holding the optimizer weakly, and it does nothing once that one is closed or
-    gone. Returns the hook's handle."""
+    gone. when(ours) decides, then, whether to register. Returns the hook's handle."""
     ours = weakref.ref(ours)
 
     def inside_ddp(module, inputs):  # (traced under torch.compile: all but the call is cheap)
@@ -68,15 +79,15 @@ def _take_from_ddp(ours, model):
         ddp = getattr(DistributedDataParallel, "_active_ddp_module", None)
         if ddp is not None and ddp.module is module and module.training:
             handle.remove()
-            _register(ours(), ddp)
+            _register(ours(), ddp, when)
 
     handle = model.register_forward_pre_hook(inside_ddp)
     return handle
 
 
 @eager
-def _register(ours, ddp):
-    if ours is None or not _unregistered(ours):
+def _register(ours, ddp, when):
+    if ours is None or not _unregistered(ours) or not when(ours):
         return
     try:
         ours.register_ddp(ddp)
@@ -88,10 +99,14 @@ def _register(ours, ddp):
 class Synchronize(TrainerCallback):
     """Has the optimizer take DDP's gradients as DDP reduces them, and finishes the optimizer's
     step in flight before the Trainer saves, evaluates or stops. optimizer: the zenflow_bind
-    optimizer, where the Trainer does not hand it to callbacks."""
+    optimizer, where the Trainer does not hand it to callbacks. register_ddp: None registers
+    an optimizer that holds CUDA parameters (see _on_cuda), True and False any or none."""
 
-    def __init__(self, optimizer=None):
+    def __init__(self, optimizer=None, register_ddp=None):
+        if register_ddp not in (None, True, False):
+            raise TypeError(f"register_ddp is None, True or False, not {register_ddp!r}")
         self.optimizer = optimizer
+        self.register_ddp = register_ddp
         self._watch = None
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
@@ -104,9 +119,10 @@ class Synchronize(TrainerCallback):
             return
         self._stop_watching()
         # DDP needs a process group: a single process gets no hook
+        when = _on_cuda if self.register_ddp is None else lambda ours: self.register_ddp
         if isinstance(model, torch.nn.Module) and _unregistered(ours) and \
-                dist.is_available() and dist.is_initialized():
-            self._watch = _take_from_ddp(ours, model)
+                self.register_ddp is not False and dist.is_available() and dist.is_initialized():
+            self._watch = _take_from_ddp(ours, model, when)
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
         if control.should_save or control.should_evaluate or control.should_training_stop:

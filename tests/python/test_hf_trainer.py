@@ -90,7 +90,7 @@ def ddp_rank(rank, world, port, out):
                       USE_LIBUV="0")  # Debian's torch 2.x has no libuv
     import zenflow_bind.hf
     got = {}
-    for case in ("torch", "ours", "ours_without_callback"):
+    for case in ("torch", "ours", "ours_by_default"):
         model = gpt2()
         with tempfile.TemporaryDirectory() as where:
             # max_grad_norm=0: the Trainer's clip_grad_norm_ would edit every gradient after
@@ -111,7 +111,10 @@ def ddp_rank(rank, world, port, out):
                 opt.register_step_pre_hook(lambda opt, args, kwargs: found.append(
                     sum(s.unchanged_since_staged(opt._buffer) for s in opt._ddp_slots.values())))
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / (2 * STEPS))
-            callbacks = [zenflow_bind.hf.Synchronize()] if case == "ours" else []
+            # by default the callback registers an optimizer of CUDA parameters alone: a CPU
+            # one's gradients are in the worker's buffer already, where DDP averages them
+            callbacks = [] if case == "torch" else \
+                [zenflow_bind.hf.Synchronize(register_ddp=True if case == "ours" else None)]
             Unedited(model=model, args=args, train_dataset=text_blocks(4 * STEPS),
                      optimizers=(opt, sched), callbacks=callbacks).train()
             got[case] = ([p.detach().clone() for p in model.parameters()], found)
@@ -156,9 +159,9 @@ class HuggingFaceTrainer(unittest.TestCase):
         state, control = transformers.TrainerState(), transformers.TrainerControl()
         x = torch.ones(2, 4)
 
-        def begin(net, opt):
-            zenflow_bind.hf.Synchronize().on_train_begin(None, state, control, model=net,
-                                                         optimizer=opt)
+        def begin(net, opt, register_ddp=True):  # (CPU parameters: registered when asked)
+            zenflow_bind.hf.Synchronize(register_ddp=register_ddp).on_train_begin(
+                None, state, control, model=net, optimizer=opt)
 
         # one process, no process group: no DDP can come, and the model gets no hook (one
         # would break Module.compile(fullgraph=True))
@@ -206,6 +209,15 @@ class HuggingFaceTrainer(unittest.TestCase):
                     self.assertFalse(net._forward_pre_hooks)  # each hook saw it, and went
                     opt.step()  # training goes on either way
                     opt.close()
+                # by default, an optimizer of CPU parameters is not registered
+                net = torch.nn.Linear(4, 4)
+                ddp = DistributedDataParallel(net)
+                with zenflow_bind.optim.AdamW(net.parameters(), threads=1) as opt:
+                    begin(net, opt, register_ddp=None)
+                    ddp(x).sum().backward()
+                    self.assertFalse(opt._ddp_slots)
+                    self.assertFalse(net._forward_pre_hooks)
+                    opt.step()
             finally:
                 dist.destroy_process_group()
 
@@ -222,7 +234,7 @@ class HuggingFaceTrainer(unittest.TestCase):
             got = torch.load(out)
         theirs, _ = got["torch"]
         params = len(theirs)
-        for case, want in (("ours", [params] * STEPS), ("ours_without_callback", [0] * STEPS)):
+        for case, want in (("ours", [params] * STEPS), ("ours_by_default", [0] * STEPS)):
             ours, found = got[case]
             with self.subTest(case=case):
                 for a, b in zip(ours, theirs):
