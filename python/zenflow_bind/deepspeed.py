@@ -160,7 +160,8 @@ def _config_problems(config):
     if _flag(offload.get("super_offload")):
         return ("SuperOffload splits the CPUs itself (cpuadam_cores_perc) and this adapter does "
                 "not drive it: run srun --zenflow-bind=mode=offload, which gives each task its "
-                "whole share"), []
+                "whole share, and give torch the training part's thread count "
+                "(zenflow_bind.deepspeed(3))"), []
     if zero.get("zenflow") is None:
         return ("the config has no zero_optimization.zenflow section, so no ZenFlow optimizer "
                 "process runs: for DeepSpeedCPUAdam in the training process run "
