@@ -10,9 +10,12 @@ step_during_backward() the worker starts when backward has ended; with it, each 
 soon as backward has produced its gradients. torch >= 2.1 (post-accumulate-grad hooks).
 
 --ddp wraps the model in DistributedDataParallel (one gloo rank; --bucket-view for
-gradient_as_bucket_view, --find-unused for find_unused_parameters) and compares what a DDP user has without register_ddp(), a step after
-backward that copies DDP's averages, with opt.register_ddp(model) and step_during_backward(),
-which takes each bucket's average as DDP reduces it (two models and optimizers, alternated).
+gradient_as_bucket_view, --find-unused for find_unused_parameters) and compares what a DDP user
+has without register_ddp(), a step after backward that copies DDP's averages, with
+opt.register_ddp(model) and step_during_backward(), which takes each bucket's average as DDP
+reduces it (two models and optimizers, alternated).
+--after steps the registered model after backward too, as a loop that never steps during
+backward does (the Hugging Face Trainer): what register_ddp() alone costs or saves there.
 
     PYTHONPATH=python ZENFLOW_BIND_LIB=build/default/libzenbind/libzenbind.so.2 \\
     ZENFLOW_OPTIMIZER=build/default/optimizer/zenflow-optimizer python3 bench/stream_bench.py
@@ -45,6 +48,8 @@ def main():
                     help="DDP's gradient_as_bucket_view (with --ddp)")
     ap.add_argument("--find-unused", action="store_true",
                     help="DDP's find_unused_parameters (with --ddp)")
+    ap.add_argument("--after", action="store_true",
+                    help="with --ddp: the registered model also steps after backward")
     args = ap.parse_args()
 
     train = [int(c) for c in args.train_cpus.split(",")]
@@ -96,7 +101,7 @@ def main():
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = model(x).float().square().mean()
-        if during:
+        if during and not args.after:
             with opt.step_during_backward():
                 loss.backward()
         else:
@@ -115,7 +120,7 @@ def main():
     plain = statistics.median(t for t, _ in times[False])
     streamed = statistics.median(t for t, _ in times[True])
     names = ("step after backward", "step_during_backward") if not args.ddp else \
-        ("DDP, step after", "register_ddp, during")
+        ("DDP, step after", "register_ddp, after" if args.after else "register_ddp, during")
     for during, name in zip((False, True), names):
         total = statistics.median(t for t, _ in times[during])
         tail = statistics.median(s for _, s in times[during])
