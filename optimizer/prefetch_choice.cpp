@@ -131,10 +131,11 @@ Prefetch call_prefetch(const Kind &kind, int threads, uint64_t &call) {
     return mode_of(call);
 }
 
-void record_call(const Kind &kind, uint64_t call, size_t elements, double seconds) {
+void record_call(const Kind &kind, uint64_t call, size_t elements, double seconds) noexcept {
     if (call == UINT64_MAX) return;
     Calibration &c = calibration();
-    const std::lock_guard<std::mutex> hold(c.lock);
+    const std::unique_lock<std::mutex> hold(c.lock, std::try_to_lock); // (lock() may throw)
+    if (!hold.owns_lock()) return;
     if (chosen().load(std::memory_order_relaxed) != Prefetch::automatic) return;
     take_sample(c, kind, call, elements, seconds);
     if (c.taken == kCalibrationPairs) {

@@ -38,7 +38,8 @@ Prefetch call_prefetch(const Kind &kind, int threads, uint64_t &call);
 
 // The first thread of call `call` of `kind` ran `elements` of it in `seconds` (its own chunks
 // after its first; 0 elements: too few to time): a sample for the run-time choice (nothing for
-// call UINT64_MAX).
-void record_call(const Kind &kind, uint64_t call, size_t elements, double seconds);
+// call UINT64_MAX). Never throws nor waits: a sample that finds another being taken is dropped
+// (a pair it belonged to is not counted), as it runs inside zb_adam_step's C calls.
+void record_call(const Kind &kind, uint64_t call, size_t elements, double seconds) noexcept;
 
 } // namespace zb::opt
