@@ -119,10 +119,13 @@ class Synchronize(TrainerCallback):
             return
         self._stop_watching()
         # DDP needs a process group: a single process gets no hook
-        when = _on_cuda if self.register_ddp is None else lambda ours: self.register_ddp
         if isinstance(model, torch.nn.Module) and _unregistered(ours) and \
                 self.register_ddp is not False and dist.is_available() and dist.is_initialized():
-            self._watch = _take_from_ddp(ours, model, when)
+            self._watch = _take_from_ddp(ours, model, self._registers)
+
+    def _registers(self, ours):
+        """Whether ours is to take DDP's gradients (register_ddp of __init__)."""
+        return _on_cuda(ours) if self.register_ddp is None else self.register_ddp
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
         if control.should_save or control.should_evaluate or control.should_training_stop:
