@@ -41,7 +41,9 @@ def checked(model, hook, state):
 
 def register(optimizer, model, hook, state):
     """Make `hook` (DDP's averaging by default) model's communication hook, followed by the copy
-    of each reduced gradient into optimizer's worker buffer."""
+    of each reduced gradient into optimizer's worker buffer. An optimizer registered with a DDP
+    model gone since (the Hugging Face Trainer wraps the module anew after an out-of-memory
+    retry of auto_find_batch_size) takes the new one's."""
     hook, state = checked(model, hook, state)
     if hook is None:
         hook, state = _average, model.process_group
@@ -69,7 +71,10 @@ def register(optimizer, model, hook, state):
                                "optim.AdamW, still open (DDP takes one communication hook): "
                                "close() that one first")
         taker.retarget(hook, state, optimizer)
+    for slot in optimizer._ddp_slots.values():  # those of a DDP model gone since
+        slot.leave_ddp()
     optimizer._ddp_reduced, optimizer._ddp_slots = reduced, {}
+    optimizer._ddp_model = weakref.ref(model)
     optimizer._ddp_marks_use = weakref.ref(model) if model.find_unused_parameters and \
         not getattr(model, "gradient_as_bucket_view", False) else None
     for slot in mine:

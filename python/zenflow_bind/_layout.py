@@ -166,6 +166,16 @@ class Slot:
             self.hook.remove()
             self.hook = None
 
+    def leave_ddp(self):
+        """The DDP model its gradient came from is gone: the hook again (watch()), and no use
+        noted for that model, until another DDP model takes it (reduced_by_ddp())."""
+        if self.use_hook is not None:
+            self.use_hook.remove()
+            self.use_hook = None
+        self.ddp = self.used = False
+        if self.watching is not None:
+            self.watch(*self.watching)
+
     def mark_use(self, model):
         """Note each gradient a backward that DDP `model` reduces computes for the parameter on
         this rank (used): DDP with find_unused_parameters=True copies the average into the .grad

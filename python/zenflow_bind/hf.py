@@ -52,10 +52,10 @@ def _ours(optimizer):
     return None
 
 
-def _unregistered(ours):
-    """Whether ours is a worker's optimizer, open, that takes no DDP model's gradients yet
-    (worker=False reads .grad after DDP's reduction: nothing to take)."""
-    return getattr(ours, "_ddp_reduced", None) == {} and not ours.worker.closed
+def _open_worker(ours):
+    """Whether ours is a worker's optimizer, open (worker=False reads .grad after DDP's
+    reduction: nothing to take)."""
+    return callable(getattr(ours, "_takes_ddp", None)) and not ours.worker.closed
 
 
 def _on_cuda(ours):
@@ -87,7 +87,11 @@ def _take_from_ddp(ours, model, when):
 
 @eager
 def _register(ours, ddp, when):
-    if ours is None or not _unregistered(ours) or not when(ours):
+    """ours.register_ddp(ddp), unless ours takes its gradients already (a train() again). A
+    new DDP around the module (auto_find_batch_size wraps it anew after an out-of-memory
+    error) is registered in turn once the one before is gone."""
+    if ours is None or not _open_worker(ours) or not when(ours) or \
+            (ours._takes_ddp() and ours._ddp_model() is ddp):
         return
     try:
         ours.register_ddp(ddp)
@@ -119,7 +123,7 @@ class Synchronize(TrainerCallback):
             return
         self._stop_watching()
         # DDP needs a process group: a single process gets no hook
-        if isinstance(model, torch.nn.Module) and _unregistered(ours) and \
+        if isinstance(model, torch.nn.Module) and _open_worker(ours) and \
                 self.register_ddp is not False and dist.is_available() and dist.is_initialized():
             self._watch = _take_from_ddp(ours, model, self._registers)
 

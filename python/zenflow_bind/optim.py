@@ -143,6 +143,7 @@ class AdamW(torch.optim.Optimizer):
         self._ddp_reduced = {}  # id -> weakref of each parameter DDP reduces (register_ddp())
         self._ddp_slots = {}    # id(parameter) -> its slot, for those of them optimized here
         self._ddp_marks_use = None  # weakref to the DDP model whose backward they mark use in
+        self._ddp_model = None  # weakref to the DDP model they come from (register_ddp())
         self._ddp_lock = threading.Lock()  # a reduced bucket's copy against close() unmapping
         self._worker = Worker(cpus=cpus, threads=threads, mems=mems)
         self._gpu = Gpu()  # pinned buffers and copy streams, once a CUDA parameter comes
@@ -314,7 +315,7 @@ class AdamW(torch.optim.Optimizer):
             raise
         self._layouts.append(layout)
         self._held.append((group["params"], tuple(map(id, group["params"]))))
-        for slot in layout.slots if layout and self._ddp_reduced else ():
+        for slot in layout.slots if layout and self._takes_ddp() else ():
             _ddp.adopt(self, slot)
         for p in group["params"]:
             _OWNERS[id(p)] = me  # the optimizer holds p: its id is not reused meanwhile
@@ -655,14 +656,20 @@ class AdamW(torch.optim.Optimizer):
         a hook of torch.distributed.algorithms.ddp_comm_hooks with its state, say) followed by
         the copy of each reduced bucket into the worker's buffer, while backward goes on. Each
         gradient then leaves the GPU once, not twice, and step_during_backward() steps DDP's
-        averages. Call it once (DDP takes one hook per model). See zenflow_bind.optim(3), section
+        averages. Call it once (DDP takes one hook per model), or again once the DDP model it was
+        given is gone (a new DDP around the same module). See zenflow_bind.optim(3), section
         DISTRIBUTED DATA PARALLEL."""
         with self._exclusive("register_ddp"):
             self._live()
-            if self._ddp_reduced:
+            if self._takes_ddp():
                 raise RuntimeError("register_ddp() was called already: DDP takes one "
-                                   "communication hook per model, and this optimizer one model")
+                                   "communication hook per model, and this optimizer one model "
+                                   "(until that DDP model is gone)")
             _ddp.register(self, model, hook, state)
+
+    def _takes_ddp(self):
+        """Whether a DDP model still alive gives its gradients (register_ddp())."""
+        return self._ddp_model is not None and self._ddp_model() is not None
 
     def _take_reduced(self, params, once):
         """A bucket DDP reduced (_ddp.py), from the thread that completed the reduction."""

@@ -80,18 +80,35 @@ class Unedited(Trainer if transformers else object):
         return grad_norm
 
 
+def out_of_memory_at(n):
+    """A forward pre-hook that raises, at the model's n-th forward, the error accelerate takes
+    for the CPU running out of memory (auto_find_batch_size then retries with a smaller batch)."""
+    count = [0]
+
+    def hook(module, inputs):
+        count[0] += 1
+        if count[0] == n:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory (a test's)")
+    return hook
+
+
 def ddp_rank(rank, world, port, out):
     """One rank of a Trainer under DDP, environment as torchrun sets it, CPU and gloo: the model
-    trained with torch's AdamW, ours with the callback and ours without. Rank 0 saves each run's
-    parameters, and for ours the gradients each step() found as DDP's reduction left them."""
+    trained with torch's AdamW, ours with the callback and ours without; then torch's and ours
+    with auto_find_batch_size, the second step failing for memory (the Trainer drops its DDP and
+    wraps the model anew). Rank 0 saves each run's parameters, and for ours the gradients each
+    step() found as DDP's reduction left them."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                       USE_LIBUV="0")  # Debian's torch 2.x has no libuv
     import zenflow_bind.hf
     got = {}
-    for case in ("torch", "ours", "ours_by_default"):
+    for case in ("torch", "ours", "ours_by_default", "torch_oom", "ours_oom"):
         model = gpt2()
+        oom = case.endswith("_oom")
+        if oom:
+            model.register_forward_pre_hook(out_of_memory_at(3))
         with tempfile.TemporaryDirectory() as where:
             # max_grad_norm=0: the Trainer's clip_grad_norm_ would edit every gradient after
             # backward, and step() copy each again (clip in the optimizer instead; Unedited)
@@ -101,9 +118,9 @@ def ddp_rank(rank, world, port, out):
                                      max_steps=STEPS, save_strategy="no", report_to=[],
                                      use_cpu=True, ddp_backend="gloo", max_grad_norm=0,
                                      seed=0, data_seed=0, dataloader_num_workers=0,
-                                     disable_tqdm=True)
+                                     disable_tqdm=True, auto_find_batch_size=oom)
             found = []
-            if case == "torch":
+            if case.startswith("torch"):
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
             else:
                 opt = zenflow_bind.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01,
@@ -113,12 +130,12 @@ def ddp_rank(rank, world, port, out):
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / (2 * STEPS))
             # by default the callback registers an optimizer of CUDA parameters alone: a CPU
             # one's gradients are in the worker's buffer already, where DDP averages them
-            callbacks = [] if case == "torch" else \
-                [zenflow_bind.hf.Synchronize(register_ddp=True if case == "ours" else None)]
+            callbacks = [] if case.startswith("torch") else \
+                [zenflow_bind.hf.Synchronize(register_ddp=case != "ours_by_default" or None)]
             Unedited(model=model, args=args, train_dataset=text_blocks(4 * STEPS),
                      optimizers=(opt, sched), callbacks=callbacks).train()
             got[case] = ([p.detach().clone() for p in model.parameters()], found)
-            if case != "torch":
+            if not case.startswith("torch"):
                 opt.close()
     if rank == 0:
         torch.save(got, out)
@@ -232,10 +249,12 @@ class HuggingFaceTrainer(unittest.TestCase):
             out = os.path.join(where, "out.pt")
             mp.spawn(ddp_rank, args=(2, port, out), nprocs=2)
             got = torch.load(out)
-        theirs, _ = got["torch"]
-        params = len(theirs)
-        for case, want in (("ours", [params] * STEPS), ("ours_by_default", [0] * STEPS)):
+        params = len(got["torch"][0])
+        # (after the failed second step, STEPS more steps on a DDP made anew)
+        for case, want in (("ours", [params] * STEPS), ("ours_by_default", [0] * STEPS),
+                           ("ours_oom", [params] * (1 + STEPS))):
             ours, found = got[case]
+            theirs, _ = got["torch_oom" if case.endswith("_oom") else "torch"]
             with self.subTest(case=case):
                 for a, b in zip(ours, theirs):
                     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

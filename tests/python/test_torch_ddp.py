@@ -362,6 +362,29 @@ class RegisterRefusals(unittest.TestCase):
             other.register_ddp(model)
             self.assertEqual(taken_once(model, other), 1)
 
+    def test_a_new_ddp_once_the_registered_one_is_gone(self):
+        # the Hugging Face Trainer's auto_find_batch_size drops its DDP after an out-of-memory
+        # error and wraps the module anew: the optimizer takes the new one's gradients (with
+        # find_unused_parameters, the Trainer's default, through uses noted for the new one)
+        import gc
+        import zenflow_bind.optim as zt
+        net = mlp(0)
+        for unused in (False, True):
+            with self.subTest(find_unused_parameters=unused), \
+                    zt.AdamW(net.parameters(), threads=1) as opt:
+                first = torch.nn.parallel.DistributedDataParallel(
+                    net, find_unused_parameters=unused)
+                opt.register_ddp(first)
+                self.assertEqual(taken_once(first, opt), 6)
+                second = torch.nn.parallel.DistributedDataParallel(
+                    net, find_unused_parameters=unused)
+                with self.assertRaisesRegex(RuntimeError, "called already"):
+                    opt.register_ddp(second)  # the first still lives
+                del first
+                gc.collect()
+                opt.register_ddp(second)
+                self.assertEqual(taken_once(second, opt), 6)
+
 
     def test_parameters_ddp_is_told_to_leave_alone_keep_the_hook(self):
         # named as DDP's reducer names them: ".top" for a parameter of the wrapped module
