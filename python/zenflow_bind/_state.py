@@ -139,14 +139,15 @@ class Snapshot:
                 stepped = [s for s in bucket if s.param in steps]  # (step 0 included)
                 if not stepped:
                     continue
-                # the moments are copied once into memory that the entries then view
+                # the moments are copied once into memory that the entries then view, each
+                # through a storage of its own that starts where it does: torch 2.14 cannot copy
+                # or save a DTensor whose local tensor starts inside its storage
                 m, v, _ = group.take_state(count=False)  # the counts are the optimizer's
-                m, v = torch.from_numpy(m), torch.from_numpy(v)
                 for slot in stepped:
                     cut = slice(slot.at, slot.at + slot.numel)
                     entry = {"step": torch.tensor(float(steps[slot.param])),
-                             "exp_avg": _like_param(m[cut], slot),
-                             "exp_avg_sq": _like_param(v[cut], slot)}
+                             "exp_avg": _like_param(torch.from_numpy(m[cut]), slot),
+                             "exp_avg_sq": _like_param(torch.from_numpy(v[cut]), slot)}
                     if slot.param.dtype != torch.float32:
                         entry["master_param"] = _like_param(slot.master.reshape(-1).clone(),
                                                             slot)

@@ -6,6 +6,8 @@ rank count and on another (DCP reshards), and from the worker to in-process. Cli
 decide over every rank's shards, with the norm the kernels' pre-pass finds. Skips where this
 torch has no FSDP2 for CPU tensors (its own torch.optim.AdamW run is the probe)."""
 
+import copy
+import io
 import os
 import tempfile
 import unittest
@@ -90,8 +92,18 @@ def checkpoint(rank, world, where, steps, load, worker=True):
         else:
             train(model, opt, data[:steps])
             model_sd, optim_sd = get_state_dict(model, opt)
-            dcp.save({"model": model_sd, "optim": optim_sd},
-                     checkpoint_id=os.path.join(where, "ckpt"))
+            # as users save it too: copied, through torch.save, and asynchronously where DCP
+            # can (torch 2.14 could do none of the three with DTensors that start inside their
+            # storage, as each group's moments once did)
+            copy.deepcopy(optim_sd)
+            torch.save(opt.state_dict(), io.BytesIO())
+            save = getattr(dcp, "async_save", None)
+            if save is None:
+                dcp.save({"model": model_sd, "optim": optim_sd},
+                         checkpoint_id=os.path.join(where, "ckpt"))
+            else:
+                save({"model": model_sd, "optim": optim_sd},
+                     checkpoint_id=os.path.join(where, "ckpt")).result()
         params = full(model)
     if rank == 0:
         torch.save(params, os.path.join(where, f"{'resumed' if load else 'saved'}-{world}.pt"))
