@@ -56,16 +56,16 @@ def _weak(t):
 
 def _kernel_ready(value, p, key, index):
     """A state tensor as the kernel reads it: fp32, contiguous, on the CPU, with the parameter's
-    element count. One a user assigned otherwise (zeros_like(p) for a 16-bit parameter, a
-    transposed parameter's moments) is copied so, in the parameter's shape; a wrong count or a
-    non-tensor is refused before anything is written."""
+    shape. One a user assigned otherwise (zeros_like(p) for a 16-bit parameter, a transposed
+    parameter's moments) is copied so; another shape (one of as many elements, transposed,
+    would step scrambled) or a non-tensor is refused before anything is written."""
     where = f"optimizer.state of parameter {index}"
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{where}: {key} is a {type(value).__name__}, not a tensor")
     t, shard = local(value), local(p)
-    if t.numel() != shard.numel():
-        raise ValueError(f"{where}: {key} has {t.numel()} elements, its parameter "
-                         f"{shard.numel()}")
+    if t.shape != shard.shape:
+        raise ValueError(f"{where}: {key} has shape {tuple(t.shape)}, its parameter "
+                         f"{tuple(shard.shape)}")
     if t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous():
         return value
     ready = value.detach().to(device="cpu", dtype=torch.float32,
@@ -454,9 +454,10 @@ class InProcessAdamW(AdamW):
                         if not isinstance(entry.get(k, torch.empty(0)), torch.Tensor):
                             raise TypeError(f"parameter {key!r}: {k} is a "
                                             f"{type(entry[k]).__name__}, not a tensor")
-                        if k in entry and entry[k].numel() != p.numel():
-                            raise ValueError(f"parameter {key!r}: {k} has {entry[k].numel()} "
-                                             f"elements, its parameter {p.numel()}")
+                        if k in entry and entry[k].shape != p.shape:
+                            raise ValueError(f"parameter {key!r}: {k} has shape "
+                                             f"{tuple(entry[k].shape)}, its parameter "
+                                             f"{tuple(p.shape)}")
                     _count(entry["step"], f"parameter {key!r}")  # before torch's load changes
                 params.append(p)
                 saved.append(entry)

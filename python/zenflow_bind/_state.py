@@ -182,9 +182,10 @@ def _flat(value, slot, key, where):
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{where}: {key} is a {type(value).__name__}, not a tensor")
     value = local(value.detach())
-    if value.numel() != slot.numel:
-        raise ValueError(f"{where}: {key} has {value.numel()} elements, its parameter "
-                         f"{slot.numel} (here)")
+    shape = local(slot.param).shape
+    if value.shape != shape:  # (one of as many elements, transposed, would load scrambled)
+        raise ValueError(f"{where}: {key} has shape {tuple(value.shape)}, its parameter "
+                         f"{tuple(shape)} (here)")
     # contiguous: the worker is handed its memory as it is (a strided view would be refused there,
     # after the checks)
     return value.to(device="cpu", dtype=torch.float32).reshape(-1).contiguous()

@@ -105,10 +105,13 @@ class OptimizerState(unittest.TestCase):
             train(a, opt, data[:1])
             saved = copy.deepcopy(opt.state_dict())  # as torch's, it shares opt.state's entries
             p = next(a.parameters())
-            opt.state[p]["exp_avg"] = torch.zeros(3)
-            for _ in range(2):  # refused each time, not dropped after the first
-                with self.assertRaisesRegex(ValueError, "exp_avg has 3 elements"):
-                    train(a, opt, data[1:2])
+            # of another size, or of as many elements transposed (it would step scrambled)
+            for wrong in (torch.zeros(3), torch.zeros(p.shape[::-1])):
+                opt.state[p]["exp_avg"] = wrong
+                for _ in range(2):  # refused each time, not dropped after the first
+                    with self.assertRaisesRegex(ValueError, rf"exp_avg has shape "
+                                                            rf"\({wrong.shape[0]},"):
+                        train(a, opt, data[1:2])
             opt.load_state_dict(saved)  # a load replaces it
             train(a, opt, data[2:])
             self.assertEqual(float(opt.state[p]["step"]), 2.0)

@@ -381,8 +381,12 @@ class LoadStateDict(unittest.TestCase):
             bad["param_groups"][0]["lr"] = 0.5
             bad["state"][4] = {k: v.clone() for k, v in bad["state"][4].items()}
             bad["state"][4]["exp_avg"] = torch.zeros(7)  # wrong size, in the last group
-            with self.assertRaisesRegex(ValueError, "parameter 4.*exp_avg has 7 elements"):
+            with self.assertRaisesRegex(ValueError, r"parameter 4.*exp_avg has shape \(7,\)"):
                 opt.load_state_dict(bad)
+            transposed = copy.deepcopy(opt.state_dict())  # as many elements, scrambled
+            transposed["state"][0]["exp_avg_sq"] = transposed["state"][0]["exp_avg_sq"].t()
+            with self.assertRaisesRegex(ValueError, "parameter 0.*exp_avg_sq has shape"):
+                opt.load_state_dict(transposed)
             missing = copy.deepcopy(opt.state_dict())  # its entries are opt.state's, as torch's
             del missing["state"][1]["exp_avg_sq"]
             with self.assertRaisesRegex(ValueError, "parameter 1.*no exp_avg_sq"):

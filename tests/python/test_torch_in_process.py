@@ -194,11 +194,14 @@ class InProcess(unittest.TestCase):
         train16(ref_model, ref, data[2:])
         self.assertEqual(bits(model), bits(ref_model))
         self.assertEqual(opt.state[next(model.parameters())]["exp_avg"].dtype, torch.float32)
-        opt.state[next(model.parameters())]["exp_avg"] = torch.zeros(3)
+        p = next(model.parameters())
         before = bits(model)
-        with self.assertRaisesRegex(ValueError, "parameter 0: exp_avg has 3 elements"):
-            train16(model, opt, data[:1])
-        self.assertEqual(bits(model), before)
+        for wrong in (torch.zeros(3), torch.zeros(p.shape[::-1])):  # (transposed: scrambled)
+            opt.state[p]["exp_avg"] = wrong
+            with self.assertRaisesRegex(ValueError, rf"parameter 0: exp_avg has shape "
+                                                    rf"\({wrong.shape[0]},"):
+                train16(model, opt, data[:1])
+            self.assertEqual(bits(model), before)
 
     def test_a_16_bit_parameter_written_by_the_user_becomes_the_master(self):
         for worker in (True, False):
