@@ -277,9 +277,11 @@ class AdamW(torch.optim.Optimizer):
             for i, p in enumerate(group["params"]):
                 owner = _OWNERS.get(id(p), lambda: None)()
                 if owner is not None and owner is not self and not owner._worker.closed:
-                    raise ValueError(f"parameter {first + i} is already optimized by another "
-                                     "zenflow_bind.optim.AdamW, whose worker holds its master "
-                                     "weights: close() that one first")
+                    if not owner._worker.dead():
+                        raise ValueError(f"parameter {first + i} is already optimized by "
+                                         "another zenflow_bind.optim.AdamW, whose worker holds "
+                                         "its master weights: close() that one first")
+                    owner.close()  # its worker died: this one is the recovery (_AFTER_DEATH)
             has_elements = any(local(p).numel() for p in group["params"])
             if has_elements and len(self._worker.groups) >= MAX_GROUPS:
                 raise ValueError(f"param group {len(self.param_groups) - 1} does not fit: the "

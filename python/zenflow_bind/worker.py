@@ -271,6 +271,18 @@ class Worker:
         check(library().zb_worker_pid(self._live(), ctypes.byref(pid)))
         return pid.value
 
+    def dead(self):
+        """Whether the worker process has ended (killed, crashed) while this handle is open: its
+        state is gone. False while it runs, or is stopped (SIGSTOP, a suspended job), and where
+        this cannot tell (another process now holds its pid, reaped: taken as alive)."""
+        if not self._handle or os.getpid() != self._owner:
+            return False
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        except (OSError, IndexError):
+            return True
+
     def threads(self):
         """[(tid, cpu)] of the worker's pinned threads."""
         lib = library()

@@ -366,13 +366,41 @@ class Errors(unittest.TestCase):
                 opt.step()
             self.assertEqual(ctx.exception.status, "EDEAD")
             self.assertIn("nothing of this step was applied", str(ctx.exception))
+        checkpoint = None
         for overlap in (False, True):
-            with ours(a.parameters(), overlap=overlap) as opt:  # dead during the step
-                os.kill(opt.worker.pid, signal.SIGSTOP)
-                threading.Timer(0.3, os.kill, (opt.worker.pid, signal.SIGKILL)).start()
-                with self.assertRaisesRegex(ZenbindError, "holds its parameters from before"):
-                    opt.step()
-                    opt.synchronize()
+            opt = ours(a.parameters(), overlap=overlap)  # dead during the step
+            if checkpoint is None:
+                opt.step()
+                checkpoint = copy.deepcopy(opt.state_dict())
+            os.kill(opt.worker.pid, signal.SIGSTOP)
+            threading.Timer(0.3, os.kill, (opt.worker.pid, signal.SIGKILL)).start()
+            with self.assertRaisesRegex(ZenbindError, "holds its parameters from before"):
+                opt.step()
+                opt.synchronize()
+            # the recovery the error gives: a new optimizer over the same parameters (the dead
+            # one is closed for it), from the last checkpoint
+            with ours(a.parameters(), overlap=overlap) as again:
+                self.assertTrue(opt.worker.closed)
+                again.load_state_dict(checkpoint)
+                again.step()
+                again.synchronize()
+                self.assertEqual(float(again.state_dict()["state"][0]["step"]), 2.0)
+        # killed with no call since: found dead when the new one comes
+        opt = ours(a.parameters())
+        pid = opt.worker.pid
+        os.kill(pid, signal.SIGKILL)
+        while alive(pid):
+            time.sleep(0.01)
+        ours(a.parameters()).close()
+        self.assertTrue(opt.worker.closed)
+        # one stopped (a suspended job) is alive: refused, as any live one
+        with ours(a.parameters()) as opt:
+            os.kill(opt.worker.pid, signal.SIGSTOP)
+            try:
+                with self.assertRaisesRegex(ValueError, "another zenflow_bind.optim.AdamW"):
+                    ours(a.parameters())
+            finally:
+                os.kill(opt.worker.pid, signal.SIGCONT)
 
     def test_a_worker_killed_mid_step_leaves_the_model_as_it_was(self):
         # The worker is killed while its kernel is writing the master weights: they are torn,
