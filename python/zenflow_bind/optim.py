@@ -859,27 +859,34 @@ class AdamW(torch.optim.Optimizer):
             self._follow_moves()  # (accelerate's prepare() moves the model, then loads)
             state_dict = load_pre_hooks(self, state_dict)
             updates, prepared, entries = self._check_state_dict(state_dict)
-            self._snapshot = None  # stale from here, even if applying fails midway
-            for group, update in zip(self.param_groups, updates):
-                apply_saved(group, update)
-            for group, layout, ready in zip(self.param_groups, self._layouts, prepared):
-                if layout is not None:
-                    self._apply_group_state(layout, ready)
-                    for slot, master in zip(layout.slots, ready[2]):
-                        if master is not None:
-                            # a load never changes the weights: the next step keeps the saved
-                            # master only if the model holds what it rounds to (the model's
-                            # checkpoint loaded too), as worker=False does
-                            slot.seen = None
-                    continue
-                for p, count in zip(group["params"], ready):
-                    self._set_count(p, count)
-            for group, saved in zip(self.param_groups, entries):
-                self._keep_extras(zip(group["params"], saved), cast=True)
-            self._snapshot = None
-            # every master, moment and count rewritten: a step begun in a failed backward is gone
-            self._torn, self._stream, self._stream_scale = False, None, None
+            # applied whole: Ctrl-C (or a job's SIGTERM handler that raises) is held until the
+            # last group has its state, not left with some groups loaded and others not
+            with deferred_interrupts():
+                self._apply_state_dict(updates, prepared, entries)
             load_post_hooks(self)
+
+    def _apply_state_dict(self, updates, prepared, entries):
+        """A checked state dict (_check_state_dict) into every group and the worker."""
+        self._snapshot = None  # stale from here, even if applying fails midway
+        for group, update in zip(self.param_groups, updates):
+            apply_saved(group, update)
+        for group, layout, ready in zip(self.param_groups, self._layouts, prepared):
+            if layout is not None:
+                self._apply_group_state(layout, ready)
+                for slot, master in zip(layout.slots, ready[2]):
+                    if master is not None:
+                        # a load never changes the weights: the next step keeps the saved
+                        # master only if the model holds what it rounds to (the model's
+                        # checkpoint loaded too), as worker=False does
+                        slot.seen = None
+                continue
+            for p, count in zip(group["params"], ready):
+                self._set_count(p, count)
+        for group, saved in zip(self.param_groups, entries):
+            self._keep_extras(zip(group["params"], saved), cast=True)
+        self._snapshot = None
+        # every master, moment and count rewritten: a step begun in a failed backward is gone
+        self._torn, self._stream, self._stream_scale = False, None, None
 
     def _check_state_dict(self, state_dict):
         """Each group's new settings and its state ready to apply, or an error naming what is

@@ -400,6 +400,31 @@ class LoadStateDict(unittest.TestCase):
                     self.assertTrue(torch.equal(after["state"][i][k], v), (i, k))
             assert_equal(self, a.parameters(), params)
 
+    def test_ctrl_c_during_a_load_is_raised_once_every_group_has_it(self):
+        from unittest import mock
+        a, data = mlp(), batches(4)
+        with ours(groups_of(a), lr=1e-2) as opt:
+            train(a, opt, data[:1])
+            saved = copy.deepcopy(opt.state_dict())
+            train(a, opt, data[1:3])  # two steps past the checkpoint
+            apply = opt._apply_group_state
+            applied = []
+
+            def interrupted(*args):  # Ctrl-C as the first group's state goes in
+                if not applied:
+                    os.kill(os.getpid(), signal.SIGINT)
+                applied.append(apply(*args))
+
+            with mock.patch.object(opt, "_apply_group_state", side_effect=interrupted), \
+                    self.assertRaises(KeyboardInterrupt):
+                opt.load_state_dict(saved)
+            self.assertEqual(len(applied), len(opt.param_groups))
+            after = opt.state_dict()
+            self.assertEqual({float(s["step"]) for s in after["state"].values()}, {1.0})
+            for i, state in saved["state"].items():
+                for k, v in state.items():
+                    self.assertTrue(torch.equal(after["state"][i][k], v), (i, k))
+
 
 class BadInput(unittest.TestCase):
     def test_hyperparameters_must_be_numbers(self):
