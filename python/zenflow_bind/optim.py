@@ -695,10 +695,13 @@ class AdamW(torch.optim.Optimizer):
         second may come from another thread, or from this one: a signal handler that saves a
         checkpoint, run in the middle of a step."""
         if not self._busy.acquire(blocking=False):
+            # read once: the other thread may be just taking the lock or leaving (None then)
+            holder, doing = self._busy_by
             who = "this thread (a signal handler or a hook?)" if \
-                self._busy_by[0] == threading.get_ident() else "another thread"
+                holder == threading.get_ident() else "another thread"
+            doing = f"{doing}()" if doing else "a call"
             raise RuntimeError(f"zenflow_bind.optim.AdamW.{what}() was called while {who} is "
-                               f"in {self._busy_by[1]}() of the same optimizer")
+                               f"in {doing} of the same optimizer")
         self._busy_by = (threading.get_ident(), what)
         try:
             yield

@@ -333,6 +333,18 @@ class Threads(unittest.TestCase):
             ref.step()  # one update, as the one step() that ran
             assert_close(self, a.parameters(), b.parameters())
 
+    def test_a_call_refused_as_another_takes_or_leaves_the_optimizer_says_so(self):
+        # between the other thread taking the lock and naming its call (or after it named none
+        # on leaving) the refusal has no call to name
+        with ours(mlp().parameters()) as opt:
+            self.assertTrue(opt._busy.acquire(blocking=False))
+            try:
+                with self.assertRaisesRegex(RuntimeError, r"another thread is in a call of"):
+                    opt.state_dict()
+            finally:
+                opt._busy.release()
+            opt.state_dict()
+
     def test_a_handler_run_inside_a_step_is_refused(self):
         # a signal handler saving a checkpoint (SIGUSR1 on Slurm) runs on the thread in step():
         # reading the state, synchronize() or close() there would finish the step twice
