@@ -288,8 +288,12 @@ class Slot:
 def shared_grad(buffer):
     """A parameter's .grad over its slice of a shared gradient buffer: a tensor of its own, so
     that user code re-seating it (p.grad.data = x, as gradient masking does) re-seats that
-    tensor, never the slot's view, which the worker's slice must stay."""
-    return buffer.view(buffer.shape)
+    tensor, never the slot's view, which the worker's slice must stay; and not a view, which
+    torch would not let a hand-written zero_grad detach_() in place."""
+    with torch.no_grad():
+        return torch.empty(0, dtype=buffer.dtype).set_(
+            buffer.untyped_storage() if hasattr(buffer, "untyped_storage") else buffer.storage(),
+            buffer.storage_offset(), buffer.shape, buffer.stride())
 
 
 def check_dtype(slot, shard):

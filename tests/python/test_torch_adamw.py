@@ -17,6 +17,23 @@ from torch_cases import assert_close, batches, groups_of, ours, train, twins
 
 
 class Parity(unittest.TestCase):
+    def test_a_hand_written_zero_grad_that_detaches_each_gradient(self):
+        # fastai's Optimizer.zero_grad and many SAM implementations: detach_() then zero_()
+        # each .grad, which torch refuses for a view (each .grad is a slice of the worker's
+        # gradient buffer after the first step)
+        a, b = twins()
+        with ours(a.parameters(), lr=1e-2) as opt:
+            ref = torch.optim.AdamW(b.parameters(), lr=1e-2)
+            for x, y in batches(3):
+                for model, o in ((a, opt), (b, ref)):
+                    for p in model.parameters():
+                        if p.grad is not None:
+                            p.grad.detach_()
+                            p.grad.zero_()
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    o.step()
+            assert_close(self, a.parameters(), b.parameters())
+
     def test_groups_with_their_own_hyperparameters(self):
         a, b = twins()
         data = batches(50)
