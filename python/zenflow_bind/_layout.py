@@ -268,13 +268,15 @@ class Slot:
                 local(p).copy_(src)
         self.seen = _identity(p)
 
-    def detach(self):
-        """Give the gradient private memory again (before the worker goes), and stop watching."""
+    def detach(self, own_grad=True):
+        """Give the gradient private memory again (before the worker goes; unless not
+        own_grad), and stop watching."""
         for hook in (self.hook, self.use_hook):
             if hook is not None:
                 hook.remove()
         self.hook = self.use_hook = None
-        self._own_grad()
+        if own_grad:
+            self._own_grad()
 
     def _own_grad(self):
         """A .grad that is a slice of our gradient buffers gets private memory (a copy)."""

@@ -943,6 +943,8 @@ class AdamW(torch.optim.Optimizer):
             return
         stream, self._stream, self._stream_scale = self._stream, None, None
         try:
+            if self._worker.forked:
+                return  # a forked child's close: the step in flight is the parent's to finish
             if stream is not None:
                 with deferred_interrupts():  # the driver queues nothing after the restore
                     try:
@@ -1035,11 +1037,13 @@ def _landed(optimizer_ref, slot):
 
 def _release(layouts, worker, gpu):
     """close() and the finaliser: gradients back to private memory and their hooks removed, the
-    buffers unpinned, then the worker stops. Holds no reference to the optimizer."""
+    buffers unpinned, then the worker stops. Holds no reference to the optimizer. In a forked
+    child the gradients keep the child's copy-on-write view, mapped while a view lives: copying
+    them would cost a child that exits (a fork that writes a checkpoint) their whole size."""
     try:
         for layout in layouts:
             for slot in layout.slots if layout else ():
-                slot.detach()
+                slot.detach(own_grad=not worker.forked)
                 _OWNERS.pop(id(slot.param), None)
         layouts[:] = [None] * len(layouts)
         gpu.release()

@@ -299,6 +299,11 @@ class Worker:
     def closed(self):
         return not self._handle
 
+    @property
+    def forked(self):
+        """Whether this is a forked child's copy of the handle (the worker is the parent's)."""
+        return os.getpid() != self._owner
+
     def close(self):
         """Stop the worker. The views of its groups' buffers stay readable, with their last
         values, as long as any exists: the memory goes with the last (Mapping). In a forked
