@@ -29,6 +29,7 @@
 #include <unistd.h>
 #include <vector>
 #include <zbutil/decimal.hpp>
+#include <zbutil/proc_status.hpp>
 #include <zenbind/hwloc.h>
 
 extern char **environ;
@@ -242,14 +243,20 @@ zb_worker::~zb_worker() {
 namespace {
 
 // Asks the worker to exit (after the step in flight, if any) and collects it, each wait bounded;
-// one still there is killed. The trainer's mappings of the shared memory stay.
+// one still there is killed, and one stopped (SIGSTOP, a debugger) at once: it cannot answer, and
+// a trainer at exit would otherwise wait control_timeout_ms uninterruptibly. The trainer's
+// mappings of the shared memory stay.
 void end_worker(zb_worker &w, const std::string &why) {
     if (w.reaped) return;
+    const char state = zb::util::proc_state(w.pid);
+    const bool stopped = state == 'T' || state == 't';
     try {
-        if (w.in_flight) w.wait_response(int64_t(w.control_timeout_ms) * 1'000'000);
-        w.ctl->command = proto::Command::exit;
-        w.publish_request();
-        w.await_exit(int64_t(std::min(w.control_timeout_ms, 10000u)) * 1'000'000);
+        if (!stopped) {
+            if (w.in_flight) w.wait_response(int64_t(w.control_timeout_ms) * 1'000'000);
+            w.ctl->command = proto::Command::exit;
+            w.publish_request();
+            w.await_exit(int64_t(std::min(w.control_timeout_ms, 10000u)) * 1'000'000);
+        }
     } catch (const zb::Error &) {
         // Dead or stuck: stop() kills and reaps it.
     }

@@ -956,12 +956,13 @@ static void test_worker_environment_and_job_signals(void **state) {
     unsetenv("OMP_DYNAMIC");
 }
 
-/* zb_worker_destroy on a hung (stopped) worker: bounded by control_timeout_ms, then SIGKILL;
- * it succeeds and leaves no process, not even a zombie. Idle, and with a step in flight. */
+/* zb_worker_destroy on a hung (stopped) worker: killed at once, not after control_timeout_ms
+ * (60 s here: a trainer exiting would wait that long, deaf to Ctrl-C); it succeeds and leaves no
+ * process, not even a zombie. Idle, and with a step in flight. */
 static void test_destroy_a_hung_worker(void **state) {
     (void)state;
     for (int in_flight = 0; in_flight <= 1; ++in_flight) {
-        zb_worker_t *w = spawn_timeout(300);
+        zb_worker_t *w = spawn_timeout(60000);
         add_group(w, 1000, ZB_DTYPE_FP32, ZB_DTYPE_NONE, 0);
         pid_t pid;
         zb_worker_pid(w, &pid);
@@ -973,7 +974,7 @@ static void test_destroy_a_hung_worker(void **state) {
         const double t0 = now_s();
         assert_int_equal(zb_worker_destroy(w), ZB_OK);
         const double took = now_s() - t0;
-        if (took > 2.0) fail_msg("destroy took %.2f s with control_timeout_ms=300", took);
+        if (took > 2.0) fail_msg("destroy of a stopped worker took %.2f s", took);
         errno = 0;
         assert_int_equal(kill(pid, 0), -1); /* reaped: a zombie would still answer */
         assert_int_equal(errno, ESRCH);
