@@ -189,6 +189,10 @@ def read_saved(param_groups, state_dict):
         if len(saved["params"]) != len(group["params"]):
             raise ValueError(f"param group {i} has {len(group['params'])} parameters, the state "
                              f"dict's {len(saved['params'])}")
+        missing = [k for k in ("lr", "betas", "eps", "weight_decay") if k not in saved]
+        if missing:  # (torch's AdamW loads it and fails at the next step)
+            raise ValueError(f"param group {i} of the state dict has no {', '.join(missing)}: "
+                             "not the state dict of an Adam or AdamW")
         update = _from_saved(saved)
         check_group({**group, **update})
         updates.append(update)

@@ -395,6 +395,10 @@ class LoadStateDict(unittest.TestCase):
             bad["state"][4]["exp_avg"] = torch.zeros(7)  # wrong size, in the last group
             with self.assertRaisesRegex(ValueError, r"parameter 4.*exp_avg has shape \(7,\)"):
                 opt.load_state_dict(bad)
+            lost = copy.deepcopy(opt.state_dict())  # a group without its lr (an SGD's: betas)
+            del lost["param_groups"][1]["lr"]
+            with self.assertRaisesRegex(ValueError, "param group 1 of the state dict has no lr"):
+                opt.load_state_dict(lost)
             transposed = copy.deepcopy(opt.state_dict())  # as many elements, scrambled
             transposed["state"][0]["exp_avg_sq"] = transposed["state"][0]["exp_avg_sq"].t()
             with self.assertRaisesRegex(ValueError, "parameter 0.*exp_avg_sq has shape"):
