@@ -53,9 +53,10 @@ def _ours(optimizer):
 
 
 def _open_worker(ours):
-    """Whether ours is a worker's optimizer, open (worker=False reads .grad after DDP's
-    reduction: nothing to take)."""
-    return callable(getattr(ours, "_takes_ddp", None)) and not ours.worker.closed
+    """Whether ours is a worker's optimizer, open (worker=False has no worker, and reads .grad
+    after DDP's reduction: nothing to take)."""
+    worker = getattr(ours, "worker", None)
+    return worker is not None and not worker.closed and callable(getattr(ours, "_takes_ddp", None))
 
 
 def _on_cuda(ours):

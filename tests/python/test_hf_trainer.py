@@ -186,6 +186,9 @@ class HuggingFaceTrainer(unittest.TestCase):
         with zenflow_bind.optim.AdamW(net.parameters(), threads=1) as opt:
             begin(net, opt)
             self.assertFalse(net._forward_pre_hooks)
+        # worker=False has nothing to take from DDP (and no worker to ask about)
+        begin(net, zenflow_bind.optim.AdamW(net.parameters(), worker=False))
+        self.assertFalse(net._forward_pre_hooks)
         with tempfile.TemporaryDirectory() as where:
             dist.init_process_group("gloo", store=dist.FileStore(os.path.join(where, "s"), 1),
                                     rank=0, world_size=1)
