@@ -281,7 +281,10 @@ class AdamW(torch.optim.Optimizer):
                         raise ValueError(f"parameter {first + i} is already optimized by "
                                          "another zenflow_bind.optim.AdamW, whose worker holds "
                                          "its master weights: close() that one first")
-                    owner.close()  # its worker died: this one is the recovery (_AFTER_DEATH)
+                    try:  # its worker died: this one is the recovery (_AFTER_DEATH)
+                        owner.close()
+                    except ZenbindError:  # (its step in flight died with it: closed all the same)
+                        pass
             has_elements = any(local(p).numel() for p in group["params"])
             if has_elements and len(self._worker.groups) >= MAX_GROUPS:
                 raise ValueError(f"param group {len(self.param_groups) - 1} does not fit: the "

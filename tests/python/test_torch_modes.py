@@ -385,14 +385,19 @@ class Errors(unittest.TestCase):
                 again.step()
                 again.synchronize()
                 self.assertEqual(float(again.state_dict()["state"][0]["step"]), 2.0)
-        # killed with no call since: found dead when the new one comes
-        opt = ours(a.parameters())
-        pid = opt.worker.pid
-        os.kill(pid, signal.SIGKILL)
-        while alive(pid):
-            time.sleep(0.01)
-        ours(a.parameters()).close()
-        self.assertTrue(opt.worker.closed)
+        # killed with no call since (an overlap step in flight, or none): found dead when the
+        # new one comes
+        for overlap in (False, True):
+            opt = ours(a.parameters(), overlap=overlap)
+            pid = opt.worker.pid
+            if overlap:  # a step that never completes
+                os.kill(pid, signal.SIGSTOP)
+                opt.step()
+            os.kill(pid, signal.SIGKILL)
+            while alive(pid):
+                time.sleep(0.01)
+            ours(a.parameters()).close()
+            self.assertTrue(opt.worker.closed)
         # one stopped (a suspended job) is alive: refused, as any live one
         with ours(a.parameters()) as opt:
             os.kill(opt.worker.pid, signal.SIGSTOP)
