@@ -11,9 +11,11 @@ worker (see _layout.py for what is shared and what is copied), so this process k
 state between steps: optimizer.state is brought out of the worker when it is read (_state.py).
 Semantics, arguments and the state dict are torch's; see zenflow_bind.optim(3)."""
 
+import atexit
 import contextlib
 import functools
 import math
+import sys
 import threading
 import time
 import weakref
@@ -152,6 +154,8 @@ class AdamW(torch.optim.Optimizer):
         # optimizer itself.
         self._finalizer = weakref.finalize(self, _release, self._layouts, self._worker,
                                            self._gpu)
+        if not _EXITING_HOOKED:  # after weakref's own exit hook: runs before the finalisers
+            _EXITING_HOOKED.append(atexit.register(_EXITING.append, True))
 
     def __getstate__(self):
         raise TypeError("a zenflow_bind.optim.AdamW cannot be pickled or copied: its master "
@@ -989,6 +993,9 @@ _SLICE_MS = 200  # how long a wait goes without looking at Ctrl-C
 # attribute of the parameter: that would follow it into copy.deepcopy and break pickling.
 _OWNERS = {}
 
+# Holds True once the interpreter exits, before weakref runs the finalisers (_release).
+_EXITING, _EXITING_HOOKED = [], []
+
 
 def _now_ms():
     return time.monotonic() * 1000.0
@@ -1040,13 +1047,15 @@ def _landed(optimizer_ref, slot):
 
 def _release(layouts, worker, gpu):
     """close() and the finaliser: gradients back to private memory and their hooks removed, the
-    buffers unpinned, then the worker stops. Holds no reference to the optimizer. In a forked
-    child the gradients keep the child's copy-on-write view, mapped while a view lives: copying
-    them would cost a child that exits (a fork that writes a checkpoint) their whole size."""
+    buffers unpinned, then the worker stops. Holds no reference to the optimizer. Not the copy
+    as the interpreter exits: no one reads them after, and a process that exits (a forked child
+    that wrote a checkpoint) would pay their whole size; the buffers stay mapped while a view
+    lives."""
+    exiting = bool(_EXITING) or sys.is_finalizing()
     try:
         for layout in layouts:
             for slot in layout.slots if layout else ():
-                slot.detach(own_grad=not worker.forked)
+                slot.detach(own_grad=not exiting)
                 _OWNERS.pop(id(slot.param), None)
         layouts[:] = [None] * len(layouts)
         gpu.release()

@@ -265,6 +265,28 @@ class Lifetime(unittest.TestCase):
         train(model, torch.optim.AdamW(model.parameters()), batches(1))
 
 
+    def test_gradients_are_not_copied_as_the_interpreter_exits(self):
+        # the finaliser at exit (a forked child that wrote a checkpoint, say) would copy every
+        # gradient into private memory that no one reads after; close() copies them
+        script = ("import torch, zenflow_bind._layout as L, zenflow_bind.optim as zt\n"
+                  "own = L.Slot._own_grad\n"
+                  "def told(self):\n"
+                  "    print('copied', flush=True)\n"
+                  "    own(self)\n"
+                  "L.Slot._own_grad = told\n"
+                  "net = torch.nn.Linear(64, 64)\n"
+                  "opt = zt.AdamW(net.parameters(), threads=1)\n"
+                  "net(torch.ones(2, 64)).sum().backward()\n"
+                  "opt.step()\n"
+                  "print('exiting', flush=True)\n"
+                  "if __import__('sys').argv[1:] == ['close']:\n"
+                  "    opt.close()\n")
+        for how, want in ((["exit"], ["exiting"]), (["close"], ["exiting", "copied", "copied"])):
+            out = subprocess.run([sys.executable, "-c", script, *how], capture_output=True,
+                                 text=True, timeout=120)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertEqual(out.stdout.split(), want, how)
+
     def test_a_gradient_kept_after_close_stays_readable(self):
         """After a step p.grad is a view of the worker's buffer; close() (or dropping the
         optimizer) gives p a private gradient, and a reference the user kept reads what it
