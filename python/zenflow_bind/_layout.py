@@ -91,14 +91,21 @@ class Slot:
         master, the moments in the worker and the step counts stay as they are."""
         shard = local(self.param)
         self.device = shard.device
-        self.grad_alias = shard.device.type == "cpu" and not self.sharded and \
-            self.grads[0].dtype == shard.dtype and not self.ddp
+        self.grad_alias = self._aliasable()
         self.staged = None
         if self.hook is not None:
             self.hook.remove()
             self.hook = None
         if self.watching is not None:
             self.watch(*self.watching)
+
+    def _aliasable(self):
+        """Whether its .grad can be its slice of the gradient buffer, where backward then
+        accumulates: a CPU, unsharded parameter of the buffer's dtype whose .grad DDP does not
+        write (reduced_by_ddp())."""
+        shard = local(self.param)
+        return shard.device.type == "cpu" and not self.sharded and \
+            self.grads[0].dtype == shard.dtype and not self.ddp
 
     def check_shape(self):
         """The parameter's local tensor, unless it was given another shape (.data =). Its device
@@ -173,6 +180,7 @@ class Slot:
             self.use_hook.remove()
             self.use_hook = None
         self.ddp = self.used = False
+        self.grad_alias = self._aliasable()  # the next copy makes .grad its slice again
         if self.watching is not None:
             self.watch(*self.watching)
 

@@ -384,6 +384,18 @@ class RegisterRefusals(unittest.TestCase):
                 gc.collect()
                 opt.register_ddp(second)
                 self.assertEqual(taken_once(second, opt), 6)
+                # a third around the last layer alone: the others' gradients go back to being
+                # their slices of the buffer (copied once, then accumulated there)
+                del second
+                gc.collect()
+                opt.register_ddp(torch.nn.parallel.DistributedDataParallel(net[4]))
+                for _ in range(2):
+                    net(torch.ones(2, 16)).sum().backward()
+                    opt.step()
+                slots = [s for layout in opt._layouts for s in layout.slots]
+                self.assertEqual([s.grads[opt._buffer].data_ptr() == s.param.grad.data_ptr()
+                                  for s in slots], [True] * 4 + [False] * 2)
+                opt.zero_grad()
 
 
     def test_parameters_ddp_is_told_to_leave_alone_keep_the_hook(self):
