@@ -244,7 +244,8 @@ namespace {
 
 // Asks the worker to exit (after the step in flight, if any) and collects it, each wait bounded;
 // one still there is killed, and one stopped (SIGSTOP, a debugger) at once: it cannot answer, and
-// a trainer at exit would otherwise wait control_timeout_ms uninterruptibly. The trainer's
+// a trainer at exit would otherwise wait control_timeout_ms uninterruptibly (a traced one is then
+// collected once its debugger lets it go: the kernel tells the tracer first). The trainer's
 // mappings of the shared memory stay.
 void end_worker(zb_worker &w, const std::string &why) {
     if (w.reaped) return;

@@ -82,9 +82,10 @@ static inline void zb_worker_attr_init(zb_worker_attr *attr) {
  * attr not filled by zb_worker_attr_init() or flags other than 0. */
 zb_status zb_worker_spawn(const zb_worker_attr *attr, unsigned long flags, zb_worker_t **out);
 
-/* Ask the worker to exit, wait for it (bounded by control_timeout_ms, then SIGKILL; a stopped
- * worker, which cannot answer, is killed at once), unmap and free everything. NULL is a no-op.
- * Returns ZB_OK even if the worker had died; the handle is freed in every case. */
+/* Ask the worker to exit, wait for it (bounded by control_timeout_ms, then SIGKILL; a worker
+ * stopped by a signal, which cannot answer, is killed at once; one stopped under a debugger is
+ * killed too, and collected once the debugger lets it go), unmap and free everything. NULL is a
+ * no-op. Returns ZB_OK even if the worker had died; the handle is freed in every case. */
 zb_status zb_worker_destroy(zb_worker_t *worker);
 
 /* End the worker process as zb_worker_destroy() does (its moments go with it), but keep the
