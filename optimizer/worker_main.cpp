@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <string>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -64,8 +65,15 @@ int main(int argc, char **argv) {
         refuse("fd 3 is not sealed against shrinking (start me through zb_worker_spawn)");
     proto::Control &ctl = *proto::control_of(base);
 
+    // Stopped (SIGSTOP) when the trainer dies, we could never see its pidfd: its death sends us
+    // SIGCONT, which wakes a stopped process and does nothing to a running one (as when the
+    // thread that started us ends, which the kernel counts as the parent's death too). The
+    // kernel wakes a stopped orphaned process group by itself only where the trainer's parent
+    // is in another group of its session: not for a trainer leading its own session.
+    prctl(PR_SET_PDEATHSIG, SIGCONT);
     // Watch the trainer through a pidfd, then confirm it is still our parent: if it died before
-    // pidfd_open, the pid may be reused, but we would have been reparented already.
+    // pidfd_open (or before the line above), the pid may be reused, but we would have been
+    // reparented already.
     const int parent = proto::pidfd_open(ctl.trainer_pid);
     if (parent < 0 || getppid() != ctl.trainer_pid) return static_cast<int>(proto::Exit::ok);
     return static_cast<int>(zb::opt::worker::run_team(ctl, proto::kSocketFd, parent));

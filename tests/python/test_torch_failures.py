@@ -287,6 +287,34 @@ class Lifetime(unittest.TestCase):
             self.assertEqual(out.returncode, 0, out.stderr)
             self.assertEqual(out.stdout.split(), want, how)
 
+    def test_a_stopped_worker_goes_when_its_trainer_is_killed(self):
+        # a trainer leading its own session (started with setsid, as a daemon), its worker
+        # stopped alone (SIGSTOP): the kernel wakes no orphaned group there, and a stopped worker
+        # never sees its trainer's pidfd
+        script = ("import time, torch, zenflow_bind.optim as zt\n"
+                  "opt = zt.AdamW(torch.nn.Linear(4, 4).parameters(), threads=1)\n"
+                  "print(opt.worker.pid, flush=True)\n"
+                  "time.sleep(120)\n")
+        trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                   text=True, start_new_session=True)
+        worker = int(trainer.stdout.readline())
+        try:
+            os.kill(worker, signal.SIGSTOP)
+            deadline = time.monotonic() + 10
+            while (proc_stat(worker) or ["?"])[0] != "T" and time.monotonic() < deadline:
+                time.sleep(0.01)
+            trainer.kill()
+            trainer.wait()
+            deadline = time.monotonic() + 10
+            while alive(worker) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            state = (proc_stat(worker) or ["gone"])[0]
+            self.assertFalse(alive(worker), f"worker {worker} stayed in state {state}")
+        finally:
+            trainer.stdout.close()
+            if alive(worker):
+                os.kill(worker, signal.SIGKILL)
+
     def test_a_gradient_kept_after_close_stays_readable(self):
         """After a step p.grad is a view of the worker's buffer; close() (or dropping the
         optimizer) gives p a private gradient, and a reference the user kept reads what it
