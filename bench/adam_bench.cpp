@@ -6,6 +6,7 @@
 #include <zbadam/adam.hpp>
 
 #include "affinity.hpp"
+#include "args.hpp"
 #include "measure.hpp"
 #include <algorithm>
 #include <cstdarg>
@@ -45,25 +46,16 @@ struct Options {
 };
 
 [[gnu::format(printf, 1, 2)]] int bad_usage(const char *fmt, ...) {
-    std::fprintf(stderr, "zenflow-bench adam: ");
     va_list args;
     va_start(args, fmt);
-    std::vfprintf(stderr, fmt, args);
+    const int status = zb::bench::vbad_usage("adam", fmt, args);
     va_end(args);
-    std::fprintf(stderr, " (usage: zenflow-bench adam --help)\n");
-    return 2;
-}
-
-bool parse_count(const char *s, unsigned long long max, unsigned long long &out) {
-    if (!*s || *s == '-') return false;
-    char *end = nullptr;
-    errno = 0;
-    out = std::strtoull(s, &end, 10);
-    return errno == 0 && *end == 0 && out >= 1 && out <= max;
+    return status;
 }
 
 using zb::bench::median;
 using zb::bench::now;
+using zb::bench::parse_count;
 using zb::bench::untouched;
 using zb::opt::CopyType;
 using zb::opt::GradType;

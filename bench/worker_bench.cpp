@@ -10,6 +10,7 @@
 #include <zenbind/worker.h>
 
 #include "affinity.hpp"
+#include "args.hpp"
 #include "measure.hpp"
 #include <algorithm>
 #include <cstdio>
@@ -118,43 +119,55 @@ struct InProcess {
 } // namespace
 
 int bench_worker(int argc, char **argv) {
+    using zb::bench::parse_count;
     size_t n = 0;
     zb_dtype grad = ZB_DTYPE_FP32, copy = ZB_DTYPE_NONE;
     int threads = 0, iterations = 7, stale = 0;
     bool json = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
+        unsigned long long v = 0;
         if (a == "--json") {
             json = true;
-        } else if (a == "--elements" && i + 1 < argc) {
-            n = std::strtoull(argv[++i], nullptr, 10);
-        } else if (a == "--threads" && i + 1 < argc) {
-            threads = std::atoi(argv[++i]);
-        } else if (a == "--iterations" && i + 1 < argc) {
-            iterations = std::max(1, std::atoi(argv[++i]));
         } else if (a == "--stale") {
             stale = 1;
-        } else if (a == "--copy-out" && i + 1 < argc) {
+        } else if (i + 1 >= argc) {
+            return zb::bench::bad_usage("worker", "unknown option or missing value: '%s'", argv[i]);
+        } else if (a == "--elements") {
+            if (!parse_count(argv[++i], 1ull << 40, v))
+                return zb::bench::bad_usage(
+                    "worker", "--elements wants an integer in [1, 2^40], not '%s'", argv[i]);
+            n = static_cast<size_t>(v);
+        } else if (a == "--threads") {
+            if (!parse_count(argv[++i], 4096, v))
+                return zb::bench::bad_usage(
+                    "worker", "--threads wants an integer in [1, 4096], not '%s'", argv[i]);
+            threads = static_cast<int>(v);
+        } else if (a == "--iterations") {
+            if (!parse_count(argv[++i], 1000000, v))
+                return zb::bench::bad_usage(
+                    "worker", "--iterations wants an integer in [1, 1000000], not '%s'", argv[i]);
+            iterations = static_cast<int>(v);
+        } else if (a == "--copy-out") {
             const std::string c = argv[++i];
             copy = c == "bf16" ? ZB_DTYPE_BF16 : c == "fp16" ? ZB_DTYPE_FP16 : ZB_DTYPE_NONE;
-            if (copy == ZB_DTYPE_NONE) n = 0;
-        } else if (a == "--grad" && i + 1 < argc) {
+            if (copy == ZB_DTYPE_NONE)
+                return zb::bench::bad_usage("worker", "--copy-out wants bf16 or fp16, not '%s'",
+                                            argv[i]);
+        } else if (a == "--grad") {
             const std::string g = argv[++i];
             grad = g == "fp32"   ? ZB_DTYPE_FP32
                    : g == "bf16" ? ZB_DTYPE_BF16
                    : g == "fp16" ? ZB_DTYPE_FP16
                                  : ZB_DTYPE_NONE;
-            if (grad == ZB_DTYPE_NONE) n = 0;
+            if (grad == ZB_DTYPE_NONE)
+                return zb::bench::bad_usage("worker", "--grad wants fp32, bf16 or fp16, not '%s'",
+                                            argv[i]);
         } else {
-            n = 0;
-            break;
+            return zb::bench::bad_usage("worker", "unknown option: '%s'", argv[i]);
         }
     }
-    if (n == 0) {
-        std::fprintf(stderr, "zenflow-bench worker: a bad argument, or no --elements N (usage: "
-                             "zenflow-bench worker --help)\n");
-        return 2;
-    }
+    if (n == 0) return zb::bench::bad_usage("worker", "--elements N is required");
     const zb::bench::Machine machine;
     Affinity affinity;
     if (!read_affinity(affinity)) {
@@ -162,6 +175,9 @@ int bench_worker(int argc, char **argv) {
         return 1;
     }
     const std::vector<int> &cpus = affinity.cpus;
+    if (threads > static_cast<int>(cpus.size()))
+        return zb::bench::bad_usage("worker", "--threads %d but only %zu CPUs in the affinity",
+                                    threads, cpus.size());
     if (threads <= 0) threads = static_cast<int>(cpus.size());
     std::string list;
     // Appended piece by piece: GCC 12 at -O3 warns (-Wrestrict, falsely) on `"," + to_string(x)`.

@@ -203,7 +203,19 @@ class Errors(unittest.TestCase):
         self.assert_usage([], "usage: zenflow-bench")
         self.assert_usage(["frobnicate"], "unknown subcommand 'frobnicate'")
         self.assert_usage(["ipc", "--iterations", "5"], "--iterations takes 10 to 100000000")
-        self.assert_usage(["worker"], "no --elements N")
+        self.assert_usage(["worker"], "--elements N is required")
+        # each value read whole and in range (-1 once ran as 2^64-1 elements, and crashed)
+        for args, message in ((["--elements", "-1"], "--elements wants an integer"),
+                              (["--elements", "1e5"], "not '1e5'"),
+                              (["--elements", "10", "--iterations", "abc"], "--iterations wants"),
+                              (["--elements", "10", "--iterations", "0"], "--iterations wants"),
+                              (["--elements", "10", "--threads", "0"], "--threads wants"),
+                              (["--copy-out", "fp32", "--elements", "10"],
+                               "--copy-out wants bf16 or fp16, not 'fp32'"),
+                              (["--elements", "10", "--grad", "fp64"], "--grad wants"),
+                              (["--elements", "10", "--bogus", "1"], "unknown option: '--bogus'"),
+                              (["--elements"], "missing value: '--elements'")):
+            self.assert_usage(["worker", *args], message)
         self.assert_usage(["adam"], "--elements is required")
         self.assert_usage(["adam", "--elements", "0"], "--elements wants an integer")
         self.assert_usage(["adam", "--elements", "-5"], "--elements wants an integer")
@@ -225,8 +237,9 @@ class Errors(unittest.TestCase):
         self.assert_usage(["adam", "--elements", "10", "--bogus"], "'--bogus'")
         self.assert_usage(["adam", "--elements"], "missing value: '--elements'")
         cpus = len(os.sched_getaffinity(0))
-        self.assert_usage(["adam", "--elements", "10", "--threads", str(cpus + 1)],
-                          f"only {cpus} CPUs in the affinity")
+        for sub in ("adam", "worker"):
+            self.assert_usage([sub, "--elements", "10", "--threads", str(cpus + 1)],
+                              f"only {cpus} CPUs in the affinity")
 
     def test_help(self):
         r = run("--help")
