@@ -956,6 +956,26 @@ static void test_worker_environment_and_job_signals(void **state) {
     unsetenv("OMP_DYNAMIC");
 }
 
+/* Waits (up to 10 s) until process pid is stopped: kill(SIGSTOP) returns before it is (under
+ * qemu-user and on a loaded machine, well before). */
+static void wait_stopped(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    for (int i = 0; i < 1000; ++i) {
+        char buf[512] = {0};
+        FILE *f = fopen(path, "r");
+        if (f) {
+            size_t got = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[got] = 0;
+            const char *paren = strrchr(buf, ')');
+            if (paren && paren[1] == ' ' && paren[2] == 'T') return;
+        }
+        usleep(10000);
+    }
+    fail_msg("process %d did not stop", (int)pid);
+}
+
 /* zb_worker_destroy on a hung (stopped) worker: killed at once, not after control_timeout_ms
  * (60 s here: a trainer exiting would wait that long, deaf to Ctrl-C); it succeeds and leaves no
  * process, not even a zombie. Idle, and with a step in flight. */
@@ -967,6 +987,7 @@ static void test_destroy_a_hung_worker(void **state) {
         pid_t pid;
         zb_worker_pid(w, &pid);
         assert_int_equal(kill(pid, SIGSTOP), 0);
+        wait_stopped(pid);
         if (in_flight) {
             zb_worker_step s = {1, 1.0f, 0, NULL, 0, 0, 0.0f};
             assert_int_equal(zb_worker_submit(w, &s), ZB_OK);
