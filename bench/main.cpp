@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <omp.h>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -91,6 +92,16 @@ int main(int argc, char **argv) {
                 std::printf("usage: %s\n%s (see zenflow-bench(1))\n", s.usage, s.summary);
                 return 0;
             }
+        // libgomp pins this process to its first place before main() where OMP_PROC_BIND,
+        // OMP_PLACES or GOMP_CPU_AFFINITY say so: every figure would be that place's
+        if (omp_get_proc_bind() != omp_proc_bind_false) {
+            std::fprintf(stderr,
+                         "zenflow-bench %s: OpenMP binds this process (OMP_PROC_BIND, OMP_PLACES "
+                         "or GOMP_CPU_AFFINITY is set) to one place before the benchmark starts; "
+                         "run it with env -u OMP_PROC_BIND -u OMP_PLACES -u GOMP_CPU_AFFINITY\n",
+                         s.name);
+            return 1;
+        }
         return s.run(static_cast<int>(args.size()), ptrs.data());
     }
     std::fprintf(stderr, "zenflow-bench: unknown subcommand '%s'\n", argv[1]);

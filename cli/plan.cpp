@@ -249,8 +249,7 @@ int cmd_plan(int argc, char **argv) {
         source = "--cpuset";
     } else if (a.synthetic.empty() && a.topology_file.empty()) {
         char file[4096];
-        if (zb_allowed_cpus(nullptr, 0, o.allowed, file, sizeof file) != ZB_OK)
-            return zb_error(kRuntime, "cannot read this process's allowed CPUs");
+        if (const int rc = this_process_cpus(o.allowed, file, sizeof file)) return rc;
         source = std::string("this process: ") + file + " and its affinity";
     } else {
         hwloc_bitmap_copy(zb_cpuset_hwloc(o.allowed),

@@ -96,10 +96,10 @@ int cmd_show(int argc, char **argv) {
     if (zb_topology_load(&topology) != ZB_OK) return zb_error(kRuntime, "cannot load the topology");
     zb_cpuset_t *allowed = zb_cpuset_alloc();
     char source[4096];
-    if (zb_allowed_cpus(nullptr, 0, allowed, source, sizeof source) != ZB_OK) {
+    if (const int rc = this_process_cpus(allowed, source, sizeof source)) {
         zb_cpuset_free(allowed);
         zb_topology_free(topology);
-        return zb_error(kRuntime, "cannot read this process's allowed CPUs");
+        return rc;
     }
     const std::vector<Node> nodes = nodes_of(topology, allowed);
     const std::string mine = cpulist(allowed), machine = cpulist(zb_topology_cpuset(topology));

@@ -376,9 +376,9 @@ int run(const TuneArgs &a) {
     }
     if (numa_available() < 0) {
         std::fprintf(stderr, "zenbind: tune: libnuma reports no NUMA support on this machine\n");
-    } else if (zb_topology_load(&topology) != ZB_OK ||
-               zb_allowed_cpus(nullptr, 0, zb_cpuset_from_hwloc(allowed), nullptr, 0) != ZB_OK ||
-               zb_profile_create(&profile) != ZB_OK) {
+    } else if (zb::cli::this_process_cpus(zb_cpuset_from_hwloc(allowed), nullptr, 0) != 0) {
+        // (said) the figures of the cores OpenMP left this process would be a profile's
+    } else if (zb_topology_load(&topology) != ZB_OK || zb_profile_create(&profile) != ZB_OK) {
         std::fprintf(stderr, "zenbind: tune: %s\n", zb_last_error());
     } else {
         hwloc_topology_t topo = zb_topology_hwloc(topology);

@@ -193,6 +193,30 @@ class Plan(unittest.TestCase):
         self.assertEqual(sorted(n["node"] for n in shown["nodes"])[:1], [0])
         self.assertIn(cpu, ",".join(n["allowed"] for n in shown["nodes"]))
 
+    def test_openmp_binding_is_refused_not_read_as_the_machine(self):
+        # libgomp pins the process to its first place before main() where these are set: the
+        # machine would read as one CPU, and tune would measure one core
+        base = {k: v for k, v in os.environ.items()
+                if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")}
+        for var, value in (("OMP_PROC_BIND", "close"), ("OMP_PLACES", "cores"),
+                           ("GOMP_CPU_AFFINITY", "0")):
+            with tempfile.TemporaryDirectory() as where:
+                for args in (["plan", "--tasks", "1"], ["show"],
+                             ["tune", "--output", os.path.join(where, "p"), "--steps", "1"]):
+                    r = subprocess.run([ZENBIND, *args], capture_output=True, text=True,
+                                       timeout=60, env={**base, var: value})
+                    self.assertEqual(r.returncode, 1, (var, args, r.stdout))
+                    self.assertIn("env -u OMP_PROC_BIND", r.stderr)
+                self.assertEqual(os.listdir(where), [])  # no profile of one core
+        # a plan of a given cpuset reads nothing of this process; OMP_PROC_BIND=false binds none
+        r = subprocess.run([ZENBIND, "plan", "--tasks", "1", "--cpuset", "0"], capture_output=True,
+                           text=True, timeout=60, env={**base, "OMP_PROC_BIND": "close"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        plain, unbound = (subprocess.run([ZENBIND, "plan", "--tasks", "1", "--json"],
+                                         capture_output=True, text=True, timeout=60, env=env)
+                          for env in (base, {**base, "OMP_PROC_BIND": "false"}))
+        self.assertEqual(json.loads(unbound.stdout)["allowed"], json.loads(plain.stdout)["allowed"])
+
     def test_topology_from_an_xml_export(self):
         # This machine exported by lstopo plans as the live machine does, for the same CPUs.
         allowed = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))

@@ -241,6 +241,20 @@ class Errors(unittest.TestCase):
             self.assert_usage([sub, "--elements", "10", "--threads", str(cpus + 1)],
                               f"only {cpus} CPUs in the affinity")
 
+    def test_openmp_binding_is_refused(self):
+        # libgomp pins the process to one place before main() where these are set: every
+        # figure would be that place's
+        base = {k: v for k, v in os.environ.items()
+                if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")}
+        for var, value in (("OMP_PROC_BIND", "true"), ("OMP_PLACES", "cores"),
+                           ("GOMP_CPU_AFFINITY", "0")):
+            for sub in ("adam", "ipc", "worker"):
+                r = subprocess.run([BENCH, sub, "--elements", "10"] if sub != "ipc" else
+                                   [BENCH, sub], capture_output=True, text=True, timeout=60,
+                                   env={**base, var: value})
+                self.assertEqual(r.returncode, 1, (var, sub, r.stderr))
+                self.assertIn("env -u OMP_PROC_BIND", r.stderr)
+
     def test_help(self):
         r = run("--help")
         self.assertEqual(r.returncode, 0)
