@@ -56,11 +56,14 @@ void check_gbps(const std::vector<double> &gbps, const std::string &where) {
                      where + ": throughput figures must be between 0.001 and 1000000 GB/s");
 }
 
-unsigned parse_uint(const std::string &word, unsigned max, const std::string &where) {
+// Field `field` of a profile line, a whole number at most `max` (`limit` says why).
+unsigned parse_uint(const std::string &word, unsigned max, const std::string &where,
+                    const char *field, const std::string &limit) {
     if (!zb::util::is_decimal(word))
-        zb::fail(ZB_EINVAL, where + ": " + zb::quote_input(word) + " is not a whole number");
+        zb::fail(ZB_EINVAL,
+                 where + ": " + field + " " + zb::quote_input(word) + " is not a whole number");
     const auto v = zb::util::parse_decimal(word, max);
-    if (!v) zb::fail(ZB_EINVAL, where + ": " + word + " is out of range");
+    if (!v) zb::fail(ZB_EINVAL, where + ": " + field + " " + word + " is more than " + limit);
     return static_cast<unsigned>(*v);
 }
 
@@ -91,10 +94,12 @@ zb_profile::Node parse_node_line(const std::string &line, const std::string &whe
     if (kw_node != "node" || kw_sat != "saturate" || kw_gbps != "gbps" || gbps_s.empty() ||
         (in >> extra))
         zb::fail(ZB_EINVAL, where + ": expected 'node N saturate S gbps G1,G2,...'");
-    node = parse_uint(node_s, kMaxNode, where);
+    node = parse_uint(node_s, kMaxNode, where, "node", std::to_string(kMaxNode));
     zb_profile::Node n;
     n.gb_per_s = parse_gbps(gbps_s, where);
-    n.saturation = parse_uint(sat_s, static_cast<unsigned>(n.gb_per_s.size()), where);
+    n.saturation =
+        parse_uint(sat_s, static_cast<unsigned>(n.gb_per_s.size()), where, "saturate",
+                   "the " + std::to_string(n.gb_per_s.size()) + " throughput figures given");
     if (n.saturation == 0) zb::fail(ZB_EINVAL, where + ": saturate must be at least 1");
     return n;
 }
