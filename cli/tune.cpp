@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <numa.h>
 #include <omp.h>
 #include <sched.h>
@@ -120,13 +121,18 @@ bool output_writable(TuneArgs &a) {
                      S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
         return false;
     }
-    const size_t slash = a.target.rfind('/');
-    const std::string dir = slash == std::string::npos ? "." : a.target.substr(0, slash + 1);
-    if (access(dir.c_str(), W_OK) != 0) {
-        std::fprintf(stderr, "zenbind: tune: cannot write %s: %s: %s\n", output, dir.c_str(),
-                     std::strerror(errno));
+    // The file the profile is written to before its rename, made and removed now: a test of
+    // the directory's permissions alone passes for root where the file cannot be made (/proc, a
+    // read-only or full file system)
+    const std::string tmp = a.target + ".tmp." + std::to_string(getpid());
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        std::fprintf(stderr, "zenbind: tune: cannot write %s: cannot create %s: %s\n", output,
+                     tmp.c_str(), std::strerror(errno));
         return false;
     }
+    close(fd);
+    unlink(tmp.c_str());
     return true;
 }
 

@@ -139,11 +139,11 @@ class Plan(unittest.TestCase):
                 self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
             # A bad name is a usage error found before any work, and a failed drawing prints no
             # plan a script could take for the command's result.
-            for name in ("/plan.gif", "/.svg"):
+            for name in ("/plan.gif", "/.svg", "/.png"):
                 r = run("plan", "--json", "--tasks", "2", "--synthetic", SEED, "--picture",
                         d + name)
                 self.assertEqual((r.returncode, r.stdout), (2, ""), r.stderr)
-                self.assertIn(".svg or .png", r.stderr)
+                self.assertIn("NAME.svg or NAME.png", r.stderr)
             r = run("plan", "--json", "--tasks", "2", "--synthetic", SEED, "--picture",
                     d + "/missing-dir/plan.svg")
             self.assertEqual((r.returncode, r.stdout), (1, ""), r.stderr)
@@ -480,10 +480,12 @@ class Tune(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("--output FILE is required", r.stderr)
         # An output that cannot be written fails before any measuring (no progress line).
-        r = run("tune", "--output", "/nonexistent-dir/x.profile", "--steps", "1")
-        self.assertEqual(r.returncode, 1)
-        self.assertIn("cannot write /nonexistent-dir/x.profile", r.stderr)
-        self.assertNotIn("cores", r.stderr)
+        # (/proc: a directory whose permissions say root may write, where no file can be made)
+        for path in ("/nonexistent-dir/x.profile", "/proc/x.profile"):
+            r = run("tune", "--output", path, "--steps", "1")
+            self.assertEqual(r.returncode, 1)
+            self.assertIn(f"cannot write {path}", r.stderr)
+            self.assertNotIn("cores", r.stderr)
         with tempfile.TemporaryDirectory() as d:
             r = run("tune", "--output", d)
             self.assertEqual(r.returncode, 1)
