@@ -29,8 +29,8 @@ const Subcommand kSubcommands[] = {
     {"adam", bench_adam, "the Adam/AdamW kernel against a streaming roofline over the same bytes",
      "zenflow-bench adam --elements N [--threads T] [--grad fp32|bf16|fp16]\n"
      "                   [--copy-out none|bf16|fp16] [--stale] [--isa scalar|avx2|avx512]\n"
-     "                   [--stores auto|cached|streaming] [--prefetch off|l1|l2]\n"
-     "                   [--vs-isa scalar|avx2|avx512] [--vs-prefetch off|l1|l2]\n"
+     "                   [--stores auto|cached|streaming] [--prefetch auto|off|l1|l2]\n"
+     "                   [--vs-isa scalar|avx2|avx512] [--vs-prefetch auto|off|l1|l2]\n"
      "                   [--steps K] [--json]"},
     {"ipc", bench_ipc, "round trip of an empty step between this process and a worker",
      "zenflow-bench ipc [--iterations K] [--json]"},

@@ -70,7 +70,7 @@ bool draw_plan(zb_topology_t *topology, const zb_plan_t *plan, const std::string
                std::string &error) {
     const char *format = picture_format(file);
     if (!format) {
-        error = "--picture " + file + ": the name must end in .svg or .png";
+        error = "--picture " + file + ": the name must be NAME.svg or NAME.png";
         return false;
     }
     hwloc_topology_t topo = zb_topology_hwloc(topology);

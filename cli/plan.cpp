@@ -62,7 +62,7 @@ int parse(int argc, char **argv, PlanArgs &a) {
             } else if (arg == "--picture") {
                 if (!picture_format(value))
                     return error(kUsage,
-                                 "--picture " + value + ": the name must end in .svg or .png");
+                                 "--picture " + value + ": the name must be NAME.svg or NAME.png");
                 a.picture = value;
             } else if (arg == "--gpu-nodes") {
                 a.gpu_nodes = value;
