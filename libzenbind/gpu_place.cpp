@@ -141,7 +141,8 @@ GpuPlacement place_by_gpu(hwloc_topology_t topo, const std::vector<ShareNodes> &
         p.share_of[t] = s;
         taken[s] = true;
         if (any && gpu_nodes[t] < 0)
-            p.warnings.emplace_back(t, "no GPU: share taken in order among those left");
+            p.warnings.emplace_back(t, "no GPU of a known NUMA node: share taken in order among "
+                                       "those left");
     }
     return p;
 }
