@@ -2,8 +2,11 @@
 
 #include "error.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <omp.h>
 #include <sched.h>
+#include <vector>
 
 namespace zb {
 
@@ -26,6 +29,22 @@ void process_affinity(pid_t pid, hwloc_bitmap_t out) {
         if (err != EINVAL) fail_errno("sched_getaffinity(" + std::to_string(pid) + ")");
     }
     fail(ZB_ESYS, "sched_getaffinity: the kernel's CPU mask is larger than 4194304 CPUs");
+}
+
+void caller_cpus(hwloc_bitmap_t out) {
+    const int places = omp_get_proc_bind() == omp_proc_bind_false ? 0 : omp_get_num_places();
+    if (places > 0) {
+        hwloc_bitmap_zero(out);
+        std::vector<int> ids;
+        for (int p = 0; p < places; ++p) {
+            ids.resize(static_cast<size_t>(std::max(omp_get_place_num_procs(p), 0)));
+            omp_get_place_proc_ids(p, ids.data());
+            for (const int id : ids)
+                if (id >= 0) hwloc_bitmap_set(out, static_cast<unsigned>(id));
+        }
+        if (!hwloc_bitmap_iszero(out)) return;
+    }
+    process_affinity(0, out);
 }
 
 } // namespace zb

@@ -69,7 +69,7 @@ std::vector<int> resolve_cpus(const zb_worker_attr &a) {
         return parse_list(list, a.cpus && a.cpus[0] ? "attr.cpus" : ZB_ENV_OPT_CPUS,
                           CPU_SETSIZE - 1);
     zb::Bitmap set;
-    zb::process_affinity(0, set);
+    zb::caller_cpus(set);
     std::vector<int> cpus;
     for (int c = hwloc_bitmap_first(set); c >= 0 && c < CPU_SETSIZE; c = hwloc_bitmap_next(set, c))
         cpus.push_back(c);

@@ -50,8 +50,8 @@ typedef struct zb_worker_attr {
      * <libexecdir>/zenflow-bind/zenflow-optimizer. */
     const char *path;
     /* Optimizer CPUs, a cpu-list; NULL or "" means $ZENFLOW_OPT_CPUS, else every CPU the caller may
-     * run on (its affinity). One thread is pinned per CPU, in increasing order, cycling if there
-     * are more threads than CPUs. */
+     * run on (its affinity; where OpenMP binds threads, the CPUs of its places). One thread is
+     * pinned per CPU, in increasing order, cycling if there are more threads than CPUs. */
     const char *cpus;
     /* Thread count; 0 means $ZENFLOW_OPT_THREADS, else one per optimizer CPU. */
     unsigned threads;

@@ -263,6 +263,26 @@ class Environment(unittest.TestCase):
                     os.environ[k] = v
 
 
+    def test_openmp_binding_does_not_narrow_the_default_cpus(self):
+        # OMP_PROC_BIND, OMP_PLACES or GOMP_CPU_AFFINITY make OpenMP (torch's, ours) pin the
+        # process to its first place before Python starts: the worker took that one CPU, the
+        # trainer's own, as "the caller's CPUs"
+        import json
+        import subprocess
+        import sys
+        script = ("import torch, zenflow_bind.optim as zt\n"
+                  "with zt.AdamW(torch.nn.Linear(4, 4).parameters()) as opt:\n"
+                  "    print(sorted({cpu for _, cpu in opt.worker.threads()}))\n")
+        base = {k: v for k, v in os.environ.items()
+                if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY",
+                             "ZENFLOW_OPT_CPUS", "ZENFLOW_OPT_THREADS")}
+        for var, value in (("OMP_PROC_BIND", "close"), ("OMP_PLACES", "cores")):
+            r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                               timeout=120, env={**base, var: value})
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(json.loads(r.stdout), sorted(os.sched_getaffinity(0)), var)
+
+
 class Names(unittest.TestCase):
     def test_old_module_name_is_a_deprecated_alias(self):
         import importlib
