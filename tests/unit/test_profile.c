@@ -109,7 +109,8 @@ static void bad_files_are_refused_with_the_line(void **state) {
         {"", 0, "is empty"},
         {"zenbind-profile 2\n", 1, "not a zenbind profile"},
         {"zenbind-profile 1\nnode 0 saturate 1\n", 2, "expected 'node N saturate S gbps"},
-        {"zenbind-profile 1\nnode 0 saturate 3 gbps 1,2\n", 2, "saturate 3 is more than the 2 throughput figures given"},
+        {"zenbind-profile 1\nnode 0 saturate 3 gbps 1,2\n", 2,
+         "saturate 3 is more than the 2 throughput figures given"},
         {"zenbind-profile 1\nnode 0 saturate 0 gbps 1\n", 2, "saturate must be at least 1"},
         {"zenbind-profile 1\nnode 0 saturate 1 gbps 1,-2\n", 2, "'-2' is not a throughput"},
         /* would save as 0.000 */
