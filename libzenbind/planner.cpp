@@ -236,6 +236,10 @@ zb_plan::Task make_task(const Machine &m, size_t first, size_t count, const zb_o
     const auto begin = m.seq.begin() + static_cast<long>(first);
     if (o.mode == ZB_MODE_OFFLOAD) return offload_task(m, begin, count);
     if (count == 1) {
+        // train= and opt= together ask for two cores at least: impossible, as on any share too
+        // small for both (split_cores says so), not passed over
+        if ((o.train_cores != 0 || o.train_fraction > 0) && o.opt_cores)
+            split_cores(1, o, index, warn);
         warn.add(index, "a single core: training and optimizer share it");
         return shared_core_task(m, *begin);
     }

@@ -302,6 +302,11 @@ static void degenerate_cases_warn(void **state) {
     release(&p);
     /* more tasks than cores */
     expect_summary("0-1", 3, "", 2, "0|0|1|1|0", "3 tasks but only 2 cores");
+    /* train= and opt= together cannot fit one core: impossible, not passed over (one alone is
+     * a preference the single core overrides) */
+    expect_impossible("5", 1, "train=2,opt=2", "fewer than the 2 training + 2 optimizer");
+    expect_impossible("5,37", 1, "train=0.5,opt=1", "1 cores, fewer than");
+    expect_summary("5", 1, "opt=2", 0, "5|5|1|1|0", "single core");
 }
 
 /* mode=offload: the same shares, but each is all training, every PU, one thread per core. */
