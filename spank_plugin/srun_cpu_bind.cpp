@@ -33,8 +33,9 @@ CpuBindDecision decide_cpu_bind(const char *type, const char *list, bool asked) 
     const std::string given = "--cpu-bind=" + kept;
     if (!choose)
         return {CpuBindAction::refine,
-                given + ": each task is bound by zenflow-bind to whole cores of its share "
-                        "(training CPUs; the optimizer's in ZENFLOW_OPT_CPUS)"};
+                given + " (from --cpu-bind, or a --hint Slurm turned into it): each task is "
+                        "bound by zenflow-bind to whole cores of its share (training CPUs; the "
+                        "optimizer's in ZENFLOW_OPT_CPUS)"};
     if (asked)
         return {CpuBindAction::refuse,
                 given + " and --zenflow-bind both choose the tasks' CPUs; give only one of them "

@@ -199,7 +199,8 @@ class PluginOnSlurm(ClusterCase):
         t = tasks[0]
         self.assertEqual(len(cpus(t.train)), 1)
         self.assertEqual(t.affinity, cpus(t.train), "zenflow-bind's binding, not Slurm's")
-        self.assertIn("--cpu-bind=cores: each task is bound by zenflow-bind", p.stderr)
+        self.assertIn("--cpu-bind=cores (from --cpu-bind, or a --hint Slurm turned into it): "
+                      "each task is bound by zenflow-bind", p.stderr)
 
     def test_cpu_bind_verbose_is_told_the_mask_was_replaced(self):
         tasks, p = self.tasks("-n1", "-c2", "--cpu-bind=verbose", "--zenflow-bind")

@@ -31,6 +31,8 @@ void granularities_are_refined(void **) {
             assert_int_equal(static_cast<int>(d.action), static_cast<int>(CpuBindAction::refine));
             assert_true(d.message.find("--cpu-bind=") == 0);
             assert_true(d.message.find("verbose") == std::string::npos);
+            // (srun --hint=nomultithread sets threads: the user may not have typed --cpu-bind)
+            assert_true(d.message.find("or a --hint") != std::string::npos);
         }
     }
 }
