@@ -43,9 +43,18 @@ bool resolve(const zb_options &admin, const char *user_text, Resolved &out, std:
     }
     if (!admin.allow_override) {
         if (const char *key = zb_options_overridden(&admin, &out.options, user.set)) {
-            error = std::string("'") + key +
-                    "' is fixed by the administrator (override=deny; site options: " +
-                    admin_text(admin) + ")";
+            const std::string k = key;
+            if (k == "on" || k == "off") { // (the key of binding on or off, whichever was written)
+                const char *fixed = admin.enabled ? "on" : "off";
+                error = std::string("binding is fixed ") + fixed +
+                        " by the administrator (override=deny): leave '" +
+                        (admin.enabled ? "off" : "on") + "' out of --zenflow-bind";
+            } else {
+                error = "'" + k +
+                        "' is fixed by the administrator (override=deny): leave it out of "
+                        "--zenflow-bind, and the site's value applies (site options: " +
+                        admin_text(admin) + ")";
+            }
             return false;
         }
         if (admin.default_on && (user.set & ZB_SET_ENABLED) && !user.enabled) {

@@ -74,6 +74,11 @@ void override_deny_refuses_changes_to_admin_keys_only(void **) {
     assert_int_equal(r.options.train_cores, 1);
     assert_true(
         refuses(admin_from({"off", "override=deny"}), "", "turned off by the administrator"));
+    // each refusal says what to do; "on" written by the administrator is not the user's "off"
+    assert_true(refuses(admin, "opt=2", "leave it out of --zenflow-bind"));
+    assert_true(refuses(admin_from({"on,override=deny"}), "off",
+                        "binding is fixed on by the administrator (override=deny): leave 'off' "
+                        "out"));
 }
 
 void bad_user_values_name_the_key(void **) {
