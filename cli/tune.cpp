@@ -380,10 +380,10 @@ int run(const TuneArgs &a) {
                       load);
         trust.distrust(why);
     }
-    if (numa_available() < 0) {
-        std::fprintf(stderr, "zenbind: tune: libnuma reports no NUMA support on this machine\n");
-    } else if (zb::cli::this_process_cpus(zb_cpuset_from_hwloc(allowed), nullptr, 0) != 0) {
+    if (zb::cli::this_process_cpus(zb_cpuset_from_hwloc(allowed), nullptr, 0) != 0) {
         // (said) the figures of the cores OpenMP left this process would be a profile's
+    } else if (numa_available() < 0) {
+        std::fprintf(stderr, "zenbind: tune: libnuma reports no NUMA support on this machine\n");
     } else if (zb_topology_load(&topology) != ZB_OK || zb_profile_create(&profile) != ZB_OK) {
         std::fprintf(stderr, "zenbind: tune: %s\n", zb_last_error());
     } else {
