@@ -75,8 +75,6 @@ def register(optimizer, model, hook, state):
         slot.leave_ddp()
     optimizer._ddp_reduced, optimizer._ddp_slots = reduced, {}
     optimizer._ddp_model = weakref.ref(model)
-    optimizer._ddp_marks_use = weakref.ref(model) if model.find_unused_parameters and \
-        not getattr(model, "gradient_as_bucket_view", False) else None
     for slot in mine:
         adopt(optimizer, slot)
 
@@ -128,8 +126,10 @@ def adopt(optimizer, slot):
     ref = optimizer._ddp_reduced.get(id(slot.param))
     if ref is not None and ref() is slot.param:
         slot.reduced_by_ddp()
-        model = optimizer._ddp_marks_use and optimizer._ddp_marks_use()
-        if model is not None:
+        model = optimizer._ddp_model()
+        # without bucket views, under find_unused_parameters: uses noted (Slot.mark_use)
+        if model is not None and model.find_unused_parameters and \
+                not getattr(model, "gradient_as_bucket_view", False):
             slot.mark_use(model)
         optimizer._ddp_slots[id(slot.param)] = slot
 

@@ -55,8 +55,8 @@ def _ours(optimizer):
 def _open_worker(ours):
     """Whether ours is a worker's optimizer, open (worker=False has no worker, and reads .grad
     after DDP's reduction: nothing to take)."""
-    worker = getattr(ours, "worker", None)
-    return worker is not None and not worker.closed and callable(getattr(ours, "_takes_ddp", None))
+    worker = getattr(ours, "worker", None)  # (_ours(): a zenflow_bind optimizer)
+    return worker is not None and not worker.closed
 
 
 def _on_cuda(ours):

@@ -144,7 +144,6 @@ class AdamW(torch.optim.Optimizer):
         self._torn = False      # some buckets took a step that cannot be completed
         self._ddp_reduced = {}  # id -> weakref of each parameter DDP reduces (register_ddp())
         self._ddp_slots = {}    # id(parameter) -> its slot, for those of them optimized here
-        self._ddp_marks_use = None  # weakref to the DDP model whose backward they mark use in
         self._ddp_model = None  # weakref to the DDP model they come from (register_ddp())
         self._ddp_lock = threading.Lock()  # a reduced bucket's copy against close() unmapping
         self._worker = Worker(cpus=cpus, threads=threads, mems=mems)

@@ -275,7 +275,7 @@ class Worker:
         """Whether the worker process has ended (killed, crashed) while this handle is open: its
         state is gone. False while it runs, or is stopped (SIGSTOP, a suspended job), and where
         this cannot tell (another process now holds its pid, reaped: taken as alive)."""
-        if not self._handle or os.getpid() != self._owner:
+        if not self._handle or self.forked:
             return False
         try:
             with open(f"/proc/{self.pid}/stat") as f:
@@ -319,7 +319,7 @@ class Worker:
     def _live(self):
         if not self._handle:
             raise ZenbindError(-1, "the worker was closed")
-        if os.getpid() != self._owner:
+        if self.forked:
             raise ZenbindError(-1, f"this worker belongs to process {self._owner}; a forked "
                                    "child cannot use it")
         return self._handle
