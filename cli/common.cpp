@@ -2,22 +2,8 @@
 
 #include <cstdio>
 #include <omp.h>
-#include <sched.h>
 
 namespace zb::cli {
-namespace {
-
-// This process's affinity as a CPU list ("?" if it cannot be read).
-std::string affinity_text() {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) != 0) return "?";
-    std::string text;
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
-        if (CPU_ISSET(cpu, &set)) text += (text.empty() ? "" : ",") + std::to_string(cpu);
-    return text;
-}
-
-} // namespace
 
 int error(int status, const std::string &message) {
     std::fprintf(stderr, "zenbind: %s\n", message.c_str());
@@ -46,15 +32,15 @@ std::string json_string(const std::string &text) {
 }
 
 int this_process_cpus(zb_cpuset_t *out, char *source, size_t source_len) {
+    if (zb_allowed_cpus(nullptr, 0, out, source, source_len) != ZB_OK)
+        return zb_error(kRuntime, "cannot read this process's allowed CPUs");
     if (omp_get_proc_bind() != omp_proc_bind_false)
         return error(kRuntime,
                      "OpenMP binds this process (OMP_PROC_BIND, OMP_PLACES or GOMP_CPU_AFFINITY "
                      "is set): it pinned it to CPU " +
-                         affinity_text() +
+                         cpulist(out) +
                          " before zenbind started, so this machine would read as that; run it "
                          "with env -u OMP_PROC_BIND -u OMP_PLACES -u GOMP_CPU_AFFINITY");
-    if (zb_allowed_cpus(nullptr, 0, out, source, source_len) != ZB_OK)
-        return zb_error(kRuntime, "cannot read this process's allowed CPUs");
     return kOk;
 }
 
