@@ -31,9 +31,11 @@ namespace {
 
 using namespace zb::spank;
 
-// Set by srun in the step's environment when the user's --cpu-bind wins over default=on. Named
-// SLURM_*: under --export=NONE or a list, srun passes its own SLURM_* variables and no others.
+// Set by srun in the step's environment when it decided on the user's --cpu-bind: "cpu-bind" when
+// it wins over default=on, "refused" when it contradicts --zenflow-bind. Named SLURM_*: under
+// --export=NONE or a list, srun passes its own SLURM_* variables and no others.
 constexpr const char *kDeferVariable = "SLURM_ZENFLOW_BIND_DEFERRED";
+constexpr const char *kRefused = "refused";
 
 // User strings are parsed in root's slurmstepd: anything longer than this is refused unread.
 constexpr size_t max_option_bytes = 8192;
@@ -189,7 +191,11 @@ ZB_SPANK_EXPORT int slurm_spank_local_user_init(spank_t, int, char **) {
             return 0;
         case CpuBindAction::refuse:
             slurm_error("zenflow-bind: %s", d.message.c_str());
-            return -1;
+            // Failing here would leave the step srun has already made: inside an allocation it
+            // holds its CPUs until the allocation ends, and the job's next srun waits for them.
+            // The step starts and each task fails before running anything instead.
+            if (setenv(kDeferVariable, kRefused, 1) != 0) return -1;
+            return 0;
         case CpuBindAction::defer:
             // srun hands its own environment to the tasks (spank_setenv is for slurmstepd).
             if (setenv(kDeferVariable, "cpu-bind", 1) != 0) {
@@ -215,6 +221,9 @@ ZB_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int, char **) {
         const bool defer =
             spank_getenv(sp, kDeferVariable, deferred, sizeof deferred) == ESPANK_SUCCESS;
         if (defer) spank_unsetenv(sp, kDeferVariable);
+        if (defer && std::strcmp(deferred, kRefused) == 0 && s.task_error.empty())
+            s.task_error = "srun refused this step (--cpu-bind and --zenflow-bind both choose "
+                           "the tasks' CPUs): no task runs";
         // A step without a plan of its own keeps none it inherited (from a bound batch step):
         // its optimizer worker would pin itself to CPUs that are not this step's.
         if (!binds(sp, s, step_id, defer)) clear_inherited_plan(sp);

@@ -13,7 +13,7 @@ enum class CpuBindAction {
     refine, // a granularity (cores, threads, sockets, ldoms, boards): zenflow-bind binds whole
             // cores inside each task's share, a finer choice of the same kind; bind, and say so
     refuse, // the user chose CPUs or no binding (map_*, mask_*, rank*, none) and asked for
-            // --zenflow-bind too: the two contradict, fail before any task starts
+            // --zenflow-bind too: the two contradict, every task fails before running anything
     defer,  // the same, but binding is on only by the admin's default=on: the user's explicit
             // --cpu-bind wins and this step is left to Slurm
 };

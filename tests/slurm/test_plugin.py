@@ -183,6 +183,19 @@ class PluginOnSlurm(ClusterCase):
             self.assertIn("give only one of them", p.stderr)
             self.assertFalse(os.path.exists(marker), f"--cpu-bind={bind}: a task ran")
 
+    def test_a_refused_step_inside_an_allocation_frees_its_cpus(self):
+        # Refused in srun once srun had made the step, the step kept the job's CPUs until the
+        # allocation ended: the script's next srun waited for them.
+        text = self.sbatch_and_wait(
+            "--export=ALL",
+            f"srun -n1 -c2 --cpu-bind=map_cpu:1 --zenflow-bind touch {self.dir}/ran\n"
+            "echo refused=$?\n"
+            "timeout 20 srun -n1 -c2 true; echo next=$?\n")
+        self.assertRegex(text, r"refused=[1-9]")
+        self.assertIn("give only one of them", text)
+        self.assertIn("next=0", text)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "ran")))
+
     def test_srun_inside_a_task_says_where_its_cpu_bind_comes_from(self):
         # A task's SLURM_CPU_BIND holds its mask; a nested srun takes it as --cpu-bind
         inner = "srun -n1 -c1 --overlap {} --zenflow-bind /bin/bash -c 'echo in=$ZENFLOW_TRAIN_CPUS'"
