@@ -20,7 +20,7 @@ struct Step {
     zb_topology_t *topology = nullptr;
     zb_profile_t *profile = nullptr;
     StepGpus gpus;
-    std::string setup_error;    // from step_init, reported by each task
+    std::string setup_error;    // from step_init, reported by the node's first task
     bool out_of_memory = false; // step_init ran out: nothing may allocate to say so
 };
 
@@ -46,15 +46,23 @@ std::string node_name(spank_t sp) {
 }
 
 // An impossible plan fails the task (onerror=fail) or leaves it as Slurm bound it, without the
-// ZENFLOW_* variables (warn).
-int failed(spank_t sp, const zb_options &options, const TaskInfo &task, const std::string &error) {
-    const std::string who = task.host + " task " + std::to_string(task.local_id) + ": ";
+// ZENFLOW_* variables (warn). A failure alike for every task of the node (the step's topology,
+// CPUs, profile or plan) is told once, by its first task.
+int failed(spank_t sp, const zb_options &options, const TaskInfo &task, const std::string &error,
+           bool node_wide = false) {
+    const bool tell = !node_wide || task.local_id == 0;
+    const bool others = node_wide && task.ntasks > 1;
+    const std::string who =
+        task.host + (node_wide ? std::string() : " task " + std::to_string(task.local_id)) + ": ";
     if (options.fail_on_error) {
-        tell_user(who + "error: " + error);
+        if (tell) tell_user(who + "error: " + error + (others ? " (every task of the node)" : ""));
         return -1;
     }
     clear_env(sp);
-    tell_user(who + "warning: " + error + "; task left as Slurm bound it");
+    if (tell)
+        tell_user(who + "warning: " + error +
+                  (others ? "; the node's tasks left as Slurm bound them"
+                          : "; task left as Slurm bound it"));
     return 0;
 }
 
@@ -99,17 +107,19 @@ int task_init(spank_t sp, const zb_options *options) noexcept {
                                           sizeof cpu_bind_verbose) == ESPANK_SUCCESS &&
                              std::strcmp(cpu_bind_verbose, "verbose") == 0;
         if (s.out_of_memory)
-            return failed(sp, *options, task, "out of memory loading the topology");
-        if (!s.setup_error.empty()) return failed(sp, *options, task, s.setup_error);
+            return failed(sp, *options, task, "out of memory loading the topology", true);
+        if (!s.setup_error.empty()) return failed(sp, *options, task, s.setup_error, true);
 
         std::unique_ptr<zb_cpuset_t, void (*)(zb_cpuset_t *)> cpus(zb_cpuset_alloc(),
                                                                    zb_cpuset_free);
         std::string error;
         if (!cpus) return failed(sp, *options, task, "out of memory");
         if (!step_cpus(sp, s.topology, step_id, cpus.get(), task.step_cpus_source, error))
-            return failed(sp, *options, task, error);
-        if (!bind_task(sp, s.topology, s.profile, &s.gpus, cpus.get(), *options, task, error))
-            return failed(sp, *options, task, error);
+            return failed(sp, *options, task, error, true);
+        bool node_wide = false;
+        if (!bind_task(sp, s.topology, s.profile, &s.gpus, cpus.get(), *options, task, error,
+                       node_wide))
+            return failed(sp, *options, task, error, node_wide);
         return 0;
     } catch (...) {
         say_internal_error();

@@ -163,8 +163,9 @@ void load_step_gpus(spank_t sp, const zb_options &options, const char *fsroot, S
 
 bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *profile,
                const StepGpus *step_gpus, const zb_cpuset_t *step_cpus, const zb_options &given,
-               const TaskInfo &task, std::string &error) {
+               const TaskInfo &task, std::string &error, bool &node_wide) {
     zb_options options = given;
+    node_wide = true; // until the plan is made, every task of the node fails alike
     // A profile sizes the optimizer worker's share; offload has none.
     if (profile && options.mode != ZB_MODE_OFFLOAD &&
         zb_profile_apply(profile, topology, step_cpus, task.ntasks, &options) != ZB_OK) {
@@ -183,6 +184,7 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
         return false;
     }
     PlanPtr plan(raw, zb_plan_free);
+    node_wide = false;
     // Every task computes the same plan; the first one on the node speaks for all.
     if (task.local_id == 0) {
         for (const std::string &note : gpus.notes)

@@ -37,10 +37,11 @@ struct StepGpus {
 void load_step_gpus(spank_t sp, const zb_options &options, const char *fsroot, StepGpus &out);
 
 // `profile` (may be null) sets the optimizer core count unless the options fix the split; `gpus`
-// (may be null) places each task's share by its GPU's NUMA node.
+// (may be null) places each task's share by its GPU's NUMA node. On failure `node_wide` says
+// whether `error` is the same for every task of the node (the profile, the plan).
 bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *profile,
                const StepGpus *gpus, const zb_cpuset_t *step_cpus, const zb_options &options,
-               const TaskInfo &task, std::string &error);
+               const TaskInfo &task, std::string &error, bool &node_wide);
 
 // Removes every ZENFLOW_* variable bind_task() sets, including ones the task inherited (from a
 // bound batch step, say), so a task left unbound has none that would pin its worker elsewhere.

@@ -357,7 +357,7 @@ class PluginOnSlurm(ClusterCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertNotIn(0, tasks, "onerror=fail: the task must not run")
         # The plugin's own line, not merely srun's "error:" about the failed task.
-        self.assertRegex(p.stderr, r"zenflow-bind: \S+ task 0: error: no plan for 1 task\(s\) on "
+        self.assertRegex(p.stderr, r"zenflow-bind: \S+: error: no plan for 1 task\(s\) on "
                                    r"CPUs \S+: task 0 has 2 cores, fewer than the 2 training \+ 2 "
                                    r"optimizer cores asked for")
         self.plugstack(None)
@@ -385,10 +385,17 @@ class PluginOnSlurm(ClusterCase):
         self.assertEqual(len(cpus(tasks[0].opt)), 1)
         self.plugstack("onerror=fail")
         missing = os.path.join(self.dir, "missing.profile")
-        tasks, p = self.tasks("-n1", "-c2", f"--zenflow-bind=profile={missing}", check=False)
+        tasks, p = self.tasks("-n2", "-c1", f"--zenflow-bind=profile={missing}", check=False)
         self.assertNotEqual(p.returncode, 0)
-        self.assertNotIn(0, tasks)
-        self.assertIn(missing, p.stderr)
+        self.assertEqual(tasks, {})
+        # The same for every task of the node: said once, not once per task.
+        self.assertEqual(p.stderr.count("cannot load profile="), 1, p.stderr)
+        self.assertIn("(every task of the node)", p.stderr)
+        self.plugstack("onerror=warn")
+        tasks, p = self.tasks("-n2", "-c1", f"--zenflow-bind=profile={missing}")
+        self.assertEqual(sorted(tasks), [0, 1])
+        self.assertEqual(p.stderr.count("cannot load profile="), 1, p.stderr)
+        self.assertIn("the node's tasks left as Slurm bound them", p.stderr)
 
 
 class TwoNodes(ClusterCase):
