@@ -2,6 +2,12 @@
 
 #include "error.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -9,12 +15,24 @@ namespace {
 
 enum class Source { live, xml, synthetic };
 
+// hwloc says only that it could not read a file: say why, before it tries.
+void check_readable(const char *path) {
+    const std::string what = std::string("cannot read hwloc XML topology '") + path + "': ";
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) zb::fail(ZB_ETOPOLOGY, what + std::strerror(errno));
+    struct stat st {};
+    const bool directory = fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
+    close(fd);
+    if (directory) zb::fail(ZB_ETOPOLOGY, what + std::strerror(EISDIR));
+}
+
 zb_topology_t *load(Source source, const char *arg) {
     auto t = std::make_unique<zb_topology>();
     if (hwloc_topology_init(&t->topo) != 0) zb::fail_errno("hwloc_topology_init");
     hwloc_topology_set_flags(t->topo, HWLOC_TOPOLOGY_FLAG_INCLUDE_DISALLOWED);
     // Only CPUs, caches and memory matter here; I/O discovery costs time in slurmstepd.
     hwloc_topology_set_io_types_filter(t->topo, HWLOC_TYPE_FILTER_KEEP_NONE);
+    if (source == Source::xml) check_readable(arg);
     if (source == Source::xml && hwloc_topology_set_xml(t->topo, arg) != 0)
         zb::fail(ZB_ETOPOLOGY, std::string("cannot read hwloc XML topology '") + arg + "'");
     if (source == Source::synthetic && hwloc_topology_set_synthetic(t->topo, arg) != 0)
@@ -22,7 +40,9 @@ zb_topology_t *load(Source source, const char *arg) {
     if (hwloc_topology_load(t->topo) != 0) {
         const std::string what =
             source == Source::live ? std::string("this machine") : std::string("'") + arg + "'";
-        zb::fail(ZB_ETOPOLOGY, "cannot load the topology of " + what);
+        zb::fail(ZB_ETOPOLOGY,
+                 "cannot load the topology of " + what +
+                     (source == Source::xml ? " (not an XML export of hwloc's lstopo?)" : ""));
     }
     if (hwloc_bitmap_iszero(hwloc_topology_get_topology_cpuset(t->topo)))
         zb::fail(ZB_ETOPOLOGY, "the topology has no CPUs");

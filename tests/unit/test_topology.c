@@ -2,6 +2,7 @@
 #include <zenbind/hwloc.h>
 #include <zenbind/zenbind.h>
 
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -63,6 +64,9 @@ static void errors_name_the_source(void **state) {
     zb_topology_t *t = NULL;
     assert_int_equal(zb_topology_load_xml("/nonexistent/topo.xml", &t), ZB_ETOPOLOGY);
     assert_non_null(strstr(zb_last_error(), "/nonexistent/topo.xml"));
+    assert_non_null(strstr(zb_last_error(), strerror(ENOENT))); // and why it cannot be read
+    assert_int_equal(zb_topology_load_xml("/", &t), ZB_ETOPOLOGY);
+    assert_non_null(strstr(zb_last_error(), strerror(EISDIR)));
     assert_int_equal(zb_topology_load_synthetic("frobnicate:3", &t), ZB_ETOPOLOGY);
     assert_non_null(strstr(zb_last_error(), "frobnicate:3"));
     assert_int_equal(zb_topology_load_synthetic("", &t), ZB_EINVAL);
