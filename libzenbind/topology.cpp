@@ -6,14 +6,53 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace {
 
 enum class Source { live, xml, synthetic };
+
+// hwloc builds a synthetic topology in time that grows with the square of a level's width (5 s
+// for 4096 cores in one package, minutes for 70000 PUs): a description of more PUs than Linux
+// runs on (NR_CPUS at most 8192) is refused before hwloc sees it.
+constexpr uint64_t kMaxSyntheticPus = 8192;
+
+// The PUs a synthetic description makes, the product of its levels' counts ("pack:2 [numa]
+// core:16 pu:2(indexes=core:pack)": 64), or 0 where a word is not "type:count" (hwloc decides).
+// Attributes in () and memory in [] are skipped; counting stops above kMaxSyntheticPus.
+uint64_t synthetic_pus(std::string_view text) {
+    uint64_t pus = 1;
+    int nesting = 0;
+    size_t i = 0;
+    while (i < text.size()) {
+        const char c = text[i];
+        if (c == '(' || c == '[') ++nesting;
+        if ((c == ')' || c == ']') && nesting > 0) --nesting;
+        if (nesting > 0 || c == ')' || c == ']' || c == ' ' || c == '\t' || c == '\n') {
+            ++i;
+            continue;
+        }
+        const size_t end = text.find_first_of(" \t\n([", i);
+        const std::string_view word = text.substr(i, end - i);
+        const size_t colon = word.rfind(':');
+        if (colon == std::string_view::npos || colon + 1 == word.size()) return 0;
+        uint64_t count = 0;
+        for (const char d : word.substr(colon + 1)) {
+            if (d < '0' || d > '9') return 0;
+            count = std::min<uint64_t>(count * 10 + static_cast<uint64_t>(d - '0'),
+                                       kMaxSyntheticPus + 1);
+        }
+        pus = std::min<uint64_t>(pus * count, kMaxSyntheticPus + 1);
+        i = end == std::string_view::npos ? text.size() : end;
+    }
+    return pus;
+}
 
 // hwloc says only that it could not read a file: say why, before it tries.
 void check_readable(const char *path) {
@@ -35,6 +74,9 @@ zb_topology_t *load(Source source, const char *arg) {
     if (source == Source::xml) check_readable(arg);
     if (source == Source::xml && hwloc_topology_set_xml(t->topo, arg) != 0)
         zb::fail(ZB_ETOPOLOGY, std::string("cannot read hwloc XML topology '") + arg + "'");
+    if (source == Source::synthetic && synthetic_pus(arg) > kMaxSyntheticPus)
+        zb::fail(ZB_ETOPOLOGY, std::string("hwloc synthetic topology '") + arg +
+                                   "' has more than " + std::to_string(kMaxSyntheticPus) + " PUs");
     if (source == Source::synthetic && hwloc_topology_set_synthetic(t->topo, arg) != 0)
         zb::fail(ZB_ETOPOLOGY, std::string("invalid hwloc synthetic topology '") + arg + "'");
     if (hwloc_topology_load(t->topo) != 0) {

@@ -69,6 +69,19 @@ static void errors_name_the_source(void **state) {
     assert_non_null(strstr(zb_last_error(), strerror(EISDIR)));
     assert_int_equal(zb_topology_load_synthetic("frobnicate:3", &t), ZB_ETOPOLOGY);
     assert_non_null(strstr(zb_last_error(), "frobnicate:3"));
+    // More PUs than Linux runs on: refused before hwloc spends minutes building it.
+    assert_int_equal(zb_topology_load_synthetic("pack:4 [numa] core:8192(x=a:b) pu:2", &t),
+                     ZB_ETOPOLOGY);
+    assert_non_null(strstr(zb_last_error(), "more than 8192 PUs"));
+    assert_int_equal(zb_topology_load_synthetic("pack:99999999999999999999999 pu:2", &t),
+                     ZB_ETOPOLOGY);
+    assert_non_null(strstr(zb_last_error(), "more than 8192 PUs"));
+    assert_int_equal(zb_topology_load_synthetic("core:8193", &t), ZB_ETOPOLOGY);
+    assert_non_null(strstr(zb_last_error(), "more than 8192 PUs"));
+    assert_int_equal(zb_topology_load_synthetic("pack:2 [numa(memory=9)] core:4 pu:2", &t), ZB_OK);
+    assert_int_equal(hwloc_get_nbobjs_by_type(zb_topology_hwloc(t), HWLOC_OBJ_PU), 16);
+    zb_topology_free(t);
+    t = NULL;
     assert_int_equal(zb_topology_load_synthetic("", &t), ZB_EINVAL);
     assert_int_equal(zb_topology_load_synthetic(seed, NULL), ZB_EINVAL);
     assert_null(t);
