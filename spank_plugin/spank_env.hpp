@@ -17,8 +17,17 @@ inline constexpr const char *kTaskVariables[] = {
     ZB_ENV_OPT_MEMS,   ZB_ENV_TASK_CPUS,  ZB_ENV_STEP_CPUS, ZB_ENV_BIND_OPTIONS};
 inline constexpr size_t kTaskVariableCount = sizeof kTaskVariables / sizeof *kTaskVariables;
 
+// The task's OMP_NUM_THREADS before zenflow-bind set it, kept beside a plan (absent where there
+// was none) so that a step left unbound inside a bound batch step gets the user's value back.
+inline constexpr const char *kUserThreadsVariable = "ZENFLOW_USER_OMP_NUM_THREADS";
+
+// Keeps the OMP_NUM_THREADS a plan is about to replace in kUserThreadsVariable: the one an
+// inherited plan kept already (binding inside a bound batch step), else the current one.
+void keep_user_threads(spank_t sp);
+
 // Removes every ZENFLOW_* variable of kTaskVariables from the job's environment, inherited ones
-// too (a step inside a bound batch step), so a worker never pins itself to another step's plan.
+// too (a step inside a bound batch step), so a worker never pins itself to another step's plan;
+// where a plan the plugin made is there, OMP_NUM_THREADS goes back to the user's first.
 void clear_env(spank_t sp);
 
 // clear_env() where the environment holds a plan the plugin made (it always exports

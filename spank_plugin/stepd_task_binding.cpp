@@ -215,6 +215,7 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
     // mode=offload has no optimizer worker: the ZENFLOW_OPT_* variables stay unset.
     const bool offload = options.mode == ZB_MODE_OFFLOAD;
     const SavedThreads saved(sp);
+    keep_user_threads(sp);
     for (size_t i = 0; i < kVariableCount; ++i) {
         if (offload && std::strncmp(kVariables[i], "ZENFLOW_OPT_", 12) == 0) {
             spank_unsetenv(sp, kVariables[i]);

@@ -43,11 +43,6 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
                const StepGpus *gpus, const zb_cpuset_t *step_cpus, const zb_options &options,
                const TaskInfo &task, std::string &error, bool &node_wide);
 
-// Removes every ZENFLOW_* variable bind_task() sets, including ones the task inherited (from a
-// bound batch step, say), so a task left unbound has none that would pin its worker elsewhere.
-// OMP_NUM_THREADS is left alone: it may be the user's own.
-
-// One line to the user's stderr (the task's, in remote context), written at once.
 using util::cpulist;
 
 } // namespace zb::spank

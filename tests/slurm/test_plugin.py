@@ -251,6 +251,13 @@ class PluginOnSlurm(ClusterCase):
             tasks, _ = self.tasks("-n1", "-c2", *args, env=inherited)
             t = tasks[0]
             self.assertEqual((t.train, t.opt, t.opt_threads, t.options), ("unset",) * 4, args)
+        # OMP_NUM_THREADS goes back to the user's value kept beside the plan, or away
+        for user in ("7", None):
+            env = dict(inherited, OMP_NUM_THREADS="1")
+            if user:
+                env["ZENFLOW_USER_OMP_NUM_THREADS"] = user
+            tasks, _ = self.tasks("-n1", "-c2", "--zenflow-bind=off", env=env)
+            self.assertEqual(tasks[0].omp, user or "unset")
         # without ZENFLOW_BIND_OPTIONS they are no plan of the plugin's: a user's own, kept
         own = dict(self.env, ZENFLOW_OPT_CPUS="1", ZENFLOW_OPT_THREADS="1")
         tasks, _ = self.tasks("-n1", "-c2", env=own)
@@ -272,11 +279,22 @@ class PluginOnSlurm(ClusterCase):
                 self.assertRegex(text, r"zenflow-bind: \S+ task 0 ")
 
     def test_batch_key_binds_the_script(self):
-        text = self.sbatch_and_wait("--zenflow-bind=batch",
-                                    "echo \"batch=${ZENFLOW_TRAIN_CPUS-unset}\"\n")
-        m = re.search(r"batch=(\S+)", text)
-        self.assertTrue(m, text)
-        self.assertEqual(len(cpus(m.group(1))), 1, text)
+        # The script's steps that are not bound get the user's OMP_NUM_THREADS back, not the
+        # batch step's; a bound one keeps it for the steps it starts.
+        script = ("echo \"batch=${ZENFLOW_TRAIN_CPUS-unset} omp=${OMP_NUM_THREADS-unset}\"\n"
+                  "srun -n1 -c2 --zenflow-bind=off bash -c 'echo off=${OMP_NUM_THREADS-unset}'\n"
+                  "srun -n1 -c2 bash -c 'echo on=${OMP_NUM_THREADS-unset} "
+                  "user=${ZENFLOW_USER_OMP_NUM_THREADS-unset}'\n")
+        for user in ("7", None):
+            env = dict(self.env)
+            if user:
+                env["OMP_NUM_THREADS"] = user
+            text = self.sbatch_and_wait("--zenflow-bind=batch", script, env=env)
+            m = re.search(r"batch=(\S+) omp=1\n", text)
+            self.assertTrue(m, text)
+            self.assertEqual(len(cpus(m.group(1))), 1, text)
+            self.assertIn(f"off={user or 'unset'}\n", text)
+            self.assertIn(f"on=1 user={user or 'unset'}\n", text)
 
     # ---- plugstack.conf --------------------------------------------------------------------
 
