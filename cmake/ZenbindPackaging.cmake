@@ -101,12 +101,15 @@ exports OMP_NUM_THREADS and ZENFLOW_* variables. Installed disabled: the
 administrator uncomments one line of the plugstack.conf.d snippet.")
 # Slurm loads only plugins built for its own release. srun (slurm-client) and slurmstepd
 # (slurmd) both come with slurm-wlm-basic-plugins, so the pin is on it: it holds on a login node,
-# a compute node and a workstation alike.
+# a compute node and a workstation alike. A Pre-Depends, as dpkg checks it before unpacking: with
+# a Depends, `dpkg -i` of a build for another release replaced the working plugin with one no
+# srun loads, and apt's --fix-broken then removed the package without running its prerm.
 if(ZB_BUILD_PLUGIN)
   # The release series of the spank.h the plugin was built against (22.05 for 22.05.8).
   set(zb_r ${ZB_SLURM_SERIES})
-  set(zb_slurm_pin ", slurm-wlm-basic-plugins (>= ${zb_r}), slurm-wlm-basic-plugins (<< ${zb_r}.99)")
-  set(CPACK_DEBIAN_SLURM_PACKAGE_DEPENDS "libzenbind${ZB_SOVERSION} ${zb_same}${zb_slurm_pin}")
+  set(CPACK_DEBIAN_SLURM_PACKAGE_PREDEPENDS
+      "slurm-wlm-basic-plugins (>= ${zb_r}), slurm-wlm-basic-plugins (<< ${zb_r}.99)")
+  set(CPACK_DEBIAN_SLURM_PACKAGE_DEPENDS "libzenbind${ZB_SOVERSION} ${zb_same}")
   set(CPACK_DEBIAN_SLURM_PACKAGE_RECOMMENDS "zenflow-bind ${zb_same}")
   # The snippet is the admin's to edit (enabling the plugin is uncommenting a line): a conffile,
   # so upgrades keep the admin's version.

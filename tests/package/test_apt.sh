@@ -55,6 +55,25 @@ sums=$(printf '%s\n' "$ddp" | sed -n 's/^rank [01]: parameters sum //p' | sort -
 [ "$(printf '%s\n' "$sums" | wc -l)" = 1 ] && [ -n "$sums" ] || { echo "FAIL $example:"; echo "$ddp"; exit 1; }
 echo "ok   the installed train_ddp.py on two srun tasks (both ranks end at $sums)"
 
+# A build for another Slurm release, installed by hand over the working one, is refused before
+# dpkg unpacks it: the plugin Slurm loads stays (else every srun fails to load it).
+other="$work/other"
+dpkg-deb -R "$(ls "$work"/out/zenflow-bind-slurm_*.deb)" "$other"
+sed -i 's/slurm-wlm-basic-plugins (>= [^)]*), slurm-wlm-basic-plugins (<< [^)]*)/slurm-wlm-basic-plugins (>= 99.05), slurm-wlm-basic-plugins (<< 99.05.99)/' \
+  "$other/DEBIAN/control"
+grep -q "99.05.99" "$other/DEBIAN/control" || { echo "FAIL no Slurm pin in the control file"; exit 1; }
+dpkg-deb -b "$other" "$work/other.deb" >/dev/null
+before=$(md5sum <"$plugin")
+if dpkg -i "$work/other.deb" >"$work/other.log" 2>&1; then
+  echo "FAIL dpkg -i installed a plugin for Slurm 99.05"; exit 1
+fi
+status=$(dpkg-query -W -f='${Status}' zenflow-bind-slurm)
+if [ "$status" != "install ok installed" ] || [ "$(md5sum <"$plugin")" != "$before" ]; then
+  echo "FAIL dpkg -i of a build for Slurm 99.05 left the package '$status', plugin replaced:"
+  cat "$work/other.log"; exit 1
+fi
+echo "ok   a build for another Slurm release is refused before it is unpacked"
+
 # Removing the plugin while the snippet loads it as required would fail every srun on the host:
 # refused, saying what to do; once the line is commented out, removal and purge go through, and
 # leave no byte-code behind (root's import above made some).

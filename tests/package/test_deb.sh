@@ -106,13 +106,15 @@ while IFS= read -r f; do
   fi
 done < <(find "$root" -type f \( -name '*.so*' -o -perm -u+x \))
 
-depends() { dpkg-deb -f "$(deb_of "$1")" Depends; }
-need() { # need PACKAGE TEXT WHY
-  case "$(depends "$1")" in *"$2"*) echo "ok   $1 depends on $2" ;;
-  *) echo "FAIL $1 Depends lacks $2 ($3): $(depends "$1")"; fail=1 ;; esac
+depends() { dpkg-deb -f "$(deb_of "$1")" "${field:-Depends}"; }
+need() { # need PACKAGE TEXT WHY   (field=Pre-Depends need ...: that field)
+  case "$(depends "$1")" in *"$2"*) echo "ok   $1 ${field:-Depends}: $2" ;;
+  *) echo "FAIL $1 ${field:-Depends} lacks $2 ($3): $(depends "$1")"; fail=1 ;; esac
 }
 need libzenbind$so libhwloc "the library links hwloc"
-need zenflow-bind-slurm "slurm-wlm-basic-plugins (>= " "srun and slurmstepd load only plugins of their release"
+# Checked by dpkg before it unpacks (test_apt.sh installs a build for another release)
+field=Pre-Depends need zenflow-bind-slurm "slurm-wlm-basic-plugins (>= " \
+  "srun and slurmstepd load only plugins of their release"
 need zenflow-bind-slurm "libzenbind$so (=" "the binder links libzenbind"
 need python3-zenflow-bind "zenflow-bind (=" "the Python package starts zenflow-optimizer"
 need libzenbind-dev "pkgconf" "find_package(zenbind) finds hwloc with pkg-config"
