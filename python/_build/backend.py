@@ -46,9 +46,9 @@ def _soname():
 
 
 def _metadata(version):
-    return (f"Metadata-Version: 2.1\nName: zenflow-bind\nVersion: {version}\n"
-            "Summary: Pinned, NUMA-local CPU AdamW for offloaded PyTorch training\n"
-            "Requires-Python: >=3.9\nRequires-Dist: numpy\n")
+    """The core metadata, from the template the system packages install too (python/CMakeLists)."""
+    with open(os.path.join(PACKAGE_DIR, "METADATA.in"), encoding="utf-8") as f:
+        return f.read().replace("@PROJECT_VERSION@", version)
 
 
 def _tag():

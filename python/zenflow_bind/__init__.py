@@ -25,3 +25,11 @@ from .worker import Group, StepResult, Worker
 
 __all__ = ["ZenbindError", "Worker", "Group", "StepResult", "library", "STEP_SKIP_NONFINITE",
            "STEP_GRAD_NORM"]
+
+
+def __getattr__(name):
+    # __version__ is the library's (zb_version): the packages install both at one version and
+    # pip bundles them, so the library in use is what the version describes. Loaded on first use.
+    if name == "__version__":
+        return library().zb_version().decode()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -140,6 +140,7 @@ def optimizer_path(path=None):
 _P = ctypes.POINTER
 _PROTOS = {
     "zb_last_error": (ctypes.c_char_p, []),
+    "zb_version": (ctypes.c_char_p, []),
     "zb_worker_attr_init_size": (None, [_P(Attr), ctypes.c_size_t]),
     "zb_worker_spawn": (ctypes.c_int, [_P(Attr), ctypes.c_ulong, _P(ctypes.c_void_p)]),
     "zb_worker_destroy": (ctypes.c_int, [ctypes.c_void_p]),
