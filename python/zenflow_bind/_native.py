@@ -227,7 +227,13 @@ def library():
     global _lib
     if _lib is None:
         path = library_path()
-        lib = ctypes.CDLL(path)
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise OSError(f"{e}: zenflow_bind needs libzenbind ({SONAME}): install the "
+                          f"libzenbind{API_VERSION} package, or `pip install ./python` (which "
+                          "bundles it), or set ZENFLOW_BIND_LIB to a built one "
+                          f"(build/default/libzenbind/{SONAME})") from e
         _check_api(lib, path)
         _check_layouts(lib, path)
         for name, (restype, argtypes) in _PROTOS.items():
