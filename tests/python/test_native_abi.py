@@ -56,6 +56,16 @@ class Layouts(unittest.TestCase):
             _native._check_api(object(), "/x/libother.so")
         self.assertEqual(e.exception.status, "EVERSION")
 
+    def test_a_missing_library_says_how_to_get_one(self):
+        import subprocess
+        import sys
+        script = "import zenflow_bind; zenflow_bind.library()"
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "ZENFLOW_BIND_LIB": "/no/libzb.so"})
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("OSError: /no/libzb.so: cannot open shared object file", r.stderr)
+        self.assertIn("install the libzenbind2 package, or `pip install ./python`", r.stderr)
+
     def test_a_mirror_of_another_size_is_refused(self):
         class Shorter(ctypes.Structure):
             _fields_ = [("step", ctypes.c_int64)]
