@@ -15,9 +15,11 @@ import atexit
 import contextlib
 import functools
 import math
+import os
 import sys
 import threading
 import time
+import warnings
 import weakref
 
 import torch
@@ -45,6 +47,13 @@ def _hyper(group):
     return dict(lr=float(group["lr"]), betas=tuple(float(b) for b in group["betas"]),
                 eps=float(group["eps"]), weight_decay=float(group["weight_decay"]),
                 adamw=adamw_of(group), bias_correction=corrected(group))
+
+
+def _offload_plan():
+    """Whether the plugin planned this task for mode=offload: every CPU to training, none (and
+    no ZENFLOW_OPT_CPUS) for a worker."""
+    options = os.environ.get("ZENFLOW_BIND_OPTIONS", "").split(",")
+    return "mode=offload" in options and "ZENFLOW_OPT_CPUS" not in os.environ
 
 
 class AdamW(torch.optim.Optimizer):
@@ -146,6 +155,10 @@ class AdamW(torch.optim.Optimizer):
         self._ddp_slots = {}    # id(parameter) -> its slot, for those of them optimized here
         self._ddp_model = None  # weakref to the DDP model they come from (register_ddp())
         self._ddp_lock = threading.Lock()  # a reduced bucket's copy against close() unmapping
+        if cpus is None and _offload_plan():
+            warnings.warn("srun --zenflow-bind=mode=offload gave this task no optimizer CPUs: "
+                          "the worker shares the training CPUs; step in this process with "
+                          "AdamW(..., worker=False), or give the worker cpus=", stacklevel=3)
         self._worker = Worker(cpus=cpus, threads=threads, mems=mems)
         self._gpu = Gpu()  # pinned buffers and copy streams, once a CUDA parameter comes
         # Dropped without close(), the optimizer still gives the model its gradients' private

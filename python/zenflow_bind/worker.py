@@ -166,6 +166,23 @@ class Mapping:
             library().zb_worker_destroy(handle)
 
 
+def _cpu_list(value, name):
+    """cpus/mems as libzenbind takes them: a Linux cpu list ("4-7,12"), from that text or from
+    ints (one, or any iterable of them: os.sched_getaffinity(0), a range, a list)."""
+    if value is None or isinstance(value, str):
+        return value.encode() if value is not None else None
+    items = [value] if isinstance(value, int) else value
+    try:
+        items = sorted(set(items))
+    except TypeError:
+        raise TypeError(f"{name} must be a cpu list such as '4-7,12' or ints, not "
+                        f"{type(value).__name__}") from None
+    if not items or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in items):
+        raise ValueError(f"{name} must be a cpu list such as '4-7,12' or non-negative ints, "
+                         f"not {value!r}")
+    return ",".join(map(str, items)).encode()
+
+
 class Worker:
     """A zenflow-optimizer worker. Arguments left None take libzenbind's defaults: the
     ZENFLOW_OPT_CPUS / ZENFLOW_OPT_THREADS / ZENFLOW_OPT_MEMS variables, else the caller's CPUs."""
@@ -178,8 +195,7 @@ class Worker:
         # attr points into these bytes: they live until zb_worker_spawn has returned
         path = _native.optimizer_path(path)
         path = os.fsencode(path) if path is not None else None
-        cpus = cpus.encode() if cpus is not None else None
-        mems = mems.encode() if mems is not None else None
+        cpus, mems = _cpu_list(cpus, "cpus"), _cpu_list(mems, "mems")
         given = {"path": path, "cpus": cpus, "mems": mems, "threads": threads,
                  "worker_spin_us": worker_spin_us, "wait_spin_us": wait_spin_us,
                  "control_timeout_ms": control_timeout_ms}

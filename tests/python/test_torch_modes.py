@@ -255,6 +255,10 @@ class Environment(unittest.TestCase):
                 self.assertEqual([cpu for _, cpu in opt.worker.threads()], [cpus[0]])
             with zt.AdamW(mlp().parameters(), cpus=str(cpus[-1]), threads=2) as opt:
                 self.assertEqual([cpu for _, cpu in opt.worker.threads()], [cpus[-1]] * 2)
+            # as ints too: one, or any iterable (os.sched_getaffinity's set)
+            for given in (cpus[-1], [cpus[-1]], {cpus[-1]}, range(cpus[-1], cpus[-1] + 1)):
+                with zt.AdamW(mlp().parameters(), cpus=given, threads=1) as opt:
+                    self.assertEqual([cpu for _, cpu in opt.worker.threads()], [cpus[-1]])
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -262,6 +266,32 @@ class Environment(unittest.TestCase):
                 else:
                     os.environ[k] = v
 
+
+    def test_a_worker_under_an_offload_plan_is_warned(self):
+        # mode=offload gives the task every CPU and the worker none: a default AdamW's worker
+        # shares the training CPUs, which worker=False or cpus= avoid
+        import warnings
+        keys = ("ZENFLOW_BIND_OPTIONS", "ZENFLOW_OPT_CPUS")
+        saved = {k: os.environ.get(k) for k in keys}
+        os.environ.pop("ZENFLOW_OPT_CPUS", None)
+        cpu = str(min(os.sched_getaffinity(0)))
+        try:
+            os.environ["ZENFLOW_BIND_OPTIONS"] = "mode=offload,verbose"
+            with self.assertWarnsRegex(UserWarning, r"mode=offload .*worker=False") as ctx:
+                zt.AdamW(mlp().parameters()).close()
+            self.assertEqual(ctx.filename, __file__)  # the caller's line
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                zt.AdamW(mlp().parameters(), cpus=cpu).close()
+                zt.AdamW(mlp().parameters(), worker=False).close()
+                os.environ["ZENFLOW_BIND_OPTIONS"] = "verbose"
+                zt.AdamW(mlp().parameters()).close()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
     def test_openmp_binding_does_not_narrow_the_default_cpus(self):
         # OMP_PROC_BIND, OMP_PLACES or GOMP_CPU_AFFINITY make OpenMP (torch's, ours) pin the
@@ -472,6 +502,10 @@ class Errors(unittest.TestCase):
         with self.assertRaises(ZenbindError) as ctx:
             ours(mlp().parameters(), cpus="no-such-list")
         self.assertEqual(ctx.exception.status, "EINVAL")
+        for bad, error in ((2.5, TypeError), ([-1], ValueError), ([], ValueError),
+                           ([True], ValueError)):
+            with self.assertRaisesRegex(error, "cpu list such as", msg=repr(bad)):
+                ours(mlp().parameters(), cpus=bad)
 
 
 if __name__ == "__main__":
