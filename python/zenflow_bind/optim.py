@@ -622,7 +622,9 @@ class AdamW(torch.optim.Optimizer):
                                "segments): the step was applied with the gradients as they were "
                                "then. Clip with max_grad_norm= and unscale with "
                                "step_during_backward(grad_scale=) instead, or step without "
-                               "step_during_backward() (under DDP, always)")
+                               "step_during_backward(); under DistributedDataParallel call "
+                               "register_ddp(ddp_model) once, so that buckets are stepped with "
+                               "DDP's averages")
 
     def _fail_stream(self, stream):
         """step() after a bucket failed during backward: raise, and leave the optimizer to wait
