@@ -105,6 +105,12 @@ bool output_writable(TuneArgs &a) {
     const char *output = a.output.c_str();
     a.target = a.output;
     struct stat st {};
+    // What it leads to first: /dev/stdout's link names a pipe that realpath cannot resolve
+    if (stat(output, &st) == 0 && !S_ISREG(st.st_mode)) {
+        std::fprintf(stderr, "zenbind: tune: --output %s is %s\n", output,
+                     S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
+        return false;
+    }
     if (lstat(output, &st) == 0 && S_ISLNK(st.st_mode)) {
         char *real = realpath(output, nullptr);
         if (!real) {
@@ -115,11 +121,6 @@ bool output_writable(TuneArgs &a) {
         }
         a.target = real;
         std::free(real);
-    }
-    if (stat(a.target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-        std::fprintf(stderr, "zenbind: tune: --output %s is %s\n", output,
-                     S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
-        return false;
     }
     // The file the profile is written to before its rename, made and removed now: a test of
     // the directory's permissions alone passes for root where the file cannot be made (/proc, a

@@ -420,6 +420,10 @@ class Tune(unittest.TestCase):
             self.assertIn("is not a regular file", r.stderr)
             self.assertNotIn("cores", r.stderr)
             self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
+            # /dev/stdout into a pipe (captured here): a link to a pipe realpath cannot name
+            r = run("tune", "--output", "/dev/stdout", *quick)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("--output /dev/stdout is not a regular file", r.stderr)
             os.symlink(os.path.join(d, "nowhere"), os.path.join(d, "dangling"))
             r = run("tune", "--output", os.path.join(d, "dangling"), *quick)
             self.assertEqual(r.returncode, 1, r.stderr)
