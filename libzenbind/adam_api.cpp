@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include <omp.h>
+#include <unistd.h>
 
 namespace {
 
@@ -50,10 +52,23 @@ void check_common(const zb_adam_tensor *tensors, size_t count, const zb_adam_arg
                             ", 0 (OpenMP's default) or ZB_ADAM_TEAM, not " +
                             std::to_string(a->threads));
     if (a->threads == ZB_ADAM_TEAM && omp_get_level() == 0)
-        fail(ZB_EINVAL, fn + "threads is ZB_ADAM_TEAM outside an OpenMP parallel region");
-    for (size_t k = 0; k < count; ++k)
+        fail(ZB_EINVAL, fn + "threads is ZB_ADAM_TEAM outside an OpenMP parallel region (of "
+                             "libzenbind's OpenMP runtime: a caller built with another one, "
+                             "clang's libomp with libzenbind's libgomp say, is in none here)");
+    // No buffer holds more fp32 elements than this, nor may their sum wrap.
+    constexpr size_t most = static_cast<size_t>(PTRDIFF_MAX) / sizeof(float);
+    size_t total = 0;
+    for (size_t k = 0; k < count; ++k) {
+        const std::string which = fn + "tensor " + std::to_string(k);
         if (tensors[k].numel && !tensors[k].grad)
-            fail(ZB_EINVAL, fn + "tensor " + std::to_string(k) + ": grad must not be NULL");
+            fail(ZB_EINVAL, which + ": grad must not be NULL");
+        if (tensors[k].numel > most - total)
+            fail(ZB_EINVAL, which + ": numel " + std::to_string(tensors[k].numel) +
+                                (tensors[k].numel > most ? " is more than a buffer can hold"
+                                                         : " brings the tensors' total past what "
+                                                           "buffers can hold"));
+        total += tensors[k].numel;
+    }
 }
 
 // Everything a refused call is refused for, before anything is allocated or written. Pure, so
@@ -241,15 +256,35 @@ zb_status run_in_callers_team(const zb_adam_tensor *tensors, size_t count, const
     return ZB_OK;
 }
 
+// libgomp's threads do not survive fork(2): in a child of a process that ran a team of its own
+// here, a region of more than one thread waits for them forever. The process that last ran one;
+// its children step on one thread (the same bits: results do not depend on the thread count).
+std::atomic<pid_t> team_process{0};
+
+int team_size(const zb_adam_args &a) {
+    const int wanted =
+        a.threads > 0 ? a.threads : std::min(omp_get_max_threads(), ZB_ADAM_MAX_THREADS);
+    if (wanted <= 1) return 1;
+    const pid_t me = getpid(), owner = team_process.load(std::memory_order_relaxed);
+    if (owner != 0 && owner != me) return 1;
+    team_process.store(me, std::memory_order_relaxed);
+    return wanted;
+}
+
 // Either call in a parallel region of its own (threads > 0 or 0) or the caller's team.
 zb_status run(const zb_adam_tensor *tensors, size_t count, const zb_adam_args &a,
               zb_worker_result *out, zb_grad_stats *stats_out) {
     if (a.threads == ZB_ADAM_TEAM) return run_in_callers_team(tensors, count, a, out, stats_out);
     return zb::guard([&] {
         const auto start = std::chrono::steady_clock::now();
-        auto step = std::make_unique<Step>(tensors, count, a, stats_out != nullptr);
-        const int threads =
-            a.threads > 0 ? a.threads : std::min(omp_get_max_threads(), ZB_ADAM_MAX_THREADS);
+        std::unique_ptr<Step> step;
+        try {
+            step = std::make_unique<Step>(tensors, count, a, stats_out != nullptr);
+        } catch (const std::bad_alloc &) {
+            fail(ZB_ENOMEM, std::string(stats_out ? "zb_adam_grad_stats" : "zb_adam_step") +
+                                ": out of memory for the step's bookkeeping");
+        }
+        const int threads = team_size(a);
 #pragma omp parallel num_threads(threads)
         step->run();
         if (out) *out = step->result(since(start));

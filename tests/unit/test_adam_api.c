@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -423,9 +424,47 @@ static void test_bad_arguments_change_nothing(void **state) {
     t[1].step = 0;
     t[1].exp_avg = NULL;
     expect_refused(t, 2, &a, "tensor 1: param, grad, exp_avg");
+    t[1].exp_avg = t[0].exp_avg;
+    /* numel no buffer holds, or whose sum wraps (which stepped part of tensor 0, or nothing) */
+    t[1].numel = SIZE_MAX;
+    expect_refused(t, 2, &a, "tensor 1: numel 18446744073709551615 is more than a buffer");
+    t[1].numel = (size_t)PTRDIFF_MAX / sizeof(float) - N0 + 1;
+    expect_refused(t, 2, &a, "brings the tensors' total past");
     t[1].numel = 0; /* an empty tensor needs no streams */
     assert_int_equal(zb_adam_step(t, 2, &a, NULL), ZB_OK);
     assert_int_equal(zb_adam_step(NULL, 0, &a, NULL), ZB_OK);
+}
+
+/* A forked child of a process that stepped on a team of threads: libgomp's threads are gone in
+ * it, and a region of more than one waited for them forever. The child steps on one thread,
+ * the same bits as the parent's team. */
+static void test_a_forked_child_steps_on_one_thread(void **state) {
+    (void)state;
+    static streams team, child;
+    static float grad[N];
+    for (size_t i = 0; i < N; ++i)
+        grad[i] = grad_at(1, i);
+    memset(&team, 0, sizeof team);
+    fill_start(team.param);
+    child = team;
+    zb_adam_tensor t[2];
+    zb_adam_hyper h1 = hyper_b();
+    tensors_of(&team, grad, t, &h1, 0);
+    const zb_adam_args a = args_for(1, 3, 0, 0.0f, 0);
+    assert_int_equal(zb_adam_step(t, 2, &a, NULL), ZB_OK); /* the parent's team of 3 */
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(20); /* a hang ends the child by SIGALRM */
+        tensors_of(&child, grad, t, &h1, 0);
+        const int ok =
+            zb_adam_step(t, 2, &a, NULL) == ZB_OK && memcmp(&child, &team, sizeof child) == 0;
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status)) fail_msg("the child ended by signal %d", WTERMSIG(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
 }
 
 /* zb_adam_grad_stats over gradients alone (no other stream) finds what a step's pre-pass finds,
@@ -509,6 +548,7 @@ int main(void) {
         cmocka_unit_test(test_bad_arguments_change_nothing),
         cmocka_unit_test(test_the_hyperparameters_one_check),
         cmocka_unit_test(test_grad_stats_alone_as_a_step_finds),
+        cmocka_unit_test(test_a_forked_child_steps_on_one_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
