@@ -4,12 +4,10 @@ so that a checkpoint moves both ways, and torch's load_state_dict hooks."""
 
 import collections.abc
 import contextlib
-import ctypes
 
 import torch
 
-from .functional import _number
-from ._native import check_hyper, hyper
+from .functional import checked_hyper
 
 _WHY_NOT = {
     "amsgrad": "amsgrad=True is not supported: its running maximum of the second moment would "
@@ -28,17 +26,8 @@ def check_group(group):
     for key, why in _WHY_NOT.items():
         if group.get(key):
             raise ValueError(why)
-    betas = group["betas"]
-    if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
-        raise TypeError(f"betas must be a pair of numbers, not {betas!r}")
-    lr, eps, wd = (_number(k, group[k]) for k in ("lr", "eps", "weight_decay"))
-    beta1, beta2 = (_number("betas", b) for b in betas)
-    for i, beta in enumerate((beta1, beta2)):
-        if beta < 1.0 and ctypes.c_float(beta).value == 1.0:
-            raise ValueError(f"invalid betas: betas[{i}] = {beta!r} is 1 in float32, which the "
-                             f"kernel computes in (its largest below 1 is 0.99999994)")
-    # the ranges are libzenbind's (zb_adam_hyper_check), on the float32 values the kernel uses
-    check_hyper(hyper(lr, (beta1, beta2), eps, wd, adamw_of(group), corrected(group)))
+    checked_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"],
+                  adamw_of(group), corrected(group))
 
 
 def check_unique(group):

@@ -9,7 +9,9 @@ NEON on aarch64, as the CPU allows, the same bits on every path, architecture an
 (but for the sign of a NaN an operation makes, which differs between x86-64 and Arm), and the
 same as a zenflow_bind.optim.AdamW step with the same arguments), on `threads` OpenMP
 threads of this process. For an optimizer that steps where training runs: srun
---zenflow-bind=mode=offload, FSDP2's CPUOffloadPolicy. See zenflow_bind.optim(3)."""
+--zenflow-bind=mode=offload, FSDP2's CPUOffloadPolicy. Unlike torch's functional adamw, `step`
+is this step's number (from 1), read and never incremented, and betas is a pair. See
+zenflow_bind.optim(3)."""
 
 import array
 import ctypes
@@ -58,6 +60,24 @@ def _number(name, value):
     if isinstance(value, torch.Tensor) and value.numel() != 1:
         raise ValueError(f"{name} as a tensor must have one element, not {value.numel()}")
     return float(value)
+
+
+def checked_hyper(lr, betas, eps, weight_decay, adamw=True, bias_correction=True):
+    """The hyperparameters as the kernel takes them (a zb_adam_hyper), or TypeError/ValueError
+    naming the one refused: numbers (never a bool), betas a pair, and the ranges libzenbind's
+    (zb_adam_hyper_check, torch's ranges) on the float32 values the kernel computes with."""
+    if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
+        raise TypeError(f"betas must be a pair of numbers, not {betas!r}")
+    lr, eps, weight_decay = (_number(n, v) for n, v in
+                             (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)))
+    beta1, beta2 = (_number("betas", b) for b in betas)
+    for i, beta in enumerate((beta1, beta2)):
+        if beta < 1.0 and ctypes.c_float(beta).value == 1.0:
+            raise ValueError(f"invalid betas: betas[{i}] = {beta!r} is 1 in float32, which the "
+                             f"kernel computes in (its largest below 1 is 0.99999994)")
+    hyper = _native.hyper(lr, (beta1, beta2), eps, weight_decay, adamw, bias_correction)
+    _native.check_hyper(hyper)
+    return hyper
 
 
 def _step(value):
@@ -133,9 +153,8 @@ def adamw_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr=1e-3, betas=(0.9, 0
     if steps is not None and len(steps) != len(params):
         raise ValueError(f"step has {len(steps)} numbers for {len(params)} params")
     base_step = 1 if steps is not None else _step(step)
-    lr, eps, weight_decay = (_number(n, v) for n, v in
-                             (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)))
-    beta1, beta2 = (_number("betas", b) for b in betas)
+    hyper = checked_hyper(lr, betas, eps, weight_decay, adamw, bias_correction)
+    grad_scale = _number("grad_scale", grad_scale)
     grad_dtypes = {g.dtype for g in grads if isinstance(g, torch.Tensor)}
     if len(grad_dtypes) > 1:
         raise TypeError(f"grads must have one dtype, not {sorted(map(str, grad_dtypes))}")
@@ -153,13 +172,12 @@ def adamw_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr=1e-3, betas=(0.9, 0
         if copy_out is not None:
             _check("copy_out", i, copy_out[i], (torch.bfloat16, torch.float16), p.numel())
     _distinct(params, grads, exp_avgs, exp_avg_sqs, copy_out)
-    hyper = _native.hyper(lr, (beta1, beta2), eps, weight_decay, adamw, bias_correction)
     rows = Rows()
     for i, p in enumerate(params):
         rows.add(p, grads[i], exp_avgs[i], exp_avg_sqs[i],
                  copy_out[i] if copy_out is not None else None, 0, steps[i] if steps else 0)
     return launch(rows, grad_dtype, copy_dtype, hyper, base_step,
-                  -float(grad_scale) if maximize else float(grad_scale), skip_nonfinite,
+                  -grad_scale if maximize else grad_scale, skip_nonfinite,
                   _number("max_grad_norm", max_grad_norm), bool(grad_norm), _threads(threads))
 
 

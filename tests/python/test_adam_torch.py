@@ -10,7 +10,6 @@ import unittest
 
 import torch
 
-from zenflow_bind import ZenbindError
 from zenflow_bind import functional
 from zenflow_bind.functional import adamw_
 
@@ -150,9 +149,19 @@ class BadInput(unittest.TestCase):
             kw.update(change)
             with self.assertRaisesRegex(error, says, msg=str(change)):
                 adamw_(**kw)
-        # what only the library checks comes back as its error, also before any write
-        with self.assertRaisesRegex(ZenbindError, "beta1 and beta2"):
-            adamw_([p], [g], [m], [v], step=1, betas=(0.9, 1.0))
+        # the ranges are the library's, refused as torch's AdamW refuses them (ValueError),
+        # numbers are numbers (grad_scale as the others), betas a pair rounded as the kernel does
+        for change, error, says in (
+                (dict(betas=(0.9, 1.0)), ValueError, r"invalid betas: beta1 and beta2"),
+                (dict(lr=-1.0), ValueError, r"invalid learning rate \(lr\): lr must be"),
+                (dict(eps=-1e-8), ValueError, r"invalid eps"),
+                (dict(betas=(0.9,)), TypeError, r"betas must be a pair of numbers"),
+                (dict(betas=(0.9, 0.99999999)), ValueError, r"betas\[1\] = 0.99999999 is 1 in "
+                                                            r"float32"),
+                (dict(grad_scale="2"), TypeError, r"grad_scale must be a number"),
+                (dict(grad_scale=True), TypeError, r"grad_scale must be a number")):
+            with self.assertRaisesRegex(error, says, msg=str(change)):
+                adamw_([p], [g], [m], [v], step=1, **change)
         self.assertTrue(bool((p == 1).all() and (m == 0).all() and (v == 0).all()))
 
 
