@@ -31,11 +31,9 @@ namespace {
 
 using namespace zb::spank;
 
-// Set by srun in the step's environment when it decided on the user's --cpu-bind: "cpu-bind" when
-// it wins over default=on, "refused" when it contradicts --zenflow-bind. Named SLURM_*: under
-// --export=NONE or a list, srun passes its own SLURM_* variables and no others.
+// Set by srun in the step's environment when the user's --cpu-bind wins over default=on. Named
+// SLURM_*: under --export=NONE or a list, srun passes its own SLURM_* variables and no others.
 constexpr const char *kDeferVariable = "SLURM_ZENFLOW_BIND_DEFERRED";
-constexpr const char *kRefused = "refused";
 
 // User strings are parsed in root's slurmstepd: anything longer than this is refused unread.
 constexpr size_t max_option_bytes = 8192;
@@ -119,6 +117,23 @@ void fill_usage() {
                   keys);
 }
 
+// Whether the step's --cpu-bind, as srun passed it on, contradicts --zenflow-bind (the decision
+// srun took and reported in local_user_init). Taken again here, in every component of the step:
+// srun refusing would leave the step it has made holding its CPUs until the allocation ends, and
+// an environment variable set in srun reaches only the first component of a heterogeneous step.
+bool cpu_bind_refused(spank_t sp, bool asked) {
+    char given[8], type[256];
+    std::string list(64 * 1024, '\0'); // a mask per task, for thousands of them
+    const spank_err_t has = spank_getenv(sp, "SLURM_CPU_BIND", given, sizeof given);
+    if ((has != ESPANK_SUCCESS && has != ESPANK_NOSPACE) ||
+        spank_getenv(sp, "SLURM_CPU_BIND_TYPE", type, sizeof type) != ESPANK_SUCCESS)
+        return false;
+    const bool listed = spank_getenv(sp, "SLURM_CPU_BIND_LIST", list.data(),
+                                     static_cast<int>(list.size())) == ESPANK_SUCCESS;
+    return decide_cpu_bind(type, listed ? list.c_str() : nullptr, asked).action ==
+           CpuBindAction::refuse;
+}
+
 // Whether this step binds its tasks: then the binder is loaded and has set the step up.
 bool binds(spank_t sp, State &s, uint32_t step_id, bool deferred) {
     if (!s.task_error.empty()) return false;
@@ -131,6 +146,11 @@ bool binds(spank_t sp, State &s, uint32_t step_id, bool deferred) {
     if (!s.resolved.enabled || deferred) return false; // off, or left to the user's --cpu-bind
     const bool batch_like = step_id == SLURM_BATCH_SCRIPT || step_id == SLURM_INTERACTIVE_STEP;
     if (batch_like && !s.resolved.options.batch) return false;
+    if (!batch_like && cpu_bind_refused(sp, s.user_given)) {
+        s.task_error = "this step was refused (its --cpu-bind and --zenflow-bind both choose the "
+                       "tasks' CPUs; srun said so above): no task runs";
+        return false;
+    }
     s.binder = load_binder(s.binder_error); // if not, task_init says why, per onerror=
     if (!s.binder) return false;
     s.binder->step_init(sp, &s.resolved.options);
@@ -190,11 +210,8 @@ ZB_SPANK_EXPORT int slurm_spank_local_user_init(spank_t, int, char **) {
         case CpuBindAction::none:
             return 0;
         case CpuBindAction::refuse:
+            // Each task fails before it runs anything, in slurmstepd (cpu_bind_refused).
             slurm_error("zenflow-bind: %s", d.message.c_str());
-            // Failing here would leave the step srun has already made: inside an allocation it
-            // holds its CPUs until the allocation ends, and the job's next srun waits for them.
-            // The step starts and each task fails before running anything instead.
-            if (setenv(kDeferVariable, kRefused, 1) != 0) return -1;
             return 0;
         case CpuBindAction::defer:
             // srun hands its own environment to the tasks (spank_setenv is for slurmstepd).
@@ -221,9 +238,6 @@ ZB_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int, char **) {
         const bool defer =
             spank_getenv(sp, kDeferVariable, deferred, sizeof deferred) == ESPANK_SUCCESS;
         if (defer) spank_unsetenv(sp, kDeferVariable);
-        if (defer && std::strcmp(deferred, kRefused) == 0 && s.task_error.empty())
-            s.task_error = "srun refused this step (--cpu-bind and --zenflow-bind both choose "
-                           "the tasks' CPUs): no task runs";
         // A step without a plan of its own keeps none it inherited (from a bound batch step):
         // its optimizer worker would pin itself to CPUs that are not this step's.
         if (!binds(sp, s, step_id, defer)) clear_inherited_plan(sp);
@@ -234,20 +248,22 @@ ZB_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int, char **) {
 ZB_SPANK_EXPORT int slurm_spank_task_init(spank_t sp, int, char **) {
     return guarded("task_init", [&] {
         const State &s = state();
+        // Each reason below is the step's, the same for every task: the node's first says it.
+        int local_id = -1;
+        const bool first =
+            spank_get_item(sp, S_TASK_ID, &local_id) == ESPANK_SUCCESS && local_id == 0;
         if (!s.task_error.empty()) {
-            tell_user("error: " + s.task_error);
+            if (first) tell_user("error: " + s.task_error);
             return -1; // this task only: its parent, slurmstepd, goes on and reports it
         }
         if (s.binder) return s.binder->task_init(sp, &s.resolved.options);
         if (s.binder_error.empty()) return 0; // this step does not bind
         // It asked for binding but the binder is missing: onerror= decides, as for a bad plan.
         if (s.resolved.options.fail_on_error) {
-            tell_user("error: " + s.binder_error);
+            if (first) tell_user("error: " + s.binder_error);
             return -1;
         }
-        int local_id = -1;
-        if (spank_get_item(sp, S_TASK_ID, &local_id) == ESPANK_SUCCESS && local_id == 0)
-            tell_user("warning: " + s.binder_error + "; tasks left as Slurm bound them");
+        if (first) tell_user("warning: " + s.binder_error + "; tasks left as Slurm bound them");
         return 0;
     });
 }

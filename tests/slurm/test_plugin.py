@@ -434,6 +434,19 @@ class TwoNodes(ClusterCase):
             cpus_of = [tasks[r].affinity for _, r in ids]
             self.assertNotEqual(cpus_of[0], cpus_of[1], f"{node}: tasks share a core")
 
+    def test_a_refused_heterogeneous_step_runs_no_component(self):
+        # srun decides once, for the first component only: the second, which asked for
+        # --cpu-bind=none, ran bound by zenflow-bind (and the first was failed instead)
+        ran = os.path.join(self.dir, "ran-")
+        script = (f"srun -N1 -n1 -c1 touch {ran}a : -N1 -n1 -c1 --cpu-bind=none --zenflow-bind "
+                  f"touch {ran}b; echo refused=$?; timeout 20 srun -N2 -n2 -c1 true; "
+                  "echo next=$?")
+        p = self.run_cmd("salloc", "-N2", "-n2", "-c1", "bash", "-c", script, check=False)
+        self.assertRegex(p.stdout, r"refused=[1-9]")
+        self.assertIn("next=0", p.stdout)
+        self.assertIn("give only one of them", p.stderr)
+        self.assertEqual([f for f in os.listdir(self.dir) if f.startswith("ran-")], [],
+                         p.stderr)
 
 
 if __name__ == "__main__":
