@@ -18,23 +18,33 @@ struct Value {
     Value(spank_t sp, const char *name) : found(spank_getenv(sp, name, text, sizeof text)) {}
 };
 
+// Whether the environment holds a plan the plugin made, with the user's OMP_NUM_THREADS kept
+// beside it, and OMP_NUM_THREADS still what the plan set (no one changed it since).
+bool plan_threads_in_place(spank_t sp, const Value &threads) {
+    if (!holds_plan(sp) || threads.found != ESPANK_SUCCESS) return false;
+    const Value plan(sp, ZB_ENV_TRAIN_THREADS), user(sp, kUserThreadsVariable);
+    return plan.found == ESPANK_SUCCESS && user.found == ESPANK_SUCCESS &&
+           std::strcmp(plan.text, threads.text) == 0;
+}
+
 } // namespace
 
 void keep_user_threads(spank_t sp) {
-    if (holds_plan(sp)) return; // the inherited plan's kUserThreadsVariable is the user's
     const Value threads(sp, "OMP_NUM_THREADS");
+    if (plan_threads_in_place(sp, threads)) return; // the user's is kept already
     if (threads.found == ESPANK_SUCCESS)
         spank_setenv(sp, kUserThreadsVariable, threads.text, 1);
     else if (threads.found == ESPANK_ENV_NOEXIST)
-        spank_unsetenv(sp, kUserThreadsVariable);
+        spank_setenv(sp, kUserThreadsVariable, "", 1); // none
 }
 
 void clear_env(spank_t sp) {
-    if (holds_plan(sp)) {
+    const Value threads(sp, "OMP_NUM_THREADS");
+    if (plan_threads_in_place(sp, threads)) {
         const Value user(sp, kUserThreadsVariable);
-        if (user.found == ESPANK_SUCCESS)
+        if (*user.text)
             spank_setenv(sp, "OMP_NUM_THREADS", user.text, 1);
-        else if (user.found == ESPANK_ENV_NOEXIST)
+        else
             spank_unsetenv(sp, "OMP_NUM_THREADS");
     }
     for (const char *name : kTaskVariables)

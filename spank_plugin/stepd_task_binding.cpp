@@ -18,25 +18,35 @@ using PlanPtr = std::unique_ptr<zb_plan_t, void (*)(zb_plan_t *)>;
 constexpr const auto &kVariables = kTaskVariables;
 constexpr size_t kVariableCount = kTaskVariableCount;
 
-// The task's OMP_NUM_THREADS before binding, put back when binding fails half-way, so that
-// onerror=warn leaves the task exactly as Slurm started it. A value too long to read back whole
-// (4 KiB: a list of levels is a few bytes) is left as binding set it rather than unset.
-class SavedThreads {
+// What binding sets in the task's environment (kTaskVariables, the user's OMP_NUM_THREADS it
+// keeps), as it was before: put back when binding fails half-way, so that onerror=warn leaves the
+// task as Slurm started it and clear_env() then finds any plan it inherited as it came. A value
+// too long to read back whole (4 KiB) is left as binding set it rather than unset.
+class SavedVariables {
   public:
-    explicit SavedThreads(spank_t sp) : sp_(sp) {
-        found_ = spank_getenv(sp, "OMP_NUM_THREADS", value_, sizeof value_);
+    explicit SavedVariables(spank_t sp) : sp_(sp) {
+        for (size_t i = 0; i < kCount; ++i) {
+            value_[i].resize(4096);
+            found_[i] = spank_getenv(sp, name(i), value_[i].data(), 4096);
+        }
     }
     void restore() const {
-        if (found_ == ESPANK_SUCCESS)
-            spank_setenv(sp_, "OMP_NUM_THREADS", value_, 1);
-        else if (found_ != ESPANK_NOSPACE)
-            spank_unsetenv(sp_, "OMP_NUM_THREADS");
+        for (size_t i = 0; i < kCount; ++i) {
+            if (found_[i] == ESPANK_SUCCESS)
+                spank_setenv(sp_, name(i), value_[i].c_str(), 1);
+            else if (found_[i] != ESPANK_NOSPACE)
+                spank_unsetenv(sp_, name(i));
+        }
     }
 
   private:
+    static constexpr size_t kCount = kVariableCount + 1;
+    static const char *name(size_t i) {
+        return i < kVariableCount ? kVariables[i] : kUserThreadsVariable;
+    }
     spank_t sp_;
-    spank_err_t found_ = ESPANK_ENV_NOEXIST;
-    char value_[4096] = {};
+    spank_err_t found_[kCount] = {};
+    std::string value_[kCount];
 };
 
 bool set_affinity(const zb_cpuset_t *cpus, std::string &error) {
@@ -205,6 +215,7 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
     const std::string train = cpulist(share.train_cpus), opt = cpulist(share.opt_cpus),
                       mems = cpulist(share.opt_mems), nodes = cpulist(share.nodes);
     const std::string values[kVariableCount] = {std::to_string(share.train_threads),
+                                                std::to_string(share.train_threads),
                                                 train,
                                                 opt,
                                                 std::to_string(share.opt_threads),
@@ -214,7 +225,7 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
                                                 options_text(options)};
     // mode=offload has no optimizer worker: the ZENFLOW_OPT_* variables stay unset.
     const bool offload = options.mode == ZB_MODE_OFFLOAD;
-    const SavedThreads saved(sp);
+    const SavedVariables saved(sp);
     keep_user_threads(sp);
     for (size_t i = 0; i < kVariableCount; ++i) {
         if (offload && std::strncmp(kVariables[i], "ZENFLOW_OPT_", 12) == 0) {

@@ -45,6 +45,7 @@ extern "C" {
 /* The environment the SPANK plugin exports into each task and the worker reads by default
  * (zenflow_bind(8), ENVIRONMENT). */
 #define ZB_ENV_TRAIN_CPUS "ZENFLOW_TRAIN_CPUS"
+#define ZB_ENV_TRAIN_THREADS "ZENFLOW_TRAIN_THREADS"
 #define ZB_ENV_OPT_CPUS "ZENFLOW_OPT_CPUS"
 #define ZB_ENV_OPT_THREADS "ZENFLOW_OPT_THREADS"
 #define ZB_ENV_OPT_MEMS "ZENFLOW_OPT_MEMS"

@@ -251,13 +251,15 @@ class PluginOnSlurm(ClusterCase):
             tasks, _ = self.tasks("-n1", "-c2", *args, env=inherited)
             t = tasks[0]
             self.assertEqual((t.train, t.opt, t.opt_threads, t.options), ("unset",) * 4, args)
-        # OMP_NUM_THREADS goes back to the user's value kept beside the plan, or away
-        for user in ("7", None):
-            env = dict(inherited, OMP_NUM_THREADS="1")
-            if user:
-                env["ZENFLOW_USER_OMP_NUM_THREADS"] = user
+        # OMP_NUM_THREADS goes back to the user's value kept beside the plan (empty: none),
+        # while it holds the plan's; one set since, or a plan without the user's kept, stays
+        for kept, omp, want in (("7", "1", "7"), ("", "1", "unset"), ("7", "2", "2"),
+                                (None, "4", "4")):
+            env = dict(inherited, OMP_NUM_THREADS=omp, ZENFLOW_TRAIN_THREADS="1")
+            if kept is not None:
+                env["ZENFLOW_USER_OMP_NUM_THREADS"] = kept
             tasks, _ = self.tasks("-n1", "-c2", "--zenflow-bind=off", env=env)
-            self.assertEqual(tasks[0].omp, user or "unset")
+            self.assertEqual(tasks[0].omp, want, (kept, omp))
         # without ZENFLOW_BIND_OPTIONS they are no plan of the plugin's: a user's own, kept
         own = dict(self.env, ZENFLOW_OPT_CPUS="1", ZENFLOW_OPT_THREADS="1")
         tasks, _ = self.tasks("-n1", "-c2", env=own)
@@ -281,10 +283,16 @@ class PluginOnSlurm(ClusterCase):
     def test_batch_key_binds_the_script(self):
         # The script's steps that are not bound get the user's OMP_NUM_THREADS back, not the
         # batch step's; a bound one keeps it for the steps it starts.
-        script = ("echo \"batch=${ZENFLOW_TRAIN_CPUS-unset} omp=${OMP_NUM_THREADS-unset}\"\n"
-                  "srun -n1 -c2 --zenflow-bind=off bash -c 'echo off=${OMP_NUM_THREADS-unset}'\n"
+        # One the script sets itself is the user's from then on.
+        off = "srun -n1 -c2 --zenflow-bind=off bash -c 'echo {}=${{OMP_NUM_THREADS-unset}}'\n"
+        script = ("echo \"batch=${ZENFLOW_TRAIN_CPUS-unset} omp=${OMP_NUM_THREADS-unset}\"\n" +
+                  off.format("off") +
                   "srun -n1 -c2 bash -c 'echo on=${OMP_NUM_THREADS-unset} "
-                  "user=${ZENFLOW_USER_OMP_NUM_THREADS-unset}'\n")
+                  "user=${ZENFLOW_USER_OMP_NUM_THREADS-unset}'\n"
+                  "export OMP_NUM_THREADS=2\n" + off.format("exported") +
+                  "srun -n1 -c2 bash -c 'echo on_exported=${OMP_NUM_THREADS-unset} "
+                  "user=${ZENFLOW_USER_OMP_NUM_THREADS-unset}'\n"
+                  "unset OMP_NUM_THREADS\n" + off.format("unset"))
         for user in ("7", None):
             env = dict(self.env)
             if user:
@@ -294,7 +302,10 @@ class PluginOnSlurm(ClusterCase):
             self.assertTrue(m, text)
             self.assertEqual(len(cpus(m.group(1))), 1, text)
             self.assertIn(f"off={user or 'unset'}\n", text)
-            self.assertIn(f"on=1 user={user or 'unset'}\n", text)
+            self.assertIn(f"on=1 user={user or ''}\n", text)
+            self.assertIn("exported=2\n", text)
+            self.assertIn("on_exported=1 user=2\n", text)
+            self.assertIn("unset=unset\n", text)
 
     # ---- plugstack.conf --------------------------------------------------------------------
 
