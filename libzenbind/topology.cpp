@@ -24,7 +24,8 @@ enum class Source { live, xml, synthetic };
 constexpr uint64_t kMaxSyntheticPus = 8192;
 
 // The PUs a synthetic description makes, the product of its levels' counts ("pack:2 [numa]
-// core:16 pu:2(indexes=core:pack)": 64), or 0 where a word is not "type:count" (hwloc decides).
+// core:16 pu:2(indexes=core:pack)": 64, "2 16 2" too), or 0 where a word is neither "type:count"
+// nor a count (hwloc decides).
 // Attributes in () and memory in [] are skipped; counting stops above kMaxSyntheticPus.
 uint64_t synthetic_pus(std::string_view text) {
     uint64_t pus = 1;
@@ -40,10 +41,13 @@ uint64_t synthetic_pus(std::string_view text) {
         }
         const size_t end = text.find_first_of(" \t\n([", i);
         const std::string_view word = text.substr(i, end - i);
+        // "type:count", or a bare count (hwloc's older form, "2 8 2")
         const size_t colon = word.rfind(':');
-        if (colon == std::string_view::npos || colon + 1 == word.size()) return 0;
+        const std::string_view digits =
+            colon == std::string_view::npos ? word : word.substr(colon + 1);
+        if (digits.empty()) return 0;
         uint64_t count = 0;
-        for (const char d : word.substr(colon + 1)) {
+        for (const char d : digits) {
             if (d < '0' || d > '9') return 0;
             count = std::min<uint64_t>(count * 10 + static_cast<uint64_t>(d - '0'),
                                        kMaxSyntheticPus + 1);
