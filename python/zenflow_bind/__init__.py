@@ -29,7 +29,15 @@ __all__ = ["ZenbindError", "Worker", "Group", "StepResult", "library", "STEP_SKI
 
 def __getattr__(name):
     # __version__ is the library's (zb_version): the packages install both at one version and
-    # pip bundles them, so the library in use is what the version describes. Loaded on first use.
+    # pip bundles them, so the library in use is what the version describes. Loaded on first use;
+    # without a library, the installed metadata's, else none (AttributeError, as hasattr expects).
     if name == "__version__":
-        return library().zb_version().decode()
+        try:
+            return library().zb_version().decode()
+        except (OSError, ZenbindError) as e:
+            from importlib import metadata
+            try:
+                return metadata.version("zenflow-bind")
+            except metadata.PackageNotFoundError:
+                raise AttributeError(f"zenflow_bind.__version__: {e}") from e
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

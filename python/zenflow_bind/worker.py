@@ -3,6 +3,7 @@ are numpy arrays (torch tensors through Group.torch_view) aliasing the shared me
 
 import collections
 import ctypes
+import numbers
 import os
 
 import numpy as np
@@ -171,16 +172,20 @@ def _cpu_list(value, name):
     ints (one, or any iterable of them: os.sched_getaffinity(0), a range, a list)."""
     if value is None or isinstance(value, str):
         return value.encode() if value is not None else None
-    items = [value] if isinstance(value, int) else value
+    # (bytes are ints one by one: b"0-3" would be CPUs 45, 48 and 51)
+    items = [value] if isinstance(value, numbers.Integral) else value
     try:
-        items = sorted(set(items))
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError
+        items = list(items)
     except TypeError:
         raise TypeError(f"{name} must be a cpu list such as '4-7,12' or ints, not "
                         f"{type(value).__name__}") from None
-    if not items or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in items):
+    if not items or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0
+                        for i in items):
         raise ValueError(f"{name} must be a cpu list such as '4-7,12' or non-negative ints, "
                          f"not {value!r}")
-    return ",".join(map(str, items)).encode()
+    return ",".join(map(str, sorted({int(i) for i in items}))).encode()
 
 
 class Worker:

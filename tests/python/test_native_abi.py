@@ -59,7 +59,9 @@ class Layouts(unittest.TestCase):
     def test_a_missing_library_says_how_to_get_one(self):
         import subprocess
         import sys
-        script = "import zenflow_bind; zenflow_bind.library()"
+        # (__version__ then falls back to the installed metadata, none here: no attribute)
+        script = ("import zenflow_bind; assert not hasattr(zenflow_bind, '__version__'); "
+                  "zenflow_bind.library()")
         r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                            timeout=60, env={**os.environ, "ZENFLOW_BIND_LIB": "/no/libzb.so"})
         self.assertNotEqual(r.returncode, 0)

@@ -256,7 +256,9 @@ class Environment(unittest.TestCase):
             with zt.AdamW(mlp().parameters(), cpus=str(cpus[-1]), threads=2) as opt:
                 self.assertEqual([cpu for _, cpu in opt.worker.threads()], [cpus[-1]] * 2)
             # as ints too: one, or any iterable (os.sched_getaffinity's set)
-            for given in (cpus[-1], [cpus[-1]], {cpus[-1]}, range(cpus[-1], cpus[-1] + 1)):
+            import numpy as np
+            for given in (cpus[-1], [cpus[-1]], {cpus[-1]}, range(cpus[-1], cpus[-1] + 1),
+                          np.int64(cpus[-1]), np.array([cpus[-1]])):
                 with zt.AdamW(mlp().parameters(), cpus=given, threads=1) as opt:
                     self.assertEqual([cpu for _, cpu in opt.worker.threads()], [cpus[-1]])
         finally:
@@ -503,7 +505,8 @@ class Errors(unittest.TestCase):
             ours(mlp().parameters(), cpus="no-such-list")
         self.assertEqual(ctx.exception.status, "EINVAL")
         for bad, error in ((2.5, TypeError), ([-1], ValueError), ([], ValueError),
-                           ([True], ValueError)):
+                           ([True], ValueError), (b"0-3", TypeError),
+                           (bytearray(b"0"), TypeError)):
             with self.assertRaisesRegex(error, "cpu list such as", msg=repr(bad)):
                 ours(mlp().parameters(), cpus=bad)
 
