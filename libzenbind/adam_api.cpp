@@ -3,6 +3,7 @@
 // the pre-pass alone.
 #include "error.hpp"
 #include "hyper_check.hpp"
+#include "omp_team.hpp"
 
 #include <zenbind/adam.h>
 
@@ -23,7 +24,6 @@
 #include <vector>
 
 #include <omp.h>
-#include <unistd.h>
 
 namespace {
 
@@ -256,19 +256,9 @@ zb_status run_in_callers_team(const zb_adam_tensor *tensors, size_t count, const
     return ZB_OK;
 }
 
-// libgomp's threads do not survive fork(2): in a child of a process that ran a team of its own
-// here, a region of more than one thread waits for them forever. The process that last ran one;
-// its children step on one thread (the same bits: results do not depend on the thread count).
-std::atomic<pid_t> team_process{0};
-
 int team_size(const zb_adam_args &a) {
-    const int wanted =
-        a.threads > 0 ? a.threads : std::min(omp_get_max_threads(), ZB_ADAM_MAX_THREADS);
-    if (wanted <= 1) return 1;
-    const pid_t me = getpid(), owner = team_process.load(std::memory_order_relaxed);
-    if (owner != 0 && owner != me) return 1;
-    team_process.store(me, std::memory_order_relaxed);
-    return wanted;
+    return zb::team_threads(a.threads > 0 ? a.threads
+                                          : std::min(omp_get_max_threads(), ZB_ADAM_MAX_THREADS));
 }
 
 // Either call in a parallel region of its own (threads > 0 or 0) or the caller's team.

@@ -1,6 +1,7 @@
 #include "remote_memory.hpp"
 
 #include "error.hpp"
+#include "omp_team.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -76,7 +77,8 @@ bool transfer(pid_t pid, const std::vector<Piece> &pieces, bool out) {
         total += p.bytes;
     }
     const Call call = out ? process_vm_writev : process_vm_readv;
-    const size_t threads = std::max<size_t>(1, std::min(copy_threads(total), local.size()));
+    const size_t threads = static_cast<size_t>(zb::team_threads(
+        static_cast<int>(std::max<size_t>(1, std::min(copy_threads(total), local.size())))));
     std::vector<Outcome> outcome(threads);
 #pragma omp parallel for num_threads(static_cast <int>(threads)) schedule(static, 1)
     for (size_t t = 0; t < threads; ++t)

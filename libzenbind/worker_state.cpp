@@ -2,6 +2,7 @@
 // written into the worker's own memory where the system allows it, else through a transfer
 // segment.
 #include "error.hpp"
+#include "omp_team.hpp"
 #include "remote_memory.hpp"
 #include "worker_handle.hpp"
 
@@ -31,7 +32,7 @@ namespace proto = zb::proto;
 void parallel_copy(void *to, const void *from, size_t bytes) {
     constexpr size_t kChunk = size_t(2) << 20;
     const size_t chunks = (bytes + kChunk - 1) / kChunk;
-    const int threads = static_cast<int>(zb::remote::copy_threads(bytes));
+    const int threads = zb::team_threads(static_cast<int>(zb::remote::copy_threads(bytes)));
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (size_t c = 0; c < chunks; ++c) {
         const size_t at = c * kChunk, size = std::min(kChunk, bytes - at);

@@ -5,6 +5,7 @@
  * alone. Also what a fork costs with many segments, and that the child copies nothing it only
  * reads. */
 #define _GNU_SOURCE
+#include <zenbind/adam.h>
 #include <zenbind/worker.h>
 
 #include <errno.h>
@@ -294,8 +295,43 @@ static void test_fork_cost_and_no_copy(void **state) {
     assert_int_equal(zb_worker_destroy(w), ZB_OK);
 }
 
+/* A large state copy runs an OpenMP team in the trainer; libgomp's threads are gone in a child
+ * forked after it, where a step of more than one thread (zb_adam_step: a data loader's process,
+ * a checkpoint writer's) waited for them forever. It steps on one thread there. */
+static void test_a_step_in_a_child_after_a_state_copy(void **state) {
+    (void)state;
+    zb_worker_t *w = spawn_threads(1);
+    zb_group_buffers b;
+    const size_t numel = (size_t)8 << 20; /* 32 MiB of each moment: copied by a team */
+    const unsigned id = add_group(w, numel, &b);
+    float *m = malloc(4 * numel), *v = malloc(4 * numel);
+    assert_non_null(m);
+    assert_non_null(v);
+    assert_int_equal(zb_worker_group_get_state(w, id, m, v, NULL), ZB_OK);
+    assert_int_equal(zb_worker_destroy(w), ZB_OK);
+    free(m);
+    free(v);
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(20); /* a hang ends the child by SIGALRM */
+        enum { N = 1 << 16 };
+        static float p[N], g[N], a[N], s[N];
+        zb_adam_tensor t = {p, g, a, s, NULL, N, NULL, 0};
+        zb_adam_args args;
+        zb_adam_args_init(&args);
+        args.threads = 2;
+        _exit(zb_adam_step(&t, 1, &args, NULL) == ZB_OK ? 0 : 1);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status)) fail_msg("the child ended by signal %d", WTERMSIG(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_a_step_in_a_child_after_a_state_copy),
         cmocka_unit_test(test_child_cannot_touch_the_parent),
         cmocka_unit_test(test_grandchild),
         cmocka_unit_test(test_fork_cost_and_no_copy),
