@@ -173,7 +173,7 @@ class PluginOnSlurm(ClusterCase):
 
     def test_cpu_bind_choosing_cpus_is_refused_before_any_task(self):
         marker = os.path.join(self.dir, "ran")
-        # Slurm 24.11 ignores --cpu-bind=rank ("Rank binding is obsolete"): nothing to refuse.
+        # Slurm 24.11 and later ignore --cpu-bind=rank ("Rank binding is obsolete"): nothing to refuse.
         rank = ("rank",) if slurm_case.slurm_release() < (24, 11) else ()
         for bind in ("map_cpu:1", "none") + rank:
             p = self.run_cmd("srun", "-n1", "-c2", f"--cpu-bind={bind}", "--zenflow-bind",
