@@ -268,17 +268,14 @@ class Environment(unittest.TestCase):
                 else:
                     os.environ[k] = v
 
-
     def test_a_worker_under_an_offload_plan_is_warned(self):
         # mode=offload gives the task every CPU and the worker none: a default AdamW's worker
         # shares the training CPUs, which worker=False or cpus= avoid
         import warnings
-        keys = ("ZENFLOW_BIND_OPTIONS", "ZENFLOW_OPT_CPUS")
-        saved = {k: os.environ.get(k) for k in keys}
-        os.environ.pop("ZENFLOW_OPT_CPUS", None)
+        from unittest import mock
         cpu = str(min(os.sched_getaffinity(0)))
-        try:
-            os.environ["ZENFLOW_BIND_OPTIONS"] = "mode=offload,verbose"
+        with mock.patch.dict(os.environ, {"ZENFLOW_BIND_OPTIONS": "mode=offload,verbose"}):
+            os.environ.pop("ZENFLOW_OPT_CPUS", None)
             with self.assertWarnsRegex(UserWarning, r"mode=offload .*worker=False") as ctx:
                 zt.AdamW(mlp().parameters()).close()
             self.assertEqual(ctx.filename, __file__)  # the caller's line
@@ -288,12 +285,6 @@ class Environment(unittest.TestCase):
                 zt.AdamW(mlp().parameters(), worker=False).close()
                 os.environ["ZENFLOW_BIND_OPTIONS"] = "verbose"
                 zt.AdamW(mlp().parameters()).close()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
     def test_openmp_binding_does_not_narrow_the_default_cpus(self):
         # OMP_PROC_BIND, OMP_PLACES or GOMP_CPU_AFFINITY make OpenMP (torch's, ours) pin the
