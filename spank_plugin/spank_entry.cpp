@@ -31,10 +31,6 @@ namespace {
 
 using namespace zb::spank;
 
-// Set by srun in the step's environment when the user's --cpu-bind wins over default=on. Named
-// SLURM_*: under --export=NONE or a list, srun passes its own SLURM_* variables and no others.
-constexpr const char *kDeferVariable = "SLURM_ZENFLOW_BIND_DEFERRED";
-
 // User strings are parsed in root's slurmstepd: anything longer than this is refused unread.
 constexpr size_t max_option_bytes = 8192;
 
@@ -117,25 +113,25 @@ void fill_usage() {
                   keys);
 }
 
-// Whether the step's --cpu-bind, as srun passed it on, contradicts --zenflow-bind (the decision
-// srun took and reported in local_user_init). Taken again here, in every component of the step:
-// srun refusing would leave the step it has made holding its CPUs until the allocation ends, and
-// an environment variable set in srun reaches only the first component of a heterogeneous step.
-bool cpu_bind_refused(spank_t sp, bool asked) {
+// What the step's --cpu-bind, as srun passed it on (SLURM_CPU_BIND*: SLURM_* variables pass under
+// --export=NONE too), means for --zenflow-bind: the decision srun took and reported in
+// local_user_init, taken again here in every component of the step. srun cannot carry it out: a
+// step it refuses is left holding its CPUs until the allocation ends, and a variable it sets
+// reaches only the first component of a heterogeneous step.
+CpuBindAction cpu_bind_action(spank_t sp, bool asked) {
     char given[8], type[256];
     std::string list(64 * 1024, '\0'); // a mask per task, for thousands of them
     const spank_err_t has = spank_getenv(sp, "SLURM_CPU_BIND", given, sizeof given);
     if ((has != ESPANK_SUCCESS && has != ESPANK_NOSPACE) ||
         spank_getenv(sp, "SLURM_CPU_BIND_TYPE", type, sizeof type) != ESPANK_SUCCESS)
-        return false;
+        return CpuBindAction::none;
     const bool listed = spank_getenv(sp, "SLURM_CPU_BIND_LIST", list.data(),
                                      static_cast<int>(list.size())) == ESPANK_SUCCESS;
-    return decide_cpu_bind(type, listed ? list.c_str() : nullptr, asked).action ==
-           CpuBindAction::refuse;
+    return decide_cpu_bind(type, listed ? list.c_str() : nullptr, asked).action;
 }
 
 // Whether this step binds its tasks: then the binder is loaded and has set the step up.
-bool binds(spank_t sp, State &s, uint32_t step_id, bool deferred) {
+bool binds(spank_t sp, State &s, uint32_t step_id) {
     if (!s.task_error.empty()) return false;
     std::string error;
     if (!resolve(s.admin, s.user_given ? s.user_text.c_str() : nullptr, s.resolved, error)) {
@@ -143,10 +139,13 @@ bool binds(spank_t sp, State &s, uint32_t step_id, bool deferred) {
         s.task_error = error;
         return false;
     }
-    if (!s.resolved.enabled || deferred) return false; // off, or left to the user's --cpu-bind
+    if (!s.resolved.enabled) return false;
     const bool batch_like = step_id == SLURM_BATCH_SCRIPT || step_id == SLURM_INTERACTIVE_STEP;
     if (batch_like && !s.resolved.options.batch) return false;
-    if (!batch_like && cpu_bind_refused(sp, s.user_given)) {
+    const CpuBindAction cpu_bind =
+        batch_like ? CpuBindAction::none : cpu_bind_action(sp, s.user_given);
+    if (cpu_bind == CpuBindAction::defer) return false; // default=on: the user's --cpu-bind wins
+    if (cpu_bind == CpuBindAction::refuse) {
         s.task_error = "this step was refused (its --cpu-bind and --zenflow-bind both choose the "
                        "tasks' CPUs; srun said so above): no task runs";
         return false;
@@ -210,16 +209,10 @@ ZB_SPANK_EXPORT int slurm_spank_local_user_init(spank_t, int, char **) {
         case CpuBindAction::none:
             return 0;
         case CpuBindAction::refuse:
-            // Each task fails before it runs anything, in slurmstepd (cpu_bind_refused).
+            // Each task fails before it runs anything, in slurmstepd (cpu_bind_action).
             slurm_error("zenflow-bind: %s", d.message.c_str());
             return 0;
-        case CpuBindAction::defer:
-            // srun hands its own environment to the tasks (spank_setenv is for slurmstepd).
-            if (setenv(kDeferVariable, "cpu-bind", 1) != 0) {
-                slurm_error("zenflow-bind: cannot pass the --cpu-bind decision to the tasks");
-                return -1;
-            }
-            [[fallthrough]];
+        case CpuBindAction::defer: // slurmstepd leaves the step alone (cpu_bind_action)
         case CpuBindAction::refine:
             tell_user(d.message);
             return 0;
@@ -234,13 +227,9 @@ ZB_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int, char **) {
         uint32_t step_id = 0;
         if (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS) return 0;
         if (step_id == SLURM_EXTERN_CONT) return 0;
-        char deferred[32] = {};
-        const bool defer =
-            spank_getenv(sp, kDeferVariable, deferred, sizeof deferred) == ESPANK_SUCCESS;
-        if (defer) spank_unsetenv(sp, kDeferVariable);
         // A step without a plan of its own keeps none it inherited (from a bound batch step):
         // its optimizer worker would pin itself to CPUs that are not this step's.
-        if (!binds(sp, s, step_id, defer)) clear_inherited_plan(sp);
+        if (!binds(sp, s, step_id)) clear_inherited_plan(sp);
         return 0; // never -1: a batch step whose launch fails drains the node
     });
 }

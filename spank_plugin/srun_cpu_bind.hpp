@@ -1,6 +1,7 @@
 // What the plugin does when the user also gave srun --cpu-bind (or sbatch --cpu-bind, or an
 // exported SLURM_CPU_BIND). srun then sets SLURM_CPU_BIND and SLURM_CPU_BIND_TYPE in its own
-// environment, before any task starts, so the decision is taken in srun (a _TYPE without
+// environment, before any task starts, and passes them to the step: the decision is taken in
+// srun, which says it, and again in slurmstepd, which carries it out (a _TYPE without
 // SLURM_CPU_BIND is another task's, inherited). Pure: tested without Slurm.
 #pragma once
 
