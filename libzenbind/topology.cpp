@@ -46,11 +46,17 @@ uint64_t synthetic_pus(std::string_view text) {
         const std::string_view digits =
             colon == std::string_view::npos ? word : word.substr(colon + 1);
         if (digits.empty()) return 0;
+        // as hwloc reads it (strtoul's base 0): 0x hexadecimal, a leading 0 octal, else decimal
+        const bool hex = digits.size() > 2 && digits[0] == '0' && (digits[1] | 0x20) == 'x';
+        const unsigned base = hex ? 16 : digits.size() > 1 && digits[0] == '0' ? 8 : 10;
         uint64_t count = 0;
-        for (const char d : digits) {
-            if (d < '0' || d > '9') return 0;
-            count = std::min<uint64_t>(count * 10 + static_cast<uint64_t>(d - '0'),
-                                       kMaxSyntheticPus + 1);
+        for (const char c : digits.substr(hex ? 2 : 0)) {
+            const char lower = static_cast<char>(c | 0x20);
+            const unsigned d = c >= '0' && c <= '9'           ? unsigned(c - '0')
+                               : lower >= 'a' && lower <= 'f' ? unsigned(lower - 'a' + 10)
+                                                              : 16u;
+            if (d >= base) return 0;
+            count = std::min<uint64_t>(count * base + d, kMaxSyntheticPus + 1);
         }
         pus = std::min<uint64_t>(pus * count, kMaxSyntheticPus + 1);
         i = end == std::string_view::npos ? text.size() : end;

@@ -76,8 +76,13 @@ static void errors_name_the_source(void **state) {
     assert_int_equal(zb_topology_load_synthetic("pack:99999999999999999999999 pu:2", &t),
                      ZB_ETOPOLOGY);
     assert_non_null(strstr(zb_last_error(), "more than 8192 PUs"));
-    assert_int_equal(zb_topology_load_synthetic("64 64 64", &t), ZB_ETOPOLOGY); /* bare counts */
-    assert_non_null(strstr(zb_last_error(), "more than 8192 PUs"));
+    /* bare counts, and counts as hwloc reads them: hexadecimal, octal */
+    static const char *const huge[] = {"64 64 64", "0x20 0x20 0x20", "pack:0X40 core:0x40 pu:4",
+                                       "020000 2"};
+    for (size_t i = 0; i < sizeof huge / sizeof *huge; ++i) {
+        assert_int_equal(zb_topology_load_synthetic(huge[i], &t), ZB_ETOPOLOGY);
+        assert_non_null(strstr(zb_last_error(), "more than 8192 PUs"));
+    }
     assert_int_equal(zb_topology_load_synthetic("core:8193", &t), ZB_ETOPOLOGY);
     assert_non_null(strstr(zb_last_error(), "more than 8192 PUs"));
     assert_int_equal(zb_topology_load_synthetic("pack:2 [numa(memory=9)] core:4 pu:2", &t), ZB_OK);
@@ -86,6 +91,10 @@ static void errors_name_the_source(void **state) {
     t = NULL;
     assert_int_equal(zb_topology_load_synthetic("2 2 2", &t), ZB_OK);
     assert_int_equal(hwloc_get_nbobjs_by_type(zb_topology_hwloc(t), HWLOC_OBJ_PU), 8);
+    zb_topology_free(t);
+    t = NULL;
+    assert_int_equal(zb_topology_load_synthetic("010 0x2", &t), ZB_OK); /* 8 x 2, as hwloc reads */
+    assert_int_equal(hwloc_get_nbobjs_by_type(zb_topology_hwloc(t), HWLOC_OBJ_PU), 16);
     zb_topology_free(t);
     t = NULL;
     assert_int_equal(zb_topology_load_synthetic("", &t), ZB_EINVAL);
