@@ -459,6 +459,18 @@ class TwoNodes(ClusterCase):
         self.assertEqual([f for f in os.listdir(self.dir) if f.startswith("ran-")], [],
                          p.stderr)
 
+    def test_a_heterogeneous_step_left_to_cpu_bind_binds_no_component(self):
+        # Under default=on srun's deferral reached the first component alone: A ran unbound
+        # and B was bound by zenflow-bind against its own --cpu-bind=none
+        self.plugstack("default=on")
+        show = "bash -c 'echo {}=${{ZENFLOW_TRAIN_CPUS-unset}}'"
+        script = (f"srun -N1 -n1 -c1 {show.format('A')} : -N1 -n1 -c1 --cpu-bind=none "
+                  f"{show.format('B')}")
+        p = self.run_cmd("salloc", "-N2", "-n2", "-c1", "bash", "-c", script)
+        self.assertIn("keeps Slurm's binding", p.stderr)
+        self.assertEqual(sorted(re.findall(r"[AB]=\S+", p.stdout)), ["A=unset", "B=unset"],
+                         p.stdout + p.stderr)
+
 
 if __name__ == "__main__":
     sys.exit(slurm_case.main())
