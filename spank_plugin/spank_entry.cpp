@@ -120,11 +120,11 @@ void fill_usage() {
 // reaches only the first component of a heterogeneous step.
 CpuBindAction cpu_bind_action(spank_t sp, bool asked) {
     char given[8], type[256];
-    std::string list(64 * 1024, '\0'); // a mask per task, for thousands of them
     const spank_err_t has = spank_getenv(sp, "SLURM_CPU_BIND", given, sizeof given);
     if ((has != ESPANK_SUCCESS && has != ESPANK_NOSPACE) ||
         spank_getenv(sp, "SLURM_CPU_BIND_TYPE", type, sizeof type) != ESPANK_SUCCESS)
         return CpuBindAction::none;
+    std::string list(64 * 1024, '\0'); // a mask per task, for thousands of them
     const bool listed = spank_getenv(sp, "SLURM_CPU_BIND_LIST", list.data(),
                                      static_cast<int>(list.size())) == ESPANK_SUCCESS;
     return decide_cpu_bind(type, listed ? list.c_str() : nullptr, asked).action;
