@@ -1,6 +1,8 @@
 #include "spank_env.hpp"
 
 #include <cstring>
+#include <optional>
+#include <string>
 
 namespace zb::spank {
 namespace {
@@ -18,20 +20,23 @@ struct Value {
     Value(spank_t sp, const char *name) : found(spank_getenv(sp, name, text, sizeof text)) {}
 };
 
-// Whether the environment holds a plan the plugin made, with the user's OMP_NUM_THREADS kept
-// beside it, and OMP_NUM_THREADS still what the plan set (no one changed it since).
-bool plan_threads_in_place(spank_t sp, const Value &threads) {
-    if (!holds_plan(sp) || threads.found != ESPANK_SUCCESS) return false;
+// The user's OMP_NUM_THREADS kept beside a plan the plugin made ("": none), where OMP_NUM_THREADS
+// still holds that plan's count (no one changed it since); nullopt otherwise.
+std::optional<std::string> kept_user_threads(spank_t sp) {
+    const Value threads(sp, "OMP_NUM_THREADS");
+    if (!holds_plan(sp) || threads.found != ESPANK_SUCCESS) return std::nullopt;
     const Value plan(sp, ZB_ENV_TRAIN_THREADS), user(sp, kUserThreadsVariable);
-    return plan.found == ESPANK_SUCCESS && user.found == ESPANK_SUCCESS &&
-           std::strcmp(plan.text, threads.text) == 0;
+    if (plan.found != ESPANK_SUCCESS || user.found != ESPANK_SUCCESS ||
+        std::strcmp(plan.text, threads.text) != 0)
+        return std::nullopt;
+    return std::string(user.text);
 }
 
 } // namespace
 
 void keep_user_threads(spank_t sp) {
+    if (kept_user_threads(sp)) return; // the user's is kept already
     const Value threads(sp, "OMP_NUM_THREADS");
-    if (plan_threads_in_place(sp, threads)) return; // the user's is kept already
     if (threads.found == ESPANK_SUCCESS)
         spank_setenv(sp, kUserThreadsVariable, threads.text, 1);
     else if (threads.found == ESPANK_ENV_NOEXIST)
@@ -39,13 +44,11 @@ void keep_user_threads(spank_t sp) {
 }
 
 void clear_env(spank_t sp) {
-    const Value threads(sp, "OMP_NUM_THREADS");
-    if (plan_threads_in_place(sp, threads)) {
-        const Value user(sp, kUserThreadsVariable);
-        if (*user.text)
-            spank_setenv(sp, "OMP_NUM_THREADS", user.text, 1);
-        else
+    if (const std::optional<std::string> user = kept_user_threads(sp)) {
+        if (user->empty())
             spank_unsetenv(sp, "OMP_NUM_THREADS");
+        else
+            spank_setenv(sp, "OMP_NUM_THREADS", user->c_str(), 1);
     }
     for (const char *name : kTaskVariables)
         if (std::strncmp(name, "ZENFLOW_", 8) == 0) spank_unsetenv(sp, name);
