@@ -213,9 +213,11 @@ bool bind_task(spank_t sp, const zb_topology_t *topology, const zb_profile_t *pr
     // The environment first and the affinity last: a failure on the way (onerror=warn) leaves
     // the task as Slurm bound it once clear_env() has run.
     const std::string train = cpulist(share.train_cpus), opt = cpulist(share.opt_cpus),
-                      mems = cpulist(share.opt_mems), nodes = cpulist(share.nodes);
-    const std::string values[kVariableCount] = {std::to_string(share.train_threads),
-                                                std::to_string(share.train_threads),
+                      mems = cpulist(share.opt_mems), nodes = cpulist(share.nodes),
+                      train_threads = std::to_string(share.train_threads);
+    // OMP_NUM_THREADS and ZENFLOW_TRAIN_THREADS: the same count
+    const std::string values[kVariableCount] = {train_threads,
+                                                train_threads,
                                                 train,
                                                 opt,
                                                 std::to_string(share.opt_threads),
