@@ -50,9 +50,9 @@ uint64_t synthetic_pus(std::string_view text) {
         const bool hex = digits.size() > 2 && digits[0] == '0' && (digits[1] | 0x20) == 'x';
         const unsigned base = hex ? 16 : digits.size() > 1 && digits[0] == '0' ? 8 : 10;
         uint64_t count = 0;
-        for (const char c : digits.substr(hex ? 2 : 0)) {
-            const char lower = static_cast<char>(c | 0x20);
-            const unsigned d = c >= '0' && c <= '9'           ? unsigned(c - '0')
+        for (const char digit : digits.substr(hex ? 2 : 0)) {
+            const char lower = static_cast<char>(digit | 0x20);
+            const unsigned d = digit >= '0' && digit <= '9'   ? unsigned(digit - '0')
                                : lower >= 'a' && lower <= 'f' ? unsigned(lower - 'a' + 10)
                                                               : 16u;
             if (d >= base) return 0;
@@ -64,15 +64,19 @@ uint64_t synthetic_pus(std::string_view text) {
     return pus;
 }
 
+[[noreturn]] void unreadable_xml(const char *path, const char *why) {
+    zb::fail(ZB_ETOPOLOGY, std::string("cannot read hwloc XML topology '") + path + "'" +
+                               (why ? std::string(": ") + why : std::string()));
+}
+
 // hwloc says only that it could not read a file: say why, before it tries.
 void check_readable(const char *path) {
-    const std::string what = std::string("cannot read hwloc XML topology '") + path + "': ";
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) zb::fail(ZB_ETOPOLOGY, what + std::strerror(errno));
+    if (fd < 0) unreadable_xml(path, std::strerror(errno));
     struct stat st {};
     const bool directory = fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
     close(fd);
-    if (directory) zb::fail(ZB_ETOPOLOGY, what + std::strerror(EISDIR));
+    if (directory) unreadable_xml(path, std::strerror(EISDIR));
 }
 
 zb_topology_t *load(Source source, const char *arg) {
@@ -83,7 +87,7 @@ zb_topology_t *load(Source source, const char *arg) {
     hwloc_topology_set_io_types_filter(t->topo, HWLOC_TYPE_FILTER_KEEP_NONE);
     if (source == Source::xml) check_readable(arg);
     if (source == Source::xml && hwloc_topology_set_xml(t->topo, arg) != 0)
-        zb::fail(ZB_ETOPOLOGY, std::string("cannot read hwloc XML topology '") + arg + "'");
+        unreadable_xml(arg, nullptr);
     if (source == Source::synthetic && synthetic_pus(arg) > kMaxSyntheticPus)
         zb::fail(ZB_ETOPOLOGY, std::string("hwloc synthetic topology '") + arg +
                                    "' has more than " + std::to_string(kMaxSyntheticPus) + " PUs");
