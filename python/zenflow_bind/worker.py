@@ -2,6 +2,7 @@
 are numpy arrays (torch tensors through Group.torch_view) aliasing the shared memory."""
 
 import collections
+import collections.abc
 import ctypes
 import numbers
 import os
@@ -172,15 +173,15 @@ def _cpu_list(value, name):
     ints (one, or any iterable of them: os.sched_getaffinity(0), a range, a list)."""
     if value is None or isinstance(value, str):
         return value.encode() if value is not None else None
+    if isinstance(value, numbers.Integral):
+        items = [value]
     # (bytes are ints one by one: b"0-3" would be CPUs 45, 48 and 51)
-    items = [value] if isinstance(value, numbers.Integral) else value
-    try:
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            raise TypeError
-        items = list(items)
-    except TypeError:
+    elif isinstance(value, collections.abc.Iterable) and \
+            not isinstance(value, (bytes, bytearray, memoryview)):
+        items = list(value)
+    else:
         raise TypeError(f"{name} must be a cpu list such as '4-7,12' or ints, not "
-                        f"{type(value).__name__}") from None
+                        f"{type(value).__name__}")
     if not items or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0
                         for i in items):
         raise ValueError(f"{name} must be a cpu list such as '4-7,12' or non-negative ints, "
