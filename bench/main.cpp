@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <omp.h>
 #include <string>
 #include <unistd.h>
 #include <vector>
+#include <zbutil/openmp_binding.hpp>
 
 int bench_adam(int argc, char **argv);
 int bench_ipc(int argc, char **argv);
@@ -94,12 +94,10 @@ int main(int argc, char **argv) {
             }
         // libgomp pins this process to its first place before main() where OMP_PROC_BIND,
         // OMP_PLACES or GOMP_CPU_AFFINITY say so: every figure would be that place's
-        if (omp_get_proc_bind() != omp_proc_bind_false) {
+        if (zb::util::openmp_binds()) {
             std::fprintf(stderr,
-                         "zenflow-bench %s: OpenMP binds this process (OMP_PROC_BIND, OMP_PLACES "
-                         "or GOMP_CPU_AFFINITY is set) to one place before the benchmark starts; "
-                         "run it with env -u OMP_PROC_BIND -u OMP_PLACES -u GOMP_CPU_AFFINITY\n",
-                         s.name);
+                         "zenflow-bench %s: %s to one place before the benchmark starts; %s\n",
+                         s.name, zb::util::kOpenmpBindingHelp, zb::util::kOpenmpUnbindHelp);
             return 1;
         }
         return s.run(static_cast<int>(args.size()), ptrs.data());

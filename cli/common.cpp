@@ -1,7 +1,8 @@
 #include "common.hpp"
 
+#include <zbutil/openmp_binding.hpp>
+
 #include <cstdio>
-#include <omp.h>
 
 namespace zb::cli {
 
@@ -34,13 +35,11 @@ std::string json_string(const std::string &text) {
 int this_process_cpus(zb_cpuset_t *out, char *source, size_t source_len) {
     if (zb_allowed_cpus(nullptr, 0, out, source, source_len) != ZB_OK)
         return zb_error(kRuntime, "cannot read this process's allowed CPUs");
-    if (omp_get_proc_bind() != omp_proc_bind_false)
-        return error(kRuntime,
-                     "OpenMP binds this process (OMP_PROC_BIND, OMP_PLACES or GOMP_CPU_AFFINITY "
-                     "is set): it pinned it to CPU " +
-                         cpulist(out) +
-                         " before zenbind started, so this machine would read as that; run it "
-                         "with env -u OMP_PROC_BIND -u OMP_PLACES -u GOMP_CPU_AFFINITY");
+    if (util::openmp_binds())
+        return error(kRuntime, std::string(util::kOpenmpBindingHelp) + ": it pinned it to CPU " +
+                                   cpulist(out) +
+                                   " before zenbind started, so this machine would read as that; " +
+                                   util::kOpenmpUnbindHelp);
     return kOk;
 }
 

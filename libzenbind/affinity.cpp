@@ -2,6 +2,8 @@
 
 #include "error.hpp"
 
+#include <zbutil/openmp_binding.hpp>
+
 #include <algorithm>
 #include <cerrno>
 #include <omp.h>
@@ -32,7 +34,7 @@ void process_affinity(pid_t pid, hwloc_bitmap_t out) {
 }
 
 void caller_cpus(hwloc_bitmap_t out) {
-    const int places = omp_get_proc_bind() == omp_proc_bind_false ? 0 : omp_get_num_places();
+    const int places = util::openmp_binds() ? omp_get_num_places() : 0;
     if (places > 0) {
         hwloc_bitmap_zero(out);
         std::vector<int> ids;
